@@ -1,0 +1,30 @@
+"""seqkv: a KV cache stored as its token stream coded under the model, plus a coded residual.
+
+Implements and measures arXiv 2604.15356 ("Sequential KV Cache Compression via Probabilistic
+Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``.
+"""
+
+__version__ = "0.1.0"
+
+from seqkv.codec import (  # noqa: E402
+    DEFAULT_TOLERANCE,
+    CompressResult,
+    CompressStats,
+    DecompressResult,
+    DecompressStats,
+    compress,
+    decompress,
+)
+from seqkv.errors import SeqKVError  # noqa: E402
+
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "CompressResult",
+    "CompressStats",
+    "DecompressResult",
+    "DecompressStats",
+    "SeqKVError",
+    "__version__",
+    "compress",
+    "decompress",
+]

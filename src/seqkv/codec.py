@@ -1,0 +1,310 @@
+"""The lossless sequential KV codec: tokens coded under the model, plus a coded KV residual.
+
+A KV cache is a deterministic function of its tokens under a fixed computation schedule, so it is
+stored as (1) the tokens, arithmetic-coded under the model's own next-token distribution, and
+(2) when the caller passes the KV a run produced, the residual between it and the decoder's
+recomputation, quantized at a stated tolerance and entropy-coded (``seqkv.coding.residual``).
+This is layer 2 of arXiv 2604.15356 with the exact recompute as the predictor.
+
+Invariants:
+1. The encoder computes every probability along the decoder's schedule: one forward per token on
+   a growing cache, float32, one intra-op thread (``seqkv.schedule``). The first token is coded
+   under the model's distribution after its start token (BOS), or uniformly if it has none
+   (enforced).
+2. ``decompress`` returns tokens and KV only after both match the SHA-256 checksums the encoder
+   stored; otherwise it raises DecodeVerificationError (enforced).
+3. A file coded with another model, or under a profile the decoder cannot reproduce, is refused
+   before any decoding (enforced; see ``ExecutionProfile``).
+4. The token code is at most the model's cross-entropy on the same tokens (the same
+   probabilities) plus 2 bits plus 1.7e-5 bits per token (checked by the tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from tqdm.auto import tqdm
+from transformers import DynamicCache
+
+from seqkv import __version__
+from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
+from seqkv.coding.frequencies import (
+    CumulativeTable,
+    cumulative_from_logits,
+    log_softmax_bits,
+    symbol_cost_bits,
+    uniform_cumulative,
+)
+from seqkv.coding.residual import decode_residual, encode_residual
+from seqkv.container import (
+    Container,
+    Header,
+    KVSection,
+    ResidualSection,
+    TokenSection,
+    decode_container,
+    encode_container,
+)
+from seqkv.errors import (
+    DecodeVerificationError,
+    EnvironmentMismatchError,
+    InvalidKVError,
+    ModelMismatchError,
+)
+from seqkv.kvcache import cache_from_tensor, tensor_from_cache
+from seqkv.models.adapter import CausalLM, Stepper
+from seqkv.schedule import pinned_threads
+
+# NOTE: 1e-4 is below fp16's resolution for any KV component above 0.2 in magnitude, and above
+# the ~3e-5 by which one prefill and token-by-token recomputation differ on SmolLM2-135M (CPU),
+# so on that model the residual usually costs only its per-group scales. 0 means bit-exact.
+DEFAULT_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class CompressStats:
+    """Measured figures of one compression; bits are exact counts, not estimates."""
+
+    tokens: int
+    code_bits: int
+    ideal_code_bits: float
+    cross_entropy_bits: float
+    residual_bits: int
+    residual_escapes: int
+    file_bytes: int
+    kv_components_per_token: int
+    encode_seconds: float
+    max_abs_kv_error: float | None
+
+    @property
+    def bits_per_token(self) -> float:
+        return self.code_bits / self.tokens
+
+    @property
+    def cross_entropy_bits_per_token(self) -> float:
+        return self.cross_entropy_bits / self.tokens
+
+    @property
+    def total_bits_per_token(self) -> float:
+        """Token code plus residual code per token position (container overhead excluded)."""
+        return (self.code_bits + self.residual_bits) / self.tokens
+
+    @property
+    def fp16_bits_per_token(self) -> int:
+        return 16 * self.kv_components_per_token
+
+    @property
+    def ratio_vs_fp16(self) -> float:
+        return self.fp16_bits_per_token / self.total_bits_per_token
+
+
+@dataclass(frozen=True)
+class CompressResult:
+    data: bytes
+    header: Header
+    stats: CompressStats
+
+
+@dataclass(frozen=True)
+class DecompressStats:
+    tokens: int
+    decode_seconds: float
+    max_abs_kv_error: float | None  # measured at encode; the KV checksum guarantees it here
+    verified: bool
+
+
+@dataclass(frozen=True)
+class DecompressResult:
+    tokens: list[int]
+    cache: DynamicCache
+    kv: torch.Tensor  # [layers, 2, kv_heads, tokens, head_dim], float32
+    header: Header
+    stats: DecompressStats
+
+
+def _sha256(array: npt.NDArray[np.generic] | torch.Tensor) -> str:
+    data = array.contiguous().numpy() if isinstance(array, torch.Tensor) else array
+    return hashlib.sha256(memoryview(np.ascontiguousarray(data)).cast("B")).hexdigest()
+
+
+def _tokens_sha256(tokens: Sequence[int]) -> str:
+    return _sha256(np.asarray(tokens, dtype="<i4"))
+
+
+def _first_table(model: CausalLM, context: int | None) -> tuple[CumulativeTable,
+                                                                npt.NDArray[np.float64]]:
+    """Table and log2-probabilities for the first token (under ``context``, or uniform)."""
+    if context is None:
+        table = uniform_cumulative(model.vocab_size)
+        return table, np.full(model.vocab_size, -np.log2(model.vocab_size))
+    logits = Stepper(model.model).step(context)
+    return cumulative_from_logits(logits), log_softmax_bits(logits)
+
+
+def compress(
+    model: CausalLM,
+    tokens: Sequence[int],
+    kv: DynamicCache | torch.Tensor | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    progress: bool = False,
+) -> CompressResult:
+    """Code ``tokens`` (and the residual of ``kv``, a cache those tokens produced) into .skv bytes.
+
+    >>> from seqkv.models import tiny_random_llama
+    >>> model = tiny_random_llama()
+    >>> result = compress(model, [5, 17, 17, 3])
+    >>> decompress(model, result.data).tokens
+    [5, 17, 17, 3]
+    """
+    token_list = [int(t) for t in tokens]
+    model.check_tokens(token_list)
+    target = None
+    if kv is not None:
+        target = (tensor_from_cache(kv) if isinstance(kv, DynamicCache) else kv).detach()
+        target = target.to("cpu", torch.float32)
+    context = model.start_token_id
+    started = time.perf_counter()
+    encoder = ArithmeticEncoder()
+    ideal_bits = 0.0
+    cross_entropy = 0.0
+    with pinned_threads():
+        table, log2p = _first_table(model, context)
+        stepper = model.new_stepper()
+        for position, token in enumerate(tqdm(token_list, desc="encoding", unit="tok",
+                                              disable=not progress)):
+            encoder.encode(table, token)
+            ideal_bits += symbol_cost_bits(table, token)
+            cross_entropy -= float(log2p[token])
+            logits = stepper.step(token)
+            if position + 1 < len(token_list):
+                table, log2p = cumulative_from_logits(logits), log_softmax_bits(logits)
+    token_code = encoder.finish()
+    recomputed = model.kv_tensor(stepper.cache)
+    residual = None
+    residual_section = None
+    rebuilt = recomputed
+    max_error = None
+    if target is not None:
+        residual, rebuilt = encode_residual(target, recomputed, tolerance)
+        max_error = float((rebuilt - target).abs().max())
+        residual_section = ResidualSection(
+            mode=residual.mode.value,
+            tolerance=tolerance,
+            scales=list(residual.scales),
+            num_escapes=residual.num_escapes,
+            max_abs_error=max_error,
+        )
+    encode_seconds = time.perf_counter() - started
+    header = Header(
+        format_version=1,
+        writer=f"seqkv {__version__}",
+        model=model.identity,
+        profile=model.profile(),
+        tokens=TokenSection(
+            count=len(token_list),
+            num_bits=token_code.num_bits,
+            first_token_context=context,
+            sha256=_tokens_sha256(token_list),
+        ),
+        kv=KVSection(
+            shape=list(rebuilt.shape),
+            dtype="float32",
+            sha256=_sha256(rebuilt),
+            residual=residual_section,
+        ),
+    )
+    data = encode_container(Container(header, token_code, residual))
+    stats = CompressStats(
+        tokens=len(token_list),
+        code_bits=token_code.num_bits,
+        ideal_code_bits=ideal_bits,
+        cross_entropy_bits=cross_entropy,
+        residual_bits=residual.num_bits if residual is not None else 0,
+        residual_escapes=residual.num_escapes if residual is not None else 0,
+        file_bytes=len(data),
+        kv_components_per_token=model.kv_components_per_token,
+        encode_seconds=encode_seconds,
+        max_abs_kv_error=max_error,
+    )
+    return CompressResult(data, header, stats)
+
+
+def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch: bool) -> None:
+    """Raise unless ``model`` on this machine can reproduce the file's probabilities."""
+    if not header.model.same_model(model.identity):
+        raise ModelMismatchError(
+            f"the file was coded with model {header.model.name!r} (weights "
+            f"{header.model.weights_sha256[:12]}), not with {model.name!r} (weights "
+            f"{model.identity.weights_sha256[:12]}): decode it with the model that coded it"
+        )
+    profile = model.profile()
+    hard = header.profile.hard_mismatches(profile)
+    if hard:
+        raise EnvironmentMismatchError(
+            "this machine cannot reproduce the encoder's probabilities: " + "; ".join(hard)
+        )
+    soft = header.profile.soft_mismatches(profile)
+    if soft and not allow_environment_mismatch:
+        raise EnvironmentMismatchError(
+            "the file was coded under another environment (" + "; ".join(soft) + "); exact "
+            "decoding is unlikely. Pass allow_environment_mismatch=True (CLI: "
+            "--allow-environment-mismatch) to try anyway: the checksums still catch any error"
+        )
+
+
+def decompress(
+    model: CausalLM,
+    data: bytes,
+    allow_environment_mismatch: bool = False,
+    progress: bool = False,
+) -> DecompressResult:
+    """Decode .skv bytes into the exact tokens and KV cache, or raise."""
+    container = decode_container(data)
+    header = container.header
+    check_decodable(model, header, allow_environment_mismatch)
+    count = header.tokens.count
+    started = time.perf_counter()
+    decoder = ArithmeticDecoder(container.token_code)
+    tokens: list[int] = []
+    with pinned_threads():
+        table, _ = _first_table(model, header.tokens.first_token_context)
+        stepper = model.new_stepper()
+        for position in tqdm(range(count), desc="decoding", unit="tok", disable=not progress):
+            token = decoder.decode(table)
+            tokens.append(token)
+            logits = stepper.step(token)
+            if position + 1 < count:
+                table = cumulative_from_logits(logits)
+    if _tokens_sha256(tokens) != header.tokens.sha256:
+        raise DecodeVerificationError(
+            "the decoded tokens do not match the file's checksum: this machine did not "
+            "reproduce the encoder's probabilities bit for bit"
+        )
+    recomputed = model.kv_tensor(stepper.cache)
+    if list(recomputed.shape) != header.kv.shape:
+        raise InvalidKVError(
+            f"recomputed KV has shape {list(recomputed.shape)}, the file {header.kv.shape}"
+        )
+    kv = recomputed if container.residual is None else decode_residual(container.residual,
+                                                                       recomputed)
+    if _sha256(kv) != header.kv.sha256:
+        raise DecodeVerificationError(
+            "the rebuilt KV cache does not match the file's checksum: the recomputation on this "
+            "machine differs from the encoder's"
+        )
+    decode_seconds = time.perf_counter() - started
+    residual = header.kv.residual
+    stats = DecompressStats(
+        tokens=count,
+        decode_seconds=decode_seconds,
+        max_abs_kv_error=residual.max_abs_error if residual is not None else None,
+        verified=True,
+    )
+    cache = cache_from_tensor(kv.to(model.device, model.dtype))
+    return DecompressResult(tokens, cache, kv, header, stats)

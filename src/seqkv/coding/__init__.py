@@ -1,0 +1,1 @@
+"""Entropy coding: the exact arithmetic coder for tokens, and the residual coder for KV."""

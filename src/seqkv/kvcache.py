@@ -1,0 +1,51 @@
+"""Conversions between transformers' ``DynamicCache`` and one stacked KV tensor.
+
+seqkv works on a single session's cache as one float tensor of shape
+``[layers, 2, kv_heads, tokens, head_dim]`` (index 0 of the second axis holds keys, 1 values).
+
+Invariants:
+1. Only batch size 1 is accepted: a .skv file holds one session (enforced, InvalidKVError).
+2. ``cache_from_tensor(tensor_from_cache(c))`` holds the same keys and values as ``c``
+   (checked by tests).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from seqkv.errors import InvalidKVError
+
+
+def tensor_from_cache(cache: DynamicCache) -> torch.Tensor:
+    """Stack a batch-1 cache into ``[layers, 2, kv_heads, tokens, head_dim]``."""
+    layers = cache.layers
+    if len(layers) == 0 or layers[0].keys is None:
+        raise InvalidKVError("the KV cache is empty: it holds no layers")
+    stacked = []
+    for index, layer in enumerate(layers):
+        keys, values = layer.keys, layer.values
+        if keys is None or values is None or keys.dim() != 4 or keys.shape != values.shape:
+            raise InvalidKVError(f"layer {index} of the KV cache has no [B, H, T, D] keys/values")
+        if keys.shape[0] != 1:
+            raise InvalidKVError(
+                f"the KV cache has batch size {keys.shape[0]}; seqkv stores one session per "
+                "file: split the batch first"
+            )
+        stacked.append(torch.stack([keys[0], values[0]]))  # [2, H, T, D]
+    shapes = {tuple(s.shape) for s in stacked}
+    if len(shapes) != 1:
+        raise InvalidKVError(f"KV cache layers have different shapes: {sorted(shapes)}")
+    return torch.stack(stacked)  # [L, 2, H, T, D]
+
+
+def cache_from_tensor(kv: torch.Tensor) -> DynamicCache:
+    """A ``DynamicCache`` holding ``kv`` (``[layers, 2, kv_heads, tokens, head_dim]``)."""
+    if kv.dim() != 5 or kv.shape[1] != 2:
+        raise InvalidKVError(f"expected a [layers, 2, heads, tokens, dim] tensor, got {kv.shape}")
+    cache = DynamicCache()
+    for layer in range(kv.shape[0]):
+        keys = kv[layer, 0].unsqueeze(0).contiguous()  # [1, H, T, D]
+        values = kv[layer, 1].unsqueeze(0).contiguous()  # [1, H, T, D]
+        cache.update(keys, values, layer)
+    return cache

@@ -1,0 +1,189 @@
+"""One adapter around a transformers causal LM: fingerprints, stepping and prefill.
+
+The codec sees a model only through this adapter: its identity (what a file must be decoded
+with), its KV geometry, and a ``Stepper`` that runs the decoder's schedule, one forward per token
+on a ``DynamicCache``.
+
+Invariants:
+1. The identity hashes the config and every parameter's bytes: two models with equal identities
+   compute the same function (enforced by construction).
+2. ``Stepper.step`` returns the logits for the next position as float32 numpy; it appends the
+   token's keys and values to ``Stepper.cache`` (the only thing it mutates).
+3. The adapter never changes the wrapped model's weights or mode after ``__init__`` puts it in
+   eval mode (enforced).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from seqkv.errors import EmptyInputError, InvalidTokensError
+from seqkv.kvcache import tensor_from_cache
+from seqkv.schedule import ExecutionProfile
+
+# Config keys that name or date a checkpoint without changing what it computes.
+_VOLATILE_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What a .skv file records about the model and tokenizer that coded it."""
+
+    name: str
+    config_sha256: str
+    weights_sha256: str
+    tokenizer_sha256: str | None
+
+    def same_model(self, other: ModelIdentity) -> bool:
+        return (self.config_sha256, self.weights_sha256) == (
+            other.config_sha256,
+            other.weights_sha256,
+        )
+
+
+class Stepper:
+    """Runs a model one token at a time on its own cache: the decoder's exact schedule."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self._model = model
+        self.cache = DynamicCache()
+
+    @torch.inference_mode()
+    def step(self, token: int) -> npt.NDArray[np.float32]:
+        ids = torch.tensor([[token]], dtype=torch.long, device=self._model.device)  # [1, 1]
+        output = self._model(input_ids=ids, cache=self.cache, use_cache=True)
+        logits: npt.NDArray[np.float32] = output.logits[0, -1].float().cpu().numpy()
+        return logits
+
+
+class CausalLM:
+    """A transformers causal LM (and optionally its tokenizer) as seqkv uses it."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: Any | None, name: str) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def kv_heads(self) -> int:
+        heads = getattr(self.config, "num_key_value_heads", None)
+        return int(heads if heads is not None else self.config.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        head_dim = getattr(self.config, "head_dim", None)
+        if head_dim is None:
+            head_dim = self.config.hidden_size // self.config.num_attention_heads
+        return int(head_dim)
+
+    @property
+    def kv_components_per_token(self) -> int:
+        """Keys and values of all layers and heads for one token position."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def start_token_id(self) -> int | None:
+        """The token whose next-token distribution codes a sequence's first token."""
+        bos = getattr(self.config, "bos_token_id", None)
+        return int(bos) if isinstance(bos, int) and 0 <= bos < self.vocab_size else None
+
+    def profile(self) -> ExecutionProfile:
+        return ExecutionProfile.current(self.dtype, self.device)
+
+    @cached_property
+    def identity(self) -> ModelIdentity:
+        config = {
+            key: value
+            for key, value in self.config.to_dict().items()
+            if key not in _VOLATILE_CONFIG_KEYS
+        }
+        config_hash = hashlib.sha256(
+            json.dumps(config, sort_keys=True, default=str).encode()
+        ).hexdigest()
+        weights = hashlib.sha256()
+        for name, parameter in sorted(self.model.named_parameters()):
+            weights.update(name.encode())
+            array = parameter.detach().cpu().contiguous().numpy()
+            weights.update(str(array.dtype).encode() + str(array.shape).encode())
+            weights.update(memoryview(array).cast("B"))
+        tokenizer_hash = None
+        if self.tokenizer is not None:
+            vocab = sorted(self.tokenizer.get_vocab().items())
+            special = sorted(str(t) for t in self.tokenizer.all_special_tokens)
+            tokenizer_hash = hashlib.sha256(
+                json.dumps([vocab, special]).encode()
+            ).hexdigest()
+        return ModelIdentity(self.name, config_hash, weights.hexdigest(), tokenizer_hash)
+
+    def new_stepper(self) -> Stepper:
+        return Stepper(self.model)
+
+    def check_tokens(self, tokens: list[int]) -> None:
+        """Raise a clear error unless ``tokens`` is a non-empty list of valid ids."""
+        if len(tokens) == 0:
+            raise EmptyInputError("there are no tokens to code: the input is empty")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidTokensError(
+                f"{len(bad)} token ids are outside this model's vocabulary of {self.vocab_size} "
+                f"(first: {bad[0]}); were they produced by another tokenizer?"
+            )
+
+    @torch.inference_mode()
+    def prefill(self, tokens: list[int]) -> DynamicCache:
+        """The KV cache of one full forward over ``tokens`` (what a serving engine would hold)."""
+        self.check_tokens(tokens)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, T]
+        cache = DynamicCache()
+        self.model(input_ids=ids, cache=cache, use_cache=True)
+        return cache
+
+    def kv_tensor(self, cache: DynamicCache) -> torch.Tensor:
+        """``cache`` as ``[layers, 2, kv_heads, tokens, head_dim]`` float32 on the CPU."""
+        return tensor_from_cache(cache).detach().to("cpu", torch.float32)
+
+    def encode_text(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidTokensError(f"model {self.name!r} has no tokenizer: pass token ids")
+        if not text:
+            raise EmptyInputError("the text is empty: there is nothing to compress")
+        ids: list[int] = self.tokenizer(text, add_special_tokens=False).input_ids
+        if not ids:
+            raise EmptyInputError("the text tokenizes to no tokens: there is nothing to compress")
+        return ids
+
+    def decode_tokens(self, tokens: list[int]) -> str:
+        if self.tokenizer is None:
+            raise InvalidTokensError(f"model {self.name!r} has no tokenizer to turn ids into text")
+        text: str = self.tokenizer.decode(tokens, skip_special_tokens=False,
+                                          clean_up_tokenization_spaces=False)
+        return text

@@ -1,0 +1,89 @@
+"""The execution profile: what a decoder must reproduce to get the encoder's probabilities.
+
+Arithmetic decoding needs, at every position, bit-identical next-token probabilities on both
+sides. On CPU, measured on SmolLM2-135M: a full prefill, token-by-token steps and chunked forwards
+differ by up to ~1e-4 in the logits, and token-by-token steps with 1 vs 2 intra-op threads differ
+by ~4e-5; repeating one schedule with one thread count is bit-identical. So seqkv fixes the
+schedule (one forward per token with a KV cache) and the thread count (1: single-token steps are
+bound by weight traffic, and 1 thread measured as fast as 2 here), and records the rest.
+
+Invariants:
+1. Encoder and decoder run every model forward inside ``pinned_threads`` (enforced).
+2. A decoder refuses a file whose schedule, dtype or device class differs from its own (enforced
+   in ``seqkv.codec``); a differing CPU capability or library version is refused unless the caller
+   opts in, and then the token and KV checksums still catch any divergence (enforced).
+3. Same profile implies identical probabilities (assumed; tested on the embedded model).
+
+``pinned_threads`` mutates torch's process-wide intra-op thread count for the duration of the
+``with`` block and restores it afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+import transformers
+
+Schedule = Literal["token-by-token"]
+CODING_THREADS = 1
+
+
+@dataclass(frozen=True)
+class ExecutionProfile:
+    """Everything that decides the bits of the logits, as recorded in a .skv file."""
+
+    schedule: Schedule
+    dtype: str
+    device_class: str
+    cpu_capability: str
+    num_threads: int
+    torch_version: str
+    transformers_version: str
+
+    @classmethod
+    def current(cls, dtype: torch.dtype, device: torch.device) -> ExecutionProfile:
+        """The profile this process runs under for a model of ``dtype`` on ``device``."""
+        if device.type == "cuda":
+            device_class = f"cuda:{torch.cuda.get_device_name(device)}"
+        else:
+            device_class = device.type
+        return cls(
+            schedule="token-by-token",
+            dtype=str(dtype).removeprefix("torch."),
+            device_class=device_class,
+            cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+            num_threads=CODING_THREADS,
+            torch_version=torch.__version__,
+            transformers_version=transformers.__version__,
+        )
+
+    def hard_mismatches(self, other: ExecutionProfile) -> list[str]:
+        """Differences that make exact decoding impossible."""
+        return _differences(self, other, ("schedule", "dtype", "device_class", "num_threads"))
+
+    def soft_mismatches(self, other: ExecutionProfile) -> list[str]:
+        """Differences under which exact decoding is unlikely but can be attempted and verified."""
+        return _differences(
+            self, other, ("cpu_capability", "torch_version", "transformers_version")
+        )
+
+
+def _differences(a: ExecutionProfile, b: ExecutionProfile, fields: tuple[str, ...]) -> list[str]:
+    left, right = asdict(a), asdict(b)
+    return [f"{name}: file has {left[name]!r}, this machine {right[name]!r}"
+            for name in fields if left[name] != right[name]]
+
+
+@contextmanager
+def pinned_threads(num_threads: int = CODING_THREADS) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count set to ``num_threads``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
