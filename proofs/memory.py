@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from ._exact import as_float, as_int, as_rational, positive_int
+from ._exact import as_int, as_rational, instantiate, positive_int
 from .ratios import (
     HEAD_DIM,
     KV_HEADS,
@@ -79,7 +79,7 @@ def kv_cache_bytes(
         BYTES_PER_COMPONENT: positive_int(bytes_per_component, name="bytes_per_component"),
         CONTEXT_TOKENS: positive_int(context_tokens, name="context_tokens"),
     }
-    return as_int(kv_cache_bytes_expr().subs(subs))
+    return as_int(instantiate(kv_cache_bytes_expr(), subs))
 
 
 def implied_kv_heads(
@@ -97,14 +97,15 @@ def implied_kv_heads(
     """
     heads = sympy.Symbol("heads", positive=True)
     equation = sympy.Eq(
-        kv_cache_bytes_expr().subs(
+        instantiate(
+            kv_cache_bytes_expr(),
             {
                 LAYERS: positive_int(layers, name="layers"),
                 KV_HEADS: heads,
                 HEAD_DIM: positive_int(head_dim, name="head_dim"),
                 BYTES_PER_COMPONENT: positive_int(bytes_per_component, name="bytes_per_component"),
                 CONTEXT_TOKENS: positive_int(context_tokens, name="context_tokens"),
-            }
+            },
         ),
         positive_int(target_bytes, name="target_bytes"),
     )
@@ -170,7 +171,12 @@ class MemoryClaimCheck:
     @property
     def figures(self) -> tuple[KVMemoryFigure, ...]:
         """Every computed figure, paper geometry first."""
-        return (self.paper_heads_decimal, self.paper_heads_binary, self.gqa_decimal, self.gqa_binary)
+        return (
+            self.paper_heads_decimal,
+            self.paper_heads_binary,
+            self.gqa_decimal,
+            self.gqa_binary,
+        )
 
     @property
     def consistent_with_paper_heads(self) -> bool:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from ._exact import ExactLike, as_float, exact
+from ._exact import ExactLike, as_float, exact, instantiate
 
 PERPLEXITY = sympy.Symbol("PPL", positive=True)
 BITS = sympy.Symbol("bits", nonnegative=True)
@@ -75,7 +75,10 @@ def bits_per_token(perplexity: ExactLike) -> sympy.Expr:
     >>> bits_per_token(10)
     1 + log(5)/log(2)
     """
-    return sympy.simplify(bits_per_token_expr().subs(PERPLEXITY, _perplexity(perplexity)))
+    # NOTE: sympy.log(x, 2) rather than instantiating bits_per_token_expr(): the base-2 form
+    # evaluates exact powers of two (log(16, 2) = 4) without a costly simplify; the tests check
+    # that the two agree.
+    return sympy.log(_perplexity(perplexity), 2)
 
 
 def bits_per_token_float(perplexity: ExactLike) -> float:
@@ -91,14 +94,14 @@ def perplexity_for_bits(bits: ExactLike) -> sympy.Expr:
     """The perplexity whose log2 is ``bits``, exact.
 
     >>> perplexity_for_bits(4.3)
-    2**(43/10)
+    16*2**(3/10)
     >>> round(float(perplexity_for_bits(4.3)), 2)
     19.7
     """
     value = exact(bits, name="bits")
     if not value >= 0:
         raise ValueError(f"bits must be >= 0, got {bits!r}")
-    return perplexity_expr().subs(BITS, value)
+    return instantiate(perplexity_expr(), {BITS: value})
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,9 @@ What the paper gets wrong:
   the cache stores the 8. The paper's 64 overstates the per-vector side, hence the ratio, 8x:
   with 8 KV heads it is 114,307x (114x with the 1000x overhead).
 - The 4.3 bits is a cross-entropy measured on data, not an entropy (``seqkv.proofs.perplexity``).
+- "The ratio improves with context length" follows only if the sequential bits per position fall
+  with context (non-increasing conditional entropy, true of a stationary source); the per-vector
+  side is constant per position, and the ratio decreases in h (``ratio_decreases_in_h``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,15 @@ from fractions import Fraction
 
 import sympy
 
-from ._exact import ExactLike, as_float, as_int, as_rational, exact_positive, positive_int
+from ._exact import (
+    ExactLike,
+    as_float,
+    as_int,
+    as_rational,
+    exact_positive,
+    instantiate,
+    positive_int,
+)
 
 LAYERS = sympy.Symbol("L", integer=True, positive=True)
 KV_HEADS = sympy.Symbol("H_kv", integer=True, positive=True)
@@ -141,6 +152,15 @@ def ratio_expr() -> sympy.Expr:
     return ratio_of_bits_expr().subs(PER_VECTOR_BITS, per_vector_bits_expr())
 
 
+def ratio_decreases_in_h() -> bool:
+    """Whether d(ratio)/dh < 0 for all positive inputs, so falling h along context raises the ratio.
+
+    >>> ratio_decreases_in_h()
+    True
+    """
+    return bool(sympy.diff(ratio_of_bits_expr(), SEQUENTIAL_BITS).is_negative)
+
+
 def _geometry_subs(geometry: KVGeometry) -> dict[sympy.Symbol, int]:
     return {LAYERS: geometry.layers, KV_HEADS: geometry.kv_heads, HEAD_DIM: geometry.head_dim}
 
@@ -151,7 +171,7 @@ def components_per_token(geometry: KVGeometry) -> int:
     >>> components_per_token(SMOLLM2_135M)
     11520
     """
-    return as_int(components_per_token_expr().subs(_geometry_subs(geometry)))
+    return as_int(instantiate(components_per_token_expr(), _geometry_subs(geometry)))
 
 
 def per_vector_bits_per_token(
@@ -166,7 +186,7 @@ def per_vector_bits_per_token(
     """
     subs: dict[sympy.Symbol, object] = dict(_geometry_subs(geometry))
     subs[BITS_PER_COMPONENT] = exact_positive(bits_per_component, name="bits_per_component")
-    return as_rational(per_vector_bits_expr().subs(subs))
+    return as_rational(instantiate(per_vector_bits_expr(), subs))
 
 
 def fp16_bits_per_token(geometry: KVGeometry) -> int:
@@ -193,7 +213,7 @@ def ratio(
         SEQUENTIAL_BITS: exact_positive(sequential_bits, name="sequential_bits"),
         OVERHEAD: exact_positive(overhead, name="overhead"),
     }
-    return as_rational(ratio_of_bits_expr().subs(subs))
+    return as_rational(instantiate(ratio_of_bits_expr(), subs))
 
 
 def sequential_bits_per_component(

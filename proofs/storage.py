@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from ._exact import ExactLike, as_float, as_rational, exact
+from ._exact import ExactLike, as_float, as_rational, exact, instantiate
 
 CLUSTERED_FRACTION = sympy.Symbol("f", nonnegative=True)
 TAIL_LENGTH = sympy.Symbol("l", nonnegative=True)
@@ -49,7 +49,7 @@ def relative_storage_expr() -> sympy.Expr:
     """The paper's corollary, symbolic.
 
     >>> relative_storage_expr()
-    1 - f*(-l/n + 1)
+    -f*(-l/n + 1) + 1
     """
     return 1 - CLUSTERED_FRACTION * (1 - TAIL_LENGTH / SEQUENCE_LENGTH)
 
@@ -79,8 +79,8 @@ def derive_relative_storage() -> StorageDerivation:
     >>> derive_relative_storage().matches_paper
     True
     """
-    f, l, n, sessions = CLUSTERED_FRACTION, TAIL_LENGTH, SEQUENCE_LENGTH, SESSIONS
-    total = f * sessions * l + (1 - f) * sessions * n
+    f, tail, n, sessions = CLUSTERED_FRACTION, TAIL_LENGTH, SEQUENCE_LENGTH, SESSIONS
+    total = f * sessions * tail + (1 - f) * sessions * n
     unshared = sessions * n
     relative = sympy.simplify(total / unshared)
     difference = sympy.simplify(relative - relative_storage_expr())
@@ -130,7 +130,7 @@ def relative_storage(
         TAIL_LENGTH: inputs.tail_length,
         SEQUENCE_LENGTH: inputs.sequence_length,
     }
-    return as_rational(relative_storage_expr().subs(subs))
+    return as_rational(instantiate(relative_storage_expr(), subs))
 
 
 def relative_storage_with_prefix(
@@ -174,7 +174,7 @@ def relative_storage_with_prefix(
         PREFIX_LENGTH: prefix,
         SESSIONS: sessions,
     }
-    return as_rational(relative_storage_with_prefix_expr().subs(subs))
+    return as_rational(instantiate(relative_storage_with_prefix_expr(), subs))
 
 
 def relative_storage_float(

@@ -34,9 +34,11 @@ Invariants of this module:
 
 What the paper gets wrong, or leaves out:
 
-- INJECTIVITY is needed for the inequality itself, not only for equality. Without it, KV_{<=i}
-  may forget part of the prefix that KV_{i+1} reveals, and H(KV_{i+1} | KV_{<=i}) can exceed
-  H(t_{i+1} | t_{<=i}) (``check_theorem1`` with a constant prior map shows it).
+- The inequality itself, not only the equality, rests on INJECTIVITY: the proof's "prior KV
+  determines prior tokens" is that premise, which the paper only claims holds generically.
+  Without it, KV_{<=i} may forget part of the prefix that KV_{i+1} reveals, and
+  H(KV_{i+1} | KV_{<=i}) can exceed H(t_{i+1} | t_{<=i}) (``check_theorem1`` with a constant
+  prior map shows it).
 - DETERMINISM holds per computation schedule only. Full prefill and token-by-token decoding give
   different floats (max |logit difference| ~1e-4 measured on SmolLM2-135M, CPU), so F_M is one
   function per schedule. The theorem holds for each fixed schedule; an encoder and decoder that
@@ -181,8 +183,9 @@ def premise_specs() -> tuple[PremiseSpec, ...]:
             ),
             weak_point=(
                 "A floating-point property, claimed only 'generically': embeddings that coincide "
-                "after the input norm, or round to one fp16 vector, break it. The paper uses it "
-                "for equality, but the inequality needs it too."
+                "after the input norm, or round to one fp16 vector, break it. It carries the "
+                "inequality too ('prior KV determines prior tokens'), not only the equality; "
+                "without it the inequality can fail."
             ),
         ),
     )
@@ -247,10 +250,10 @@ def proof_steps() -> tuple[ProofStep, ...]:
     )
 
 
-def theorem1() -> Theorem:
+def theorem1_proof() -> Theorem:
     """Theorem 1, its premises and its proof.
 
-    >>> theorem = theorem1()
+    >>> theorem = theorem1_proof()
     >>> theorem.statement
     'H(KV_{i+1} | KV_{<=i}) <= H(t_{i+1} | t_{<=i})'
     >>> sorted(premise.name for premise in theorem.premises_used)

@@ -15,3 +15,22 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+import pytest  # noqa: E402
+
+from seqkv.models import CausalLM, tiny_random_llama  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> CausalLM:
+    """A 2-layer random Llama (vocabulary 512): the fast tests' model."""
+    return tiny_random_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def real_model() -> CausalLM:
+    """The embedded SmolLM2-135M-Instruct, loaded once for the whole test session."""
+    from seqkv.models import load_default_model
+
+    return load_default_model()

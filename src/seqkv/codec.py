@@ -130,7 +130,7 @@ class DecompressResult:
 
 def _sha256(array: npt.NDArray[np.generic] | torch.Tensor) -> str:
     data = array.contiguous().numpy() if isinstance(array, torch.Tensor) else array
-    return hashlib.sha256(memoryview(np.ascontiguousarray(data)).cast("B")).hexdigest()
+    return hashlib.sha256(np.ascontiguousarray(data).data).hexdigest()
 
 
 def _tokens_sha256(tokens: Sequence[int]) -> str:

@@ -19,13 +19,12 @@ from seqkv.errors import InvalidKVError
 
 def tensor_from_cache(cache: DynamicCache) -> torch.Tensor:
     """Stack a batch-1 cache into ``[layers, 2, kv_heads, tokens, head_dim]``."""
-    layers = cache.layers
-    if len(layers) == 0 or layers[0].keys is None:
-        raise InvalidKVError("the KV cache is empty: it holds no layers")
     stacked = []
-    for index, layer in enumerate(layers):
-        keys, values = layer.keys, layer.values
-        if keys is None or values is None or keys.dim() != 4 or keys.shape != values.shape:
+    for index, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)):
+            raise InvalidKVError(f"layer {index} of the KV cache holds no keys and values")
+        if keys.dim() != 4 or keys.shape != values.shape:
             raise InvalidKVError(f"layer {index} of the KV cache has no [B, H, T, D] keys/values")
         if keys.shape[0] != 1:
             raise InvalidKVError(
@@ -33,6 +32,8 @@ def tensor_from_cache(cache: DynamicCache) -> torch.Tensor:
                 "file: split the batch first"
             )
         stacked.append(torch.stack([keys[0], values[0]]))  # [2, H, T, D]
+    if not stacked:
+        raise InvalidKVError("the KV cache is empty: it holds no layers")
     shapes = {tuple(s.shape) for s in stacked}
     if len(shapes) != 1:
         raise InvalidKVError(f"KV cache layers have different shapes: {sorted(shapes)}")

@@ -33,7 +33,7 @@ def log_softmax_bits(logits: npt.NDArray[np.floating]) -> npt.NDArray[np.float64
     """Base-2 log-probabilities of one row of logits, computed in float64."""
     z = logits.astype(np.float64)
     z = z - z.max()
-    return (z - np.log(np.exp(z).sum())) / np.log(2.0)
+    return np.asarray((z - np.log(np.exp(z).sum())) / np.log(2.0), dtype=np.float64)
 
 
 def cumulative_from_logits(logits: npt.NDArray[np.floating]) -> CumulativeTable:

@@ -56,7 +56,12 @@ class ResidualCode:
 
     @property
     def num_bits(self) -> int:
-        return 8 * (len(self.words) + len(self.escapes)) + 32 * len(self.scales)
+        """Coded size: symbols, escaped values, one flag bit per group, a float32 per used scale.
+
+        The container stores the scales in its JSON header; its file size is reported apart.
+        """
+        used_scales = sum(1 for scale in self.scales if scale != 0.0)
+        return 8 * (len(self.words) + len(self.escapes)) + len(self.scales) + 32 * used_scales
 
     @property
     def num_escapes(self) -> int:

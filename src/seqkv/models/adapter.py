@@ -28,6 +28,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from seqkv.errors import EmptyInputError, InvalidTokensError
 from seqkv.kvcache import tensor_from_cache
+from seqkv.proofs.ratios import KVGeometry
 from seqkv.schedule import ExecutionProfile
 
 # Config keys that name or date a checkpoint without changing what it computes.
@@ -69,7 +70,8 @@ class CausalLM:
     """A transformers causal LM (and optionally its tokenizer) as seqkv uses it."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: Any | None, name: str) -> None:
-        self.model = model.eval()
+        model.train(False)
+        self.model = model
         self.tokenizer = tokenizer
         self.name = name
 
@@ -79,7 +81,7 @@ class CausalLM:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
+        return int(self.config.vocab_size)
 
     @property
     def num_layers(self) -> int:
@@ -98,17 +100,23 @@ class CausalLM:
         return int(head_dim)
 
     @property
+    def geometry(self) -> KVGeometry:
+        return KVGeometry(self.num_layers, self.kv_heads, self.head_dim)
+
+    @property
     def kv_components_per_token(self) -> int:
         """Keys and values of all layers and heads for one token position."""
         return 2 * self.num_layers * self.kv_heads * self.head_dim
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        dtype: torch.dtype = self.model.dtype
+        return dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        device: torch.device = self.model.device
+        return device
 
     @property
     def start_token_id(self) -> int | None:
@@ -132,9 +140,9 @@ class CausalLM:
         weights = hashlib.sha256()
         for name, parameter in sorted(self.model.named_parameters()):
             weights.update(name.encode())
-            array = parameter.detach().cpu().contiguous().numpy()
-            weights.update(str(array.dtype).encode() + str(array.shape).encode())
-            weights.update(memoryview(array).cast("B"))
+            tensor = parameter.detach().cpu().contiguous()
+            weights.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+            weights.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
         tokenizer_hash = None
         if self.tokenizer is not None:
             vocab = sorted(self.tokenizer.get_vocab().items())

@@ -35,7 +35,7 @@ def tiny_random_llama(seed: int = 0, vocab_size: int = 512) -> CausalLM:
     generator_state = torch.random.get_rng_state()
     try:
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = LlamaForCausalLM(config)
     finally:
         torch.random.set_rng_state(generator_state)
     return CausalLM(model, None, f"tiny-random-llama-seed{seed}")

@@ -1,0 +1,293 @@
+"""The ``seqkv`` command: compress, decompress, inspect and demo.
+
+Every ``SeqKVError`` (bad input, damaged file, wrong model) ends the command with one line on
+stderr and exit status 2, never a traceback. Output files are written atomically, and ``compress``
+writes its file only after a full decode has verified it (unless ``--no-verify``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+from safetensors.torch import save_file
+
+from seqkv.codec import (
+    DEFAULT_TOLERANCE,
+    CompressResult,
+    DecompressResult,
+    compress,
+    decompress,
+)
+from seqkv.container import decode_container, write_container_file
+from seqkv.errors import EmptyInputError, SeqKVError
+from seqkv.models import CausalLM, load_default_model, load_model
+from seqkv.proofs.ratios import per_vector_bits_per_token
+from seqkv.schedule import pinned_threads
+
+_QUANTIZER_BITS = 3  # the per-vector comparison point: TurboQuant at 3 bits per component
+
+
+def _load(model_path: str | None) -> CausalLM:
+    return load_default_model() if model_path is None else load_model(model_path)
+
+
+def _read_text(path: str) -> str:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    if not text:
+        raise EmptyInputError(f"{path} is empty: there is nothing to compress")
+    return text
+
+
+def _read_bytes(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
+def _write_text(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.seqkv-tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(target)
+
+
+def compress_figures(
+    model: CausalLM, result: CompressResult, verified: bool, verify_seconds: float | None
+) -> dict[str, object]:
+    """The JSON object ``seqkv compress --json`` prints."""
+    stats = result.stats
+    three_bit = float(per_vector_bits_per_token(model.geometry, _QUANTIZER_BITS))
+    return {
+        "model": model.name,
+        "tokens": stats.tokens,
+        "code_bits": stats.code_bits,
+        "bits_per_token": stats.bits_per_token,
+        "cross_entropy_bits_per_token": stats.cross_entropy_bits_per_token,
+        "code_overhead_vs_cross_entropy": stats.code_bits / stats.cross_entropy_bits - 1,
+        "residual_bits": stats.residual_bits,
+        "residual_escapes": stats.residual_escapes,
+        "total_bits_per_token": stats.total_bits_per_token,
+        "file_bytes": stats.file_bytes,
+        "kv_components_per_token": stats.kv_components_per_token,
+        "fp16_bits_per_token": stats.fp16_bits_per_token,
+        "ratio_vs_fp16": stats.ratio_vs_fp16,
+        "per_vector_3bit_bits_per_token": three_bit,
+        "ratio_vs_3bit_quantizer": three_bit / stats.total_bits_per_token,
+        "tolerance": None if result.header.kv.residual is None
+        else result.header.kv.residual.tolerance,
+        "max_abs_kv_error": stats.max_abs_kv_error,
+        "encode_seconds": stats.encode_seconds,
+        "verify_seconds": verify_seconds,
+        "verified": verified,
+    }
+
+
+def decompress_figures(result: DecompressResult) -> dict[str, object]:
+    """The JSON object ``seqkv decompress --json`` prints."""
+    stats = result.stats
+    return {
+        "tokens": stats.tokens,
+        "decode_seconds": stats.decode_seconds,
+        "decode_tokens_per_second": stats.tokens / stats.decode_seconds,
+        "max_abs_kv_error": stats.max_abs_kv_error,
+        "verified": stats.verified,
+    }
+
+
+def _compress_and_verify(
+    model: CausalLM, tokens: list[int], kv_mode: str, tolerance: float, verify: bool
+) -> tuple[CompressResult, dict[str, object]]:
+    kv = model.prefill(tokens) if kv_mode == "prefill" else None
+    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=True)
+    verify_seconds = None
+    if verify:
+        started = time.perf_counter()
+        decoded = decompress(model, result.data, progress=True)
+        verify_seconds = time.perf_counter() - started
+        assert decoded.tokens == tokens  # decompress already checked both checksums
+    return result, compress_figures(model, result, verify, verify_seconds)
+
+
+def _cmd_compress(args: argparse.Namespace) -> int:
+    text = _read_text(args.text)
+    model = _load(args.model)
+    tokens = model.encode_text(text)
+    result, figures = _compress_and_verify(model, tokens, args.kv, args.tolerance,
+                                           not args.no_verify)
+    write_container_file(args.output, result.data)
+    _print(figures, args.json, f"compressed {args.text} -> {args.output}")
+    return 0
+
+
+def _cmd_decompress(args: argparse.Namespace) -> int:
+    data = _read_bytes(args.file)
+    decode_container(data)  # fail on a damaged file before loading the model
+    model = _load(args.model)
+    result = decompress(model, data, allow_environment_mismatch=args.allow_environment_mismatch,
+                        progress=True)
+    _write_text(args.output, model.decode_tokens(result.tokens))
+    if args.kv_out:
+        kv = result.kv  # [L, 2, H, T, D]
+        save_file(
+            {"keys": kv[:, 0].contiguous(), "values": kv[:, 1].contiguous(),
+             "tokens": torch.tensor(result.tokens, dtype=torch.int64)},
+            args.kv_out,
+            metadata={"model": model.name, "layout": "[layers, kv_heads, tokens, head_dim]"},
+        )
+    figures = decompress_figures(result)
+    if args.output == "-" and not args.json:
+        return 0
+    _print(figures, args.json, f"decompressed {args.file} -> {args.output}")
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    data = _read_bytes(args.file)
+    container = decode_container(data)
+    header = asdict(container.header)
+    header["file_bytes"] = len(data)
+    header["token_code_bytes"] = len(container.token_code.data)
+    header["residual_bytes"] = 0 if container.residual is None else (
+        len(container.residual.words) + len(container.residual.escapes))
+    header["kv"].get("residual") and header["kv"]["residual"].pop("scales")
+    _print(header, args.json, f"{args.file}")
+    return 0
+
+
+@dataclass(frozen=True)
+class DemoFigures:
+    """What ``seqkv demo`` measures, beside the compress and decompress figures."""
+
+    model_load_seconds: float
+    prefill_seconds: float
+    token_by_token_seconds: float
+
+
+def _time_token_by_token(model: CausalLM, tokens: list[int]) -> float:
+    """Plain token-by-token forward steps over ``tokens`` (generation's cost), no coding."""
+    stepper = model.new_stepper()
+    started = time.perf_counter()
+    for token in tokens:
+        stepper.step(token)
+    return time.perf_counter() - started
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    model = _load(args.model)
+    load_seconds = time.perf_counter() - started
+    text = (importlib.resources.files("seqkv") / "data" / "sample.txt").read_text("utf-8")
+    tokens = model.encode_text(text)
+    started = time.perf_counter()
+    model.prefill(tokens)
+    prefill_seconds = time.perf_counter() - started
+    result, figures = _compress_and_verify(model, tokens, "prefill", args.tolerance, False)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(args.output) if args.output else Path(folder) / "sample.skv"
+        write_container_file(path, result.data)
+        decoded = decompress(model, path.read_bytes(), progress=True)
+    if decoded.tokens != tokens or model.decode_tokens(decoded.tokens) != model.decode_tokens(
+        tokens
+    ):
+        raise SeqKVError("the demo's round trip did not reproduce the tokens")
+    with pinned_threads(torch.get_num_threads()):
+        token_by_token = _time_token_by_token(model, tokens)
+    demo = DemoFigures(load_seconds, prefill_seconds, token_by_token)
+    decode = decompress_figures(decoded)
+    figures.update({f"decode_{k}" if k in ("tokens", "max_abs_kv_error") else k: v
+                    for k, v in decode.items()})
+    figures["verified"] = decoded.stats.verified
+    figures.update(asdict(demo))
+    figures["encode_vs_prefill"] = result.stats.encode_seconds / prefill_seconds
+    figures["decode_vs_token_by_token"] = decoded.stats.decode_seconds / token_by_token
+    figures["text"] = "seqkv/data/sample.txt"
+    figures["machine"] = f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}"
+    _print(figures, args.json, "seqkv demo: the shipped sample text, round trip verified")
+    return 0
+
+
+def _print(figures: dict[str, object], as_json: bool, title: str) -> None:
+    if as_json:
+        print(json.dumps(figures, default=str))
+        return
+    table = Table(title=title, show_header=False)
+    for key, value in figures.items():
+        table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
+    Console().print(table)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="seqkv", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def model_option(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--model", metavar="PATH", default=None,
+                             help="local HF model folder or .gguf file (default: embedded "
+                                  "SmolLM2-135M-Instruct)")
+
+    c = commands.add_parser("compress", help="compress a text (and its prefill KV) to .skv")
+    c.add_argument("text", metavar="TEXT", help="UTF-8 text file, or - for stdin")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.skv")
+    model_option(c)
+    c.add_argument("--kv", choices=["prefill", "none"], default="prefill",
+                   help="store the KV of one prefill over the text (default) or tokens only")
+    c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help=f"max abs KV error (default {DEFAULT_TOLERANCE}; 0 = bit-exact)")
+    c.add_argument("--no-verify", action="store_true", help="skip the verifying decode")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.set_defaults(run=_cmd_compress)
+
+    d = commands.add_parser("decompress", help="decode a .skv file to text (and KV)")
+    d.add_argument("file", metavar="FILE.skv")
+    d.add_argument("-o", "--output", required=True, metavar="TEXT", help="text file, or -")
+    model_option(d)
+    d.add_argument("--kv-out", metavar="KV.safetensors", help="also write the KV cache")
+    d.add_argument("--allow-environment-mismatch", action="store_true",
+                   help="try to decode a file coded under other CPU kernels or library versions")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.set_defaults(run=_cmd_decompress)
+
+    i = commands.add_parser("inspect", help="print a .skv file's header")
+    i.add_argument("file", metavar="FILE.skv")
+    i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.set_defaults(run=_cmd_inspect)
+
+    demo = commands.add_parser("demo", help="round trip of the shipped sample text, with figures")
+    model_option(demo)
+    demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
+    demo.add_argument("-o", "--output", metavar="FILE.skv", help="keep the .skv file here")
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.set_defaults(run=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.run(args)
+    except SeqKVError as error:
+        print(f"seqkv: error: {error}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as error:
+        print(f"seqkv: error: no such file: {error.filename}", file=sys.stderr)
+        return 2
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        print(f"seqkv: error: {error}", file=sys.stderr)
+        return 2
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The codec on the tiny random Llama: round trips, KV tolerance, and one test per bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import DynamicCache
+
+from seqkv import compress, decompress
+from seqkv.container import decode_container, encode_container
+from seqkv.errors import (
+    DecodeVerificationError,
+    EmptyInputError,
+    EnvironmentMismatchError,
+    InvalidKVError,
+    InvalidTokensError,
+    ModelMismatchError,
+)
+from seqkv.kvcache import cache_from_tensor, tensor_from_cache
+from seqkv.models import CausalLM, tiny_random_llama
+
+VOCAB = 512
+
+
+@given(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40))
+def test_token_round_trip(tiny_model: CausalLM, tokens: list[int]) -> None:
+    result = compress(tiny_model, tokens)
+    decoded = decompress(tiny_model, result.data)
+    assert decoded.tokens == tokens
+    assert decoded.stats.verified
+    assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2 + 2e-5 * len(tokens)
+
+
+@given(
+    st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
+    st.sampled_from([0.0, 1e-7, 1e-5, 1e-3]),
+    st.integers(0, 2**31),
+)
+def test_kv_round_trip_within_tolerance(
+    tiny_model: CausalLM, tokens: list[int], tolerance: float, seed: int
+) -> None:
+    original = tensor_from_cache(tiny_model.prefill(tokens))
+    noise = torch.randn(original.shape, generator=torch.Generator().manual_seed(seed))
+    given_kv = original + 1e-4 * noise  # a cache from some other run of the same tokens
+    result = compress(tiny_model, tokens, kv=given_kv, tolerance=tolerance)
+    decoded = decompress(tiny_model, result.data)
+    error = (decoded.kv - given_kv).abs().max().item()
+    assert error <= tolerance
+    assert result.stats.max_abs_kv_error == decoded.stats.max_abs_kv_error == error
+    if tolerance == 0.0:
+        assert torch.equal(decoded.kv, given_kv)
+
+
+def test_decoded_cache_is_a_dynamic_cache_with_the_kv(tiny_model: CausalLM) -> None:
+    tokens = [4, 8, 15, 16, 23, 42]
+    decoded = decompress(tiny_model, compress(tiny_model, tokens).data)
+    assert isinstance(decoded.cache, DynamicCache)
+    assert decoded.cache.get_seq_length() == len(tokens)
+    assert torch.equal(tensor_from_cache(decoded.cache), decoded.kv)
+
+
+def test_kv_conversion_round_trip(tiny_model: CausalLM) -> None:
+    kv = tensor_from_cache(tiny_model.prefill([1, 2, 3]))  # [L, 2, H, T, D]
+    assert kv.shape == (2, 2, 2, 3, 16)
+    assert torch.equal(tensor_from_cache(cache_from_tensor(kv)), kv)
+
+
+def test_first_token_is_coded_under_the_start_context(tiny_model: CausalLM) -> None:
+    result = compress(tiny_model, [7])
+    assert result.header.tokens.first_token_context == tiny_model.config.bos_token_id
+    assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2
+
+
+def test_empty_tokens(tiny_model: CausalLM) -> None:
+    with pytest.raises(EmptyInputError, match="no tokens"):
+        compress(tiny_model, [])
+
+
+def test_tokens_outside_the_vocabulary(tiny_model: CausalLM) -> None:
+    with pytest.raises(InvalidTokensError, match="vocabulary of 512"):
+        compress(tiny_model, [1, 2, VOCAB])
+
+
+def test_kv_of_other_tokens(tiny_model: CausalLM) -> None:
+    with pytest.raises(InvalidKVError, match="other tokens"):
+        compress(tiny_model, [1, 2, 3], kv=tiny_model.prefill([1, 2]))
+
+
+def test_kv_with_a_batch_of_two(tiny_model: CausalLM) -> None:
+    kv = tensor_from_cache(tiny_model.prefill([1, 2]))
+    cache = DynamicCache()
+    for layer in range(kv.shape[0]):
+        cache.update(kv[layer, 0].expand(2, -1, -1, -1), kv[layer, 1].expand(2, -1, -1, -1), layer)
+    with pytest.raises(InvalidKVError, match="batch size 2"):
+        compress(tiny_model, [1, 2], kv=cache)
+
+
+def test_another_model_is_refused(tiny_model: CausalLM) -> None:
+    data = compress(tiny_model, [1, 2, 3]).data
+    with pytest.raises(ModelMismatchError, match="coded with model"):
+        decompress(tiny_random_llama(seed=1), data)
+
+
+def _with_profile(data: bytes, **changes: str | int) -> bytes:
+    container = decode_container(data)
+    profile = dataclasses.replace(container.header.profile, **changes)  # type: ignore[arg-type]
+    header = dataclasses.replace(container.header, profile=profile)
+    return encode_container(dataclasses.replace(container, header=header))
+
+
+def test_other_device_class_is_refused(tiny_model: CausalLM) -> None:
+    data = _with_profile(compress(tiny_model, [1, 2, 3]).data, device_class="cuda:NVIDIA H200")
+    with pytest.raises(EnvironmentMismatchError, match="device_class"):
+        decompress(tiny_model, data, allow_environment_mismatch=True)
+
+
+def test_other_library_version_is_refused_unless_allowed(tiny_model: CausalLM) -> None:
+    data = _with_profile(compress(tiny_model, [1, 2, 3]).data, torch_version="0.0.1")
+    with pytest.raises(EnvironmentMismatchError, match="torch_version"):
+        decompress(tiny_model, data)
+    assert decompress(tiny_model, data, allow_environment_mismatch=True).tokens == [1, 2, 3]
+
+
+def test_desynchronised_probabilities_fail_loudly(tiny_model: CausalLM) -> None:
+    """A decoder whose probabilities differ in the last bits must not return wrong tokens."""
+    tokens = list(np.random.default_rng(3).integers(0, VOCAB, 60))
+    data = compress(tiny_model, tokens).data
+    perturbed = tiny_random_llama(seed=0)
+    with torch.no_grad():
+        perturbed.model.lm_head.weight.mul_(1 + 1e-6)
+    # Same identity on purpose (as a different CPU kernel would give): only the checksum can tell.
+    perturbed.__dict__["identity"] = tiny_model.identity
+    with pytest.raises(DecodeVerificationError, match="checksum"):
+        decompress(perturbed, data)
+
+
+def test_damaged_token_code_fails_loudly(tiny_model: CausalLM) -> None:
+    container = decode_container(compress(tiny_model, list(range(10, 50))).data)
+    code = container.token_code
+    flipped = bytes([code.data[0] ^ 0x10]) + code.data[1:]
+    damaged = dataclasses.replace(container, token_code=dataclasses.replace(code, data=flipped))
+    with pytest.raises(DecodeVerificationError, match="tokens"):
+        decompress(tiny_model, encode_container(damaged))

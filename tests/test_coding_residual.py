@@ -1,0 +1,78 @@
+"""The KV residual coder: tolerance bound, bit-exact mode, escapes, and zero-cost zero groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqkv.coding.residual import ALPHABET_LIMIT, ResidualMode, decode_residual, encode_residual
+from seqkv.errors import InvalidKVError
+
+SHAPE = (3, 2, 2, 5, 8)  # [L, 2, H, T, D]
+
+
+def _pair(seed: int, noise: float) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    recomputed = torch.randn(SHAPE, generator=generator) * 4
+    target = recomputed + torch.randn(SHAPE, generator=generator) * noise
+    return target, recomputed
+
+
+@given(st.integers(0, 2**31), st.sampled_from([1e-6, 1e-5, 1e-3]),
+       st.sampled_from([1e-5, 1e-4, 1e-2, 1.0]))
+def test_quantized_round_trip_within_tolerance(seed: int, noise: float, tolerance: float) -> None:
+    target, recomputed = _pair(seed, noise)
+    code, rebuilt = encode_residual(target, recomputed, tolerance)
+    assert code.mode is ResidualMode.QUANTIZED
+    decoded = decode_residual(code, recomputed)
+    assert torch.equal(decoded, rebuilt)
+    assert (decoded - target).abs().max().item() <= tolerance
+
+
+@given(st.integers(0, 2**31), st.sampled_from([0.0, 1e-6, 1e-3, 10.0]))
+def test_bit_exact_mode_reproduces_every_bit(seed: int, noise: float) -> None:
+    target, recomputed = _pair(seed, noise)
+    target[0, 0, 0, 0, :3] = torch.tensor([-0.0, 0.0, 1e-40])  # signed zero and a subnormal
+    code, _ = encode_residual(target, recomputed, 0.0)
+    assert code.mode is ResidualMode.BIT_EXACT
+    decoded = decode_residual(code, recomputed)
+    assert torch.equal(decoded.view(torch.int32), target.view(torch.int32))
+
+
+def test_identical_tensors_cost_one_flag_bit_per_group() -> None:
+    target, _ = _pair(0, 0.0)
+    code, _ = encode_residual(target, target.clone(), 1e-4)
+    assert code.words == b"" and code.escapes == b""
+    assert code.num_bits == SHAPE[0] * SHAPE[1]
+
+
+def test_far_outliers_are_escaped_exactly() -> None:
+    target, recomputed = _pair(1, 1e-5)
+    target[1, 1, 0, 2, 3] = recomputed[1, 1, 0, 2, 3] + 5e3
+    code, _ = encode_residual(target, recomputed, 1e-4)
+    assert code.num_escapes >= 1
+    decoded = decode_residual(code, recomputed)
+    assert decoded[1, 1, 0, 2, 3] == target[1, 1, 0, 2, 3]
+    assert (decoded - target).abs().max().item() <= 1e-4
+    assert 2 * 1e-4 * ALPHABET_LIMIT < 5e3
+
+
+def test_rejects_shape_mismatch() -> None:
+    target, recomputed = _pair(0, 1e-5)
+    with pytest.raises(InvalidKVError, match="recomputing"):
+        encode_residual(target[:, :, :, :4], recomputed, 1e-4)
+
+
+def test_rejects_negative_tolerance() -> None:
+    target, recomputed = _pair(0, 1e-5)
+    with pytest.raises(ValueError, match="tolerance"):
+        encode_residual(target, recomputed, -1.0)
+
+
+def test_rejects_non_finite_kv() -> None:
+    target, recomputed = _pair(0, 1e-5)
+    target[0, 0, 0, 0, 0] = float("nan")
+    with pytest.raises(InvalidKVError, match="NaN"):
+        encode_residual(target, recomputed, 1e-4)
