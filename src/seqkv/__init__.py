@@ -4,9 +4,7 @@ Implements and measures arXiv 2604.15356 ("Sequential KV Cache Compression via P
 Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``.
 """
 
-__version__ = "0.1.0"
-
-from seqkv.codec import (  # noqa: E402
+from seqkv.codec import (
     DEFAULT_TOLERANCE,
     CompressResult,
     CompressStats,
@@ -15,7 +13,8 @@ from seqkv.codec import (  # noqa: E402
     compress,
     decompress,
 )
-from seqkv.errors import SeqKVError  # noqa: E402
+from seqkv.errors import SeqKVError
+from seqkv.version import __version__
 
 __all__ = [
     "DEFAULT_TOLERANCE",

@@ -32,7 +32,6 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from seqkv import __version__
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import (
     CumulativeTable,
@@ -60,6 +59,7 @@ from seqkv.errors import (
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.schedule import pinned_threads
+from seqkv.version import __version__
 
 # NOTE: 1e-4 is below fp16's resolution for any KV component above 0.2 in magnitude, and above
 # the ~3e-5 by which one prefill and token-by-token recomputation differ on SmolLM2-135M (CPU),

@@ -1,4 +1,4 @@
-"""Shared fixtures: hypothesis profiles and one loaded model per test session."""
+"""Shared by tests/ and benchmarks/: hypothesis profiles and one loaded model per session."""
 
 from __future__ import annotations
 
