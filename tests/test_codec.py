@@ -34,6 +34,11 @@ def test_token_round_trip(tiny_model: CausalLM, tokens: list[int]) -> None:
     assert decoded.tokens == tokens
     assert decoded.stats.verified
     assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2 + 2e-5 * len(tokens)
+    # The decoder sees the same distributions as the encoder, position by position.
+    assert np.array_equal(decoded.trace.surprisal_bits, result.trace.surprisal_bits)
+    assert np.array_equal(decoded.trace.entropy_bits, result.trace.entropy_bits)
+    assert result.trace.surprisal_bits.sum() == pytest.approx(result.stats.cross_entropy_bits)
+    assert np.all((result.trace.entropy_bits >= 0) & (result.trace.entropy_bits <= np.log2(VOCAB)))
 
 
 @given(

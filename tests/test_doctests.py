@@ -7,7 +7,13 @@ import importlib
 
 import pytest
 
-MODULES = ("seqkv.codec", "seqkv.models.tiny")
+MODULES = (
+    "seqkv.codec",
+    "seqkv.models.tiny",
+    *(f"seqkv.quantizers.{name}" for name in (
+        "bitpack", "kivi", "lloyd_max", "measure", "rotation", "turboquant", "uniform")),
+    "seqkv.quantizers",
+)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -6,6 +6,7 @@ Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``.
 
 from seqkv.codec import (
     DEFAULT_TOLERANCE,
+    CodingTrace,
     CompressResult,
     CompressStats,
     DecompressResult,
@@ -18,6 +19,7 @@ from seqkv.version import __version__
 
 __all__ = [
     "DEFAULT_TOLERANCE",
+    "CodingTrace",
     "CompressResult",
     "CompressStats",
     "DecompressResult",

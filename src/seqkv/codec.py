@@ -68,6 +68,32 @@ DEFAULT_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
+class CodingTrace:
+    """Per-position figures along the coded tokens, for the checker (``seqkv.checker``).
+
+    ``surprisal_bits[i]`` is ``-log2 P(t_i | t_<i)`` under the float probabilities (the first
+    token under its start context); ``entropy_bits[i]`` is the entropy of that distribution, the
+    model's own uncertainty at position i.
+    """
+
+    surprisal_bits: npt.NDArray[np.float64]
+    entropy_bits: npt.NDArray[np.float64]
+
+
+class _TraceRecorder:
+    def __init__(self) -> None:
+        self._surprisal: list[float] = []
+        self._entropy: list[float] = []
+
+    def record(self, log2p: npt.NDArray[np.float64], token: int) -> None:
+        self._surprisal.append(-float(log2p[token]))
+        self._entropy.append(-float(np.dot(np.exp2(log2p), log2p)))
+
+    def trace(self) -> CodingTrace:
+        return CodingTrace(np.array(self._surprisal), np.array(self._entropy))
+
+
+@dataclass(frozen=True)
 class CompressStats:
     """Measured figures of one compression; bits are exact counts, not estimates."""
 
@@ -109,6 +135,7 @@ class CompressResult:
     data: bytes
     header: Header
     stats: CompressStats
+    trace: CodingTrace
 
 
 @dataclass(frozen=True)
@@ -126,6 +153,7 @@ class DecompressResult:
     kv: torch.Tensor  # [layers, 2, kv_heads, tokens, head_dim], float32
     header: Header
     stats: DecompressStats
+    trace: CodingTrace
 
 
 def _sha256(array: npt.NDArray[np.generic] | torch.Tensor) -> str:
@@ -172,7 +200,7 @@ def compress(
     started = time.perf_counter()
     encoder = ArithmeticEncoder()
     ideal_bits = 0.0
-    cross_entropy = 0.0
+    recorder = _TraceRecorder()
     with pinned_threads():
         table, log2p = _first_table(model, context)
         stepper = model.new_stepper()
@@ -180,7 +208,7 @@ def compress(
                                               disable=not progress)):
             encoder.encode(table, token)
             ideal_bits += symbol_cost_bits(table, token)
-            cross_entropy -= float(log2p[token])
+            recorder.record(log2p, token)
             logits = stepper.step(token)
             if position + 1 < len(token_list):
                 table, log2p = cumulative_from_logits(logits), log_softmax_bits(logits)
@@ -220,11 +248,12 @@ def compress(
         ),
     )
     data = encode_container(Container(header, token_code, residual))
+    trace = recorder.trace()
     stats = CompressStats(
         tokens=len(token_list),
         code_bits=token_code.num_bits,
         ideal_code_bits=ideal_bits,
-        cross_entropy_bits=cross_entropy,
+        cross_entropy_bits=float(trace.surprisal_bits.sum()),
         residual_bits=residual.num_bits if residual is not None else 0,
         residual_escapes=residual.num_escapes if residual is not None else 0,
         file_bytes=len(data),
@@ -232,7 +261,7 @@ def compress(
         encode_seconds=encode_seconds,
         max_abs_kv_error=max_error,
     )
-    return CompressResult(data, header, stats)
+    return CompressResult(data, header, stats, trace)
 
 
 def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch: bool) -> None:
@@ -272,15 +301,17 @@ def decompress(
     started = time.perf_counter()
     decoder = ArithmeticDecoder(container.token_code)
     tokens: list[int] = []
+    recorder = _TraceRecorder()
     with pinned_threads():
-        table, _ = _first_table(model, header.tokens.first_token_context)
+        table, log2p = _first_table(model, header.tokens.first_token_context)
         stepper = model.new_stepper()
         for position in tqdm(range(count), desc="decoding", unit="tok", disable=not progress):
             token = decoder.decode(table)
             tokens.append(token)
+            recorder.record(log2p, token)
             logits = stepper.step(token)
             if position + 1 < count:
-                table = cumulative_from_logits(logits)
+                table, log2p = cumulative_from_logits(logits), log_softmax_bits(logits)
     if _tokens_sha256(tokens) != header.tokens.sha256:
         raise DecodeVerificationError(
             "the decoded tokens do not match the file's checksum: this machine did not "
@@ -307,4 +338,4 @@ def decompress(
         verified=True,
     )
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
-    return DecompressResult(tokens, cache, kv, header, stats)
+    return DecompressResult(tokens, cache, kv, header, stats, recorder.trace())

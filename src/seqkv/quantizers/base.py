@@ -23,6 +23,9 @@ Invariants:
    of that shape (checked: ``tests/test_quantizers_bits.py``).
 5. ``QuantizedTensor`` is immutable (enforced: frozen dataclass; the tensors it holds are not
    copied, so callers must not write into them; assumed).
+6. ``dequantize`` is called on the quantizer configuration that produced the tensor. The method
+   name, ``dim`` and code widths are checked (ValueError); a different TurboQuant ``seed`` or
+   ``rotation`` cannot be detected and decodes to garbage (assumed).
 """
 
 from __future__ import annotations
@@ -203,6 +206,16 @@ def check_owner(q: QuantizedTensor, method: QuantizerName, dim: int) -> None:
         raise ValueError(f"cannot dequantize a {q.method!r} tensor with a {method!r} quantizer")
     if not q.shape or q.shape[-1] != dim:
         raise ValueError(f"tensor of shape {q.shape} was not quantized with dim={dim}")
+
+
+def check_code_bits(codes: PackedCodes | None, bits: int | None, what: str) -> None:
+    """Raise ``ValueError`` unless ``codes`` holds ``bits``-bit codes (``None``: no stream)."""
+    got = None if codes is None else codes.bits
+    if got != bits:
+        raise ValueError(
+            f"{what} holds {got}-bit codes but this quantizer expects {bits}; "
+            "dequantize with the quantizer configuration that produced it"
+        )
 
 
 def to_side(values: torch.Tensor, what: str) -> torch.Tensor:

@@ -49,8 +49,16 @@ def packed_nbytes(count: int, bits: int) -> int:
     return (count * bits + 7) // 8
 
 
-def _bit_weights(n: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor([1 << i for i in range(n)], dtype=torch.uint8, device=device)
+_CODES_PER_WORD = 8
+"""Eight ``b``-bit codes fill exactly ``b`` bytes; they are assembled in one int64 word."""
+
+
+def _byte_shifts(bits: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(0, 8 * bits, 8, dtype=torch.int64, device=device)  # [bits]
+
+
+def _code_shifts(bits: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(0, _CODES_PER_WORD * bits, bits, dtype=torch.int64, device=device)  # [8]
 
 
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -63,33 +71,25 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
         raise TypeError(f"codes must be an integer tensor, got dtype {codes.dtype}")
     flat = codes.reshape(-1)  # [N]
-    if flat.numel() > 0:
+    count = flat.numel()
+    if count > 0:
         lo, hi = int(flat.min()), int(flat.max())
         if lo < 0 or hi >= 1 << bits:
             raise ValueError(
                 f"codes must lie in [0, {1 << bits}) for bits={bits}, got range [{lo}, {hi}]"
             )
-    small = flat.to(torch.uint8)  # [N]
-    device = small.device
     if bits == MAX_BITS:
-        return small.clone()
-    if MAX_BITS % bits == 0:
-        # NOTE: fast path, same format as the general one: whole codes never straddle a byte.
-        per_byte = MAX_BITS // bits
-        pad = (-small.numel()) % per_byte
-        if pad:
-            small = torch.cat([small, small.new_zeros(pad)])
-        grouped = small.reshape(-1, per_byte)  # [nbytes, per_byte]
-        shifts = torch.arange(0, MAX_BITS, bits, dtype=torch.uint8, device=device)
-        return (grouped << shifts).sum(dim=-1, dtype=torch.int32).to(torch.uint8)
-    shifts = torch.arange(bits, dtype=torch.uint8, device=device)
-    stream = ((small.unsqueeze(-1) >> shifts) & 1).reshape(-1)  # [N * bits]
-    pad = (-stream.numel()) % MAX_BITS
+        return flat.to(torch.uint8)
+    device = flat.device
+    wide = flat.to(torch.int64)
+    pad = (-count) % _CODES_PER_WORD
     if pad:
-        stream = torch.cat([stream, stream.new_zeros(pad)])
-    octets = stream.reshape(-1, MAX_BITS)  # [nbytes, 8]
-    weights = _bit_weights(MAX_BITS, device)
-    return (octets * weights).sum(dim=-1, dtype=torch.int32).to(torch.uint8)
+        wide = torch.cat([wide, wide.new_zeros(pad)])
+    groups = wide.reshape(-1, _CODES_PER_WORD)  # [W, 8]
+    # NOTE: the shifted codes occupy disjoint bit ranges, so their sum is their bitwise OR.
+    words = (groups << _code_shifts(bits, device)).sum(dim=-1)  # [W], 8 * bits <= 56 bits
+    octets = (words.unsqueeze(-1) >> _byte_shifts(bits, device)) & 0xFF  # [W, bits]
+    return octets.reshape(-1)[: packed_nbytes(count, bits)].to(torch.uint8)  # [nbytes]
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
@@ -108,17 +108,14 @@ def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
         raise ValueError(
             f"{count} codes of {bits} bits need exactly {need} bytes, got {packed.numel()}"
         )
-    device = packed.device
     if bits == MAX_BITS:
         return packed.clone()
-    mask = (1 << bits) - 1
-    if MAX_BITS % bits == 0:
-        per_byte = MAX_BITS // bits
-        shifts = torch.arange(0, MAX_BITS, bits, dtype=torch.uint8, device=device)
-        spread = (packed.unsqueeze(-1) >> shifts) & mask  # [nbytes, per_byte]
-        return spread.reshape(-1)[:count].clone()  # [count]
-    shifts = torch.arange(MAX_BITS, dtype=torch.uint8, device=device)
-    stream = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(-1)  # [nbytes * 8]
-    code_bits = stream[: count * bits].reshape(count, bits)  # [count, bits]
-    weights = _bit_weights(bits, device)
-    return (code_bits * weights).sum(dim=-1, dtype=torch.int32).to(torch.uint8)
+    device = packed.device
+    wide = packed.to(torch.int64)
+    pad = (-need) % bits
+    if pad:
+        wide = torch.cat([wide, wide.new_zeros(pad)])
+    octets = wide.reshape(-1, bits)  # [W, bits]
+    words = (octets << _byte_shifts(bits, device)).sum(dim=-1)  # [W]
+    codes = (words.unsqueeze(-1) >> _code_shifts(bits, device)) & ((1 << bits) - 1)  # [W, 8]
+    return codes.reshape(-1)[:count].to(torch.uint8)  # [count]
