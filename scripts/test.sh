@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (set-up included): lint, strict typing, then pytest.
+# Runs the whole test suite (set-up included): lint, strict typing, pytest (tests and a one-shot
+# run of every benchmark), then the proof-check gate on the shipped sample with the embedded model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRITON_INTERPRET=1
-.venv/bin/ruff check src proofs kernels tests benchmarks
+.venv/bin/ruff check src proofs kernels tests benchmarks conftest.py
 .venv/bin/mypy
 # Benchmarks run once each here (pytest-benchmark disabled): they must work, not be timed.
 .venv/bin/python -m pytest tests benchmarks "$@"
+# The gate: exits non-zero when any of the paper's bounds is violated on this run.
+.venv/bin/seqkv check src/seqkv/data/sample.txt --report reports/ci-check.md

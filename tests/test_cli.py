@@ -105,3 +105,28 @@ def test_damaged_files_are_clear_errors(
     out = tmp_path / "out.txt"
     _expect_error(capsys, words, "decompress", str(skv), "-o", str(out))
     assert not out.exists()
+
+
+def test_check_passes_and_a_wasteful_coder_fails_it(
+    use_model: CausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numpy as np
+
+    import seqkv.codec
+    from seqkv.coding.frequencies import cumulative_from_logits
+
+    source, report = tmp_path / "in.txt", tmp_path / "report.md"
+    source.write_text(TEXT)
+    status, out, _ = _run(capsys, "check", str(source), "--report", str(report), "--json")
+    figures = json.loads(out)
+    assert status == 0 and figures["passed"] is True
+    for check in figures["checks"]:
+        assert {"name", "bound", "measured", "holds"} <= set(check)
+    assert "**Verdict: PASS**" in report.read_text()
+
+    monkeypatch.setattr(seqkv.codec, "cumulative_from_logits",
+                        lambda logits: cumulative_from_logits(np.asarray(logits) * 50.0))
+    status, out, _ = _run(capsys, "check", str(source), "--report", str(report))
+    assert status == 1 and "FAIL (token_code_within_cross_entropy" in out
+    assert "**Verdict: FAIL**" in report.read_text()

@@ -1,8 +1,9 @@
-"""The ``seqkv`` command: compress, decompress, inspect and demo.
+"""The ``seqkv`` command: compress, decompress, inspect, check and demo.
 
 Every ``SeqKVError`` (bad input, damaged file, wrong model) ends the command with one line on
-stderr and exit status 2, never a traceback. Output files are written atomically, and ``compress``
-writes its file only after a full decode has verified it (unless ``--no-verify``).
+stderr and exit status 2, never a traceback. ``check`` exits 1 when a bound is violated. Output
+files are written atomically, and ``compress`` writes its file only after a full decode has
+verified it (unless ``--no-verify``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from seqkv.codec import (
     compress,
     decompress,
 )
-from seqkv.container import decode_container, write_container_file
+from seqkv.container import MAGIC, decode_container, write_container_file
 from seqkv.errors import EmptyInputError, SeqKVError
 from seqkv.models import CausalLM, load_default_model, load_model
 from seqkv.proofs.ratios import per_vector_bits_per_token
@@ -168,6 +169,32 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    # NOTE: imported here, not at the top: the checker is an optional reader of the core.
+    from seqkv.checker import CheckOptions, check_skv, check_text_tokens, render_markdown
+
+    source = Path(args.input)
+    options = CheckOptions(seed=args.seed)
+    data = _read_bytes(args.input)
+    model = _load(args.model)
+    if data.startswith(MAGIC):
+        report = check_skv(model, data, args.input, options, progress=True)
+    else:
+        tokens = model.encode_text(_read_text(args.input))
+        report = check_text_tokens(model, tokens, args.input, args.tolerance, options,
+                                   progress=True)
+    target = Path(args.report) if args.report else Path("reports") / f"check-{source.stem}.md"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _write_text(str(target), render_markdown(report))
+    if args.json:
+        print(json.dumps(report.to_json_dict() | {"report": str(target)}, default=str))
+    else:
+        failed = [c.name for c in report.checks if c.kind == "bound" and not c.holds]
+        verdict = "PASS" if report.passed else f"FAIL ({', '.join(failed)})"
+        print(f"seqkv check: {verdict}; report written to {target}")
+    return 0 if report.passed else 1
+
+
 @dataclass(frozen=True)
 class DemoFigures:
     """What ``seqkv demo`` measures, beside the compress and decompress figures."""
@@ -269,6 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("file", metavar="FILE.skv")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(run=_cmd_inspect)
+
+    k = commands.add_parser("check", help="check the paper's bounds on a text or .skv file and "
+                                         "write a markdown proof-check report")
+    k.add_argument("input", metavar="TEXT|FILE.skv")
+    model_option(k)
+    k.add_argument("--report", metavar="PATH", help="report file (default reports/check-NAME.md)")
+    k.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
+    k.add_argument("--seed", type=int, default=0, help="seed of the Monte-Carlo estimates")
+    k.add_argument("--json", action="store_true", help="print one JSON object")
+    k.set_defaults(run=_cmd_check)
 
     demo = commands.add_parser("demo", help="round trip of the shipped sample text, with figures")
     model_option(demo)

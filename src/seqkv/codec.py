@@ -72,25 +72,30 @@ class CodingTrace:
     """Per-position figures along the coded tokens, for the checker (``seqkv.checker``).
 
     ``surprisal_bits[i]`` is ``-log2 P(t_i | t_<i)`` under the float probabilities (the first
-    token under its start context); ``entropy_bits[i]`` is the entropy of that distribution, the
-    model's own uncertainty at position i.
+    token under its start context); ``code_cost_bits[i]`` the same under the integer frequency
+    table the coder used; ``entropy_bits[i]`` the entropy of the distribution, the model's own
+    uncertainty at position i.
     """
 
     surprisal_bits: npt.NDArray[np.float64]
+    code_cost_bits: npt.NDArray[np.float64]
     entropy_bits: npt.NDArray[np.float64]
 
 
 class _TraceRecorder:
     def __init__(self) -> None:
         self._surprisal: list[float] = []
+        self._cost: list[float] = []
         self._entropy: list[float] = []
 
-    def record(self, log2p: npt.NDArray[np.float64], token: int) -> None:
+    def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int) -> None:
         self._surprisal.append(-float(log2p[token]))
+        self._cost.append(symbol_cost_bits(table, token))
         self._entropy.append(-float(np.dot(np.exp2(log2p), log2p)))
 
     def trace(self) -> CodingTrace:
-        return CodingTrace(np.array(self._surprisal), np.array(self._entropy))
+        return CodingTrace(np.array(self._surprisal), np.array(self._cost),
+                           np.array(self._entropy))
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,6 @@ def compress(
     context = model.start_token_id
     started = time.perf_counter()
     encoder = ArithmeticEncoder()
-    ideal_bits = 0.0
     recorder = _TraceRecorder()
     with pinned_threads():
         table, log2p = _first_table(model, context)
@@ -207,8 +211,7 @@ def compress(
         for position, token in enumerate(tqdm(token_list, desc="encoding", unit="tok",
                                               disable=not progress)):
             encoder.encode(table, token)
-            ideal_bits += symbol_cost_bits(table, token)
-            recorder.record(log2p, token)
+            recorder.record(log2p, table, token)
             logits = stepper.step(token)
             if position + 1 < len(token_list):
                 table, log2p = cumulative_from_logits(logits), log_softmax_bits(logits)
@@ -252,7 +255,7 @@ def compress(
     stats = CompressStats(
         tokens=len(token_list),
         code_bits=token_code.num_bits,
-        ideal_code_bits=ideal_bits,
+        ideal_code_bits=float(trace.code_cost_bits.sum()),
         cross_entropy_bits=float(trace.surprisal_bits.sum()),
         residual_bits=residual.num_bits if residual is not None else 0,
         residual_escapes=residual.num_escapes if residual is not None else 0,
@@ -308,7 +311,7 @@ def decompress(
         for position in tqdm(range(count), desc="decoding", unit="tok", disable=not progress):
             token = decoder.decode(table)
             tokens.append(token)
-            recorder.record(log2p, token)
+            recorder.record(log2p, table, token)
             logits = stepper.step(token)
             if position + 1 < count:
                 table, log2p = cumulative_from_logits(logits), log_softmax_bits(logits)
