@@ -1,0 +1,118 @@
+"""The prefix trie: layer 1 of arXiv 2604.15356, store each shared prefix's KV once.
+
+Start with :class:`PrefixTrie` (insert, match, resolve, release, evict), :func:`prefix_hash` (the
+content hash a ``.skv`` file uses to reference a stored prefix), :func:`trie_distance` (the trie
+metric d_T), :func:`cluster_sessions` (the paper's clusters, reduced to what is sound),
+:func:`save_trie` / :func:`load_trie`, and :func:`run_trie_bench` (the trie against vLLM-style
+hashed blocks on a generated workload).
+
+Invariants:
+1. Importing the package computes nothing and holds no mutable state (enforced: modules define
+   classes, functions and constants only).
+"""
+
+from seqkv.trie.bench import TrieBenchResult, WorkloadSpec, generate_workload, run_trie_bench
+from seqkv.trie.clusters import Cluster, ClusterReport, cluster_sessions, cluster_trie_sessions
+from seqkv.trie.errors import (
+    CorruptTrieFileError,
+    InvalidLogProbsError,
+    InvalidPrefixHashError,
+    NotATrieFileError,
+    PrefixHashMismatchError,
+    PrefixNotFoundError,
+    TrieError,
+    TrieFileError,
+    TruncatedTrieFileError,
+    UnknownSessionError,
+    UnsupportedTrieVersionError,
+)
+from seqkv.trie.eviction import (
+    EvictionPolicy,
+    EvictionPolicyName,
+    LRUPolicy,
+    ProbabilityWeightedPolicy,
+    make_policy,
+)
+from seqkv.trie.hashed_blocks import BlockAllocation, HashedBlockCache, HashedBlockStats
+from seqkv.trie.inputs import KVGeometry
+from seqkv.trie.keys import (
+    DEFAULT_NAMESPACE,
+    Namespace,
+    NodeId,
+    PrefixHash,
+    SessionId,
+    prefix_hash,
+)
+from seqkv.trie.metric import Neighbor, prefix_probability, trie_distance
+from seqkv.trie.persistence import SaveReport, load_trie, save_trie, trie_from_bytes, trie_to_bytes
+from seqkv.trie.radix import (
+    EvictedNode,
+    EvictionResult,
+    InsertResult,
+    MatchResult,
+    NodeInfo,
+    PrefixTrie,
+    ResolvedPrefix,
+    SessionInfo,
+    TrieAudit,
+    TrieSizes,
+    TrieStats,
+)
+from seqkv.trie.sequence import ScoredSequence
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "BlockAllocation",
+    "Cluster",
+    "ClusterReport",
+    "CorruptTrieFileError",
+    "EvictedNode",
+    "EvictionPolicy",
+    "EvictionPolicyName",
+    "EvictionResult",
+    "HashedBlockCache",
+    "HashedBlockStats",
+    "InsertResult",
+    "InvalidLogProbsError",
+    "InvalidPrefixHashError",
+    "KVGeometry",
+    "LRUPolicy",
+    "MatchResult",
+    "Namespace",
+    "Neighbor",
+    "NodeId",
+    "NodeInfo",
+    "NotATrieFileError",
+    "PrefixHash",
+    "PrefixHashMismatchError",
+    "PrefixNotFoundError",
+    "PrefixTrie",
+    "ProbabilityWeightedPolicy",
+    "ResolvedPrefix",
+    "SaveReport",
+    "ScoredSequence",
+    "SessionId",
+    "SessionInfo",
+    "TrieAudit",
+    "TrieBenchResult",
+    "TrieError",
+    "TrieFileError",
+    "TrieSizes",
+    "TrieStats",
+    "TruncatedTrieFileError",
+    "UnknownSessionError",
+    "UnsupportedTrieVersionError",
+    "WorkloadSpec",
+    "cluster_sessions",
+    "cluster_trie_sessions",
+    "generate_workload",
+    "load_trie",
+    "make_policy",
+    "prefix_hash",
+    "prefix_probability",
+    "run_trie_bench",
+    "save_trie",
+    "trie_distance",
+    "trie_from_bytes",
+    "trie_to_bytes",
+]

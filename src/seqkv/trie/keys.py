@@ -1,0 +1,94 @@
+"""Identifiers of the prefix trie: namespaces, node and session ids, and content hashes of prefixes.
+
+Motivation: a ``.skv`` file that codes only a session's tail must name the prefix it continues, in
+a way that survives the trie being split, saved, loaded or rebuilt on another machine. A prefix is
+therefore named by its content: a SHA-256 over the namespace and the prefix's tokens, never by a
+node id (ids are local to one trie object and change across splits and loads).
+
+The hash is one SHA-256 stream over a domain tag, the namespace and the tokens::
+
+    SHA-256( b"seqkv.trie.prefix.v1\\0" || u32le(len(ns)) || ns (UTF-8) || t_1 .. t_k (i64le) )
+
+so the hash of ``t_1..t_k`` extends the stream of ``t_1..t_{k-1}`` by one token, and the hash of
+every node boundary is computed from the query's tokens in one C call.
+
+Invariants:
+1. ``prefix_hash`` depends only on the namespace and the token values, not on how the trie
+   happens to split its edges (enforced: it never sees the trie).
+2. Distinct namespaces give distinct hashes for the same tokens: the namespace is length-prefixed,
+   so no namespace/token boundary is ambiguous (enforced by the encoding).
+3. Collisions are assumed not to happen (SHA-256); ``PrefixTrie.resolve`` still re-hashes the
+   tokens it returns and refuses them if they differ (checked at every resolve).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Sequence
+from typing import NewType
+
+import numpy as np
+import numpy.typing as npt
+
+from seqkv.trie.errors import InvalidPrefixHashError
+from seqkv.trie.inputs import as_token_array
+
+Namespace = NewType("Namespace", str)
+"""A tenant / cache-salt key: sessions in different namespaces never share a node."""
+
+PrefixHash = NewType("PrefixHash", str)
+"""64 lowercase hexadecimal digits: the SHA-256 of a namespace and a prefix's tokens."""
+
+NodeId = NewType("NodeId", int)
+"""A node's id, unique within one ``PrefixTrie`` object (not across saves and loads)."""
+
+SessionId = NewType("SessionId", int)
+"""A locked session: the nodes of its path are never evicted until it is released."""
+
+DEFAULT_NAMESPACE = Namespace("")
+"""The namespace of callers that do not separate tenants."""
+
+_DOMAIN = b"seqkv.trie.prefix.v1\x00"
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def prefix_hash(
+    namespace: Namespace, tokens: Sequence[int] | npt.NDArray[np.integer]
+) -> PrefixHash:
+    """The content hash of ``tokens`` in ``namespace``.
+
+    >>> prefix_hash(DEFAULT_NAMESPACE, [1, 2, 3])[:16]
+    'f71e03c58f38137b'
+    >>> prefix_hash(Namespace("tenant-a"), [1, 2, 3]) == prefix_hash(DEFAULT_NAMESPACE, [1, 2, 3])
+    False
+    """
+    return prefix_hash_of_array(namespace, as_token_array(tokens, allow_empty=True))
+
+
+def prefix_hash_of_array(namespace: Namespace, tokens: npt.NDArray[np.int64]) -> PrefixHash:
+    """``prefix_hash`` of an already validated 1-D int64 token array."""
+    name = namespace.encode("utf-8")
+    stream = hashlib.sha256(_DOMAIN)
+    stream.update(struct.pack("<I", len(name)))
+    stream.update(name)
+    stream.update(tokens.astype("<i8", copy=False).tobytes())
+    return PrefixHash(stream.hexdigest())
+
+
+def check_prefix_hash(value: str) -> PrefixHash:
+    """``value`` as a ``PrefixHash``, or ``InvalidPrefixHashError`` if it cannot be one."""
+    if not isinstance(value, str) or _HEX_DIGEST.fullmatch(value) is None:
+        raise InvalidPrefixHashError(
+            f"{value!r} is not a prefix hash: expected 64 lowercase hexadecimal digits, as "
+            "returned by prefix_hash() or PrefixTrie.match()"
+        )
+    return PrefixHash(value)
+
+
+def check_namespace(value: str) -> Namespace:
+    """``value`` as a ``Namespace`` (any ``str``; a ``TypeError`` for anything else)."""
+    if not isinstance(value, str):
+        raise TypeError(f"a namespace is a str, got {type(value).__name__}")
+    return Namespace(value)

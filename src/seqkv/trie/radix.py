@@ -1,0 +1,1004 @@
+"""``PrefixTrie``: a path-compressed radix trie over token ids storing each shared prefix's KV once.
+
+Motivation: serving traffic shares long prefixes (system prompts, few-shot blocks, a document
+asked about many times). Stored once, a shared prefix's KV costs its bytes once, however many
+sessions use it, and a session only has to be coded from the point where it leaves the trie.
+This is layer 1 of arXiv 2604.15356 (a probabilistic language trie: every edge carries the
+model's log2-probabilities of its tokens), built the way SGLang's RadixAttention builds its
+radix tree: reference counts, access statistics, splitting on a match that ends inside an edge,
+eviction of unreferenced leaves, and namespaces so that tenants never share a node.
+
+What each operation mutates:
+
+- ``insert`` may split one edge where the new session leaves the trie (or ends inside an edge),
+  adds at most one leaf, attaches KV to stored spans that had none, updates the access statistics
+  of its path, locks the path if ``lock=True``, then evicts down to the budget.
+- ``match`` splits the edge its match ends inside (so the matched prefix is a node, with a prefix
+  hash and KV of its own), updates the access statistics of its path, and locks it if
+  ``lock=True``. It never adds tokens or bytes.
+- ``resolve`` updates the access statistics of the resolved path only.
+- ``release`` unlocks a session's path, then evicts down to the budget (the trie may have gone
+  over it while everything was locked); ``evict`` removes unreferenced leaves.
+- ``nearest_sessions``, ``distance``, ``sizes``, ``stats``, ``audit``, ``node_info``,
+  ``sessions``, ``session_sequences`` and ``snapshot`` mutate nothing.
+
+Invariants:
+1. Every stored prefix is a path from its namespace's root; the trie stores exactly the union of
+   the prefixes of what was inserted and not evicted (checked: the hypothesis state machine
+   against a list of sequences, ``tests/test_trie_state_machine.py``).
+2. Namespaces never share a node: each has its own root, and prefix hashes include the namespace
+   (enforced).
+3. ``evictable + protected == total`` in tokens and bytes, kept incrementally and re-derived by
+   ``audit`` from a full traversal (checked). Protected nodes are those with ``ref_count > 0``.
+4. Eviction removes only unreferenced leaves; a node on a live session's path and a namespace
+   root are never evicted (enforced by ``TrieNode.evictable``; checked by the state machine).
+5. Splits and evictions never merge nodes, so a prefix hash returned by ``match`` or ``insert``
+   resolves until its node is evicted (enforced).
+6. When ``budget_bytes`` is set, every ``insert`` and ``release`` ends at or under the budget
+   unless everything over it is protected; ``stats().over_budget_inserts`` counts the inserts that
+   could not get under it (enforced).
+7. Sequences that share a prefix carry the same log2-probabilities and KV on it (assumed: the
+   model is deterministic); the trie keeps the values of the first insert of each span.
+
+Concurrency: one ``threading.RLock`` per trie, held for the whole of every public method. That
+is enough because no node object escapes the trie (results are frozen copies, and KV tensors are
+never written after creation, invariant 6 of ``seqkv.trie.node``), and every operation starts at a
+root and may split or evict anywhere along its path, so finer locks would all contend on the root
+anyway. Operations are short (no model runs under the lock); the longest is the ``torch.cat`` that
+assembles a matched prefix's KV. The lock is reentrant so that ``insert`` can call ``evict``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from seqkv.errors import InvalidKVError
+from seqkv.trie.errors import PrefixHashMismatchError, PrefixNotFoundError, UnknownSessionError
+from seqkv.trie.eviction import EvictionPolicy, EvictionPolicyName, EvictionQueue, make_policy
+from seqkv.trie.inputs import KVGeometry, as_log2_probs, as_token_array, check_kv
+from seqkv.trie.keys import (
+    DEFAULT_NAMESPACE,
+    Namespace,
+    NodeId,
+    PrefixHash,
+    SessionId,
+    check_namespace,
+    check_prefix_hash,
+    prefix_hash_of_array,
+)
+from seqkv.trie.metric import (
+    LogProbInput,
+    Neighbor,
+    QueryPoint,
+    TokenInput,
+    common_prefix_length,
+    rank_sessions,
+)
+from seqkv.trie.node import TrieNode
+from seqkv.trie.sequence import ScoredSequence
+
+_TOKEN_AXIS = 3  # [layers, 2, kv_heads, tokens, head_dim]
+_HEAP_SLACK = 64  # the eviction heap is compacted when it outgrows 2 x nodes + this
+
+
+@dataclass(frozen=True, slots=True)
+class EvictedNode:
+    """A node that eviction removed: the prefix ending at it no longer resolves."""
+
+    namespace: Namespace
+    prefix_hash: PrefixHash
+    start: int  # depth at which its edge started: the prefix up to here is still stored
+    end: int  # depth of the removed node
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionResult:
+    requested_bytes: int
+    freed_bytes: int
+    evicted: tuple[EvictedNode, ...]
+
+    @property
+    def satisfied(self) -> bool:
+        return self.freed_bytes >= self.requested_bytes
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """The longest stored prefix of a query."""
+
+    namespace: Namespace
+    length: int  # tokens matched
+    prefix_hash: PrefixHash  # of the matched prefix: a node boundary after the match
+    surprisal_bits: float  # -log2 P_M(matched prefix)
+    kv: torch.Tensor | None  # [layers, 2, kv_heads, length, head_dim]; None if empty or not held
+    session: SessionId | None  # set when the match locked its path
+    node_id: NodeId  # -1 when the namespace holds nothing (a match there creates no root)
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    namespace: Namespace
+    length: int  # tokens of the session
+    hit_tokens: int  # of them, already stored before this insert
+    prefix_hash: PrefixHash  # of the whole session
+    session: SessionId | None  # set when the insert locked its path
+    node_id: NodeId
+    evicted: tuple[EvictedNode, ...]  # what the budget made this insert evict
+
+    @property
+    def new_tokens(self) -> int:
+        return self.length - self.hit_tokens
+
+
+@dataclass(frozen=True)
+class ResolvedPrefix:
+    """Exactly the prefix a hash names: its tokens, log2-probabilities and KV over the path."""
+
+    namespace: Namespace
+    prefix_hash: PrefixHash
+    tokens: tuple[int, ...]
+    log2_probs: tuple[float, ...]
+    kv: torch.Tensor | None  # [layers, 2, kv_heads, len(tokens), head_dim]; None if not held
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node's bookkeeping, copied out."""
+
+    node_id: NodeId
+    namespace: Namespace
+    prefix_hash: PrefixHash
+    start: int
+    depth: int
+    children: int
+    ref_count: int
+    hit_count: int
+    last_access: int
+    nbytes: int
+    has_kv: bool
+    surprisal_bits: float
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session: SessionId
+    namespace: Namespace
+    length: int
+    prefix_hash: PrefixHash
+
+
+@dataclass(frozen=True, slots=True)
+class TrieSizes:
+    """The incrementally kept counters (invariant 3)."""
+
+    nodes: int  # namespace roots included
+    sessions: int
+    evictable_tokens: int
+    protected_tokens: int
+    evictable_bytes: int
+    protected_bytes: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.evictable_tokens + self.protected_tokens
+
+    @property
+    def total_bytes(self) -> int:
+        return self.evictable_bytes + self.protected_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TrieAudit:
+    """The same figures re-derived from a full traversal (``PrefixTrie.audit``)."""
+
+    nodes: int
+    total_tokens: int
+    total_bytes: int
+    evictable_tokens: int
+    evictable_bytes: int
+    protected_tokens: int
+    protected_bytes: int
+    evictable_leaves: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrieStats:
+    """Cumulative lookup and eviction figures since the trie was created (or loaded)."""
+
+    match_queries: int
+    match_tokens: int
+    match_hit_tokens: int
+    insert_sessions: int
+    insert_tokens: int
+    insert_hit_tokens: int
+    bytes_saved: int  # bytes that inserts found already stored instead of storing them again
+    evicted_nodes: int
+    evicted_tokens: int
+    evicted_bytes: int
+    over_budget_inserts: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Tokens found stored over tokens looked up, matches and inserts together."""
+        looked_up = self.match_tokens + self.insert_tokens
+        return (self.match_hit_tokens + self.insert_hit_tokens) / looked_up if looked_up else 0.0
+
+    @property
+    def match_hit_rate(self) -> float:
+        return self.match_hit_tokens / self.match_tokens if self.match_tokens else 0.0
+
+    @property
+    def insert_hit_rate(self) -> float:
+        return self.insert_hit_tokens / self.insert_tokens if self.insert_tokens else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class NodeRecord:
+    """One node in a snapshot; ``parent`` indexes an earlier record, -1 for a root."""
+
+    parent: int
+    namespace: Namespace
+    tokens: npt.NDArray[np.int64]
+    log2_probs: npt.NDArray[np.float64]
+    kv: torch.Tensor | None
+    hit_count: int
+    last_access: int
+    created: int
+
+
+@dataclass(frozen=True, eq=False)
+class TrieSnapshot:
+    """Everything ``save_trie`` writes: nodes in pre-order, roots first in their subtree.
+
+    Sessions (locks) are not part of it: they belong to running callers, not to the cache.
+    """
+
+    records: tuple[NodeRecord, ...]
+    clock: int
+    nominal_kv_bytes_per_token: int
+    kv_geometry: KVGeometry | None
+
+
+class PrefixTrie:
+    """A radix trie of token sequences, their log2-probabilities and their KV.
+
+    >>> trie = PrefixTrie()
+    >>> first = trie.insert([1, 2, 3, 4], [-1.0, -2.0, -1.0, -3.0])
+    >>> second = trie.insert([1, 2, 9], [-1.0, -2.0, -4.0])
+    >>> second.hit_tokens
+    2
+    >>> trie.match([1, 2, 3, 7]).length  # ends inside the edge 3, 4: splits it
+    3
+    >>> trie.distance(first.session, second.session)  # -log2 P(1, 2)
+    3.0
+    >>> released = [trie.release(first.session), trie.release(second.session)]
+    >>> trie.evict(10**9).evicted[0].end  # LRU: the leaf 4 goes first
+    4
+    """
+
+    def __init__(
+        self,
+        *,
+        budget_bytes: int | None = None,
+        policy: EvictionPolicy | EvictionPolicyName = "lru",
+        nominal_kv_bytes_per_token: int = 0,
+    ) -> None:
+        """A trie with an optional KV budget.
+
+        ``nominal_kv_bytes_per_token`` is what a span stored without a KV tensor counts against
+        the budget and in the sizes (e.g. 23,040 for SmolLM2-135M's KV at fp16, to simulate a
+        cache without holding it); 0 counts such spans as free. Spans with KV count their
+        tensors' bytes.
+        """
+        if budget_bytes is not None and (isinstance(budget_bytes, bool) or budget_bytes < 0):
+            raise ValueError(f"budget_bytes must be None or >= 0, got {budget_bytes!r}")
+        if nominal_kv_bytes_per_token < 0:
+            raise ValueError(
+                f"nominal_kv_bytes_per_token must be >= 0, got {nominal_kv_bytes_per_token}"
+            )
+        self._lock = threading.RLock()
+        self._budget = budget_bytes
+        self._queue = EvictionQueue(make_policy(policy) if isinstance(policy, str) else policy)
+        self._nominal = nominal_kv_bytes_per_token
+        self._geometry: KVGeometry | None = None
+        self._roots: dict[Namespace, TrieNode] = {}
+        self._index: dict[PrefixHash, TrieNode] = {}
+        self._sessions: dict[SessionId, TrieNode] = {}
+        self._clock = 0
+        self._next_node = 0
+        self._next_session = 0
+        self._evictable_tokens = 0
+        self._evictable_bytes = 0
+        self._protected_tokens = 0
+        self._protected_bytes = 0
+        self._match_queries = 0
+        self._match_tokens = 0
+        self._match_hit_tokens = 0
+        self._insert_sessions = 0
+        self._insert_tokens = 0
+        self._insert_hit_tokens = 0
+        self._bytes_saved = 0
+        self._evicted_nodes = 0
+        self._evicted_tokens = 0
+        self._evicted_bytes = 0
+        self._over_budget_inserts = 0
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self._budget
+
+    @property
+    def policy(self) -> EvictionPolicy:
+        return self._queue.policy
+
+    @property
+    def nominal_kv_bytes_per_token(self) -> int:
+        return self._nominal
+
+    @property
+    def kv_geometry(self) -> KVGeometry | None:
+        """The geometry of the KV tensors held, fixed by the first insert that passes one."""
+        with self._lock:
+            return self._geometry
+
+    def insert(
+        self,
+        tokens: TokenInput,
+        log2_probs: LogProbInput,
+        kv: torch.Tensor | None = None,
+        *,
+        namespace: Namespace = DEFAULT_NAMESPACE,
+        lock: bool = True,
+    ) -> InsertResult:
+        """Store a session: its tokens, ``log2 P(t_i | t_<i)`` per token, optionally its KV.
+
+        ``kv`` covers the whole session (``[layers, 2, kv_heads, len(tokens), head_dim]``); only
+        the spans not yet stored (or stored without KV) are copied from it. With ``lock=True``
+        the session's path is protected from eviction until ``release(result.session)``.
+        """
+        namespace = check_namespace(namespace)
+        query = as_token_array(tokens, allow_empty=False)
+        probs = as_log2_probs(log2_probs, len(query))
+        with self._lock:
+            if kv is not None:
+                check_kv(kv, len(query), self._geometry)
+            self._clock += 1
+            root = self._root(namespace)
+            path = self._walk_splitting(root, query)
+            hit = path[-1].depth
+            saved = 0
+            for node in path[1:]:
+                if node.kv is None and kv is not None:
+                    self._attach_kv(node, kv)
+                else:
+                    saved += node.nbytes
+                node.hit_count += 1
+            if hit < len(query):
+                path.append(self._add_leaf(path[-1], query, probs, kv))
+            end = path[-1]
+            self._touch(path)
+            session = self._lock_path(end) if lock else None
+            self._insert_sessions += 1
+            self._insert_tokens += len(query)
+            self._insert_hit_tokens += hit
+            self._bytes_saved += saved
+            evicted, within = self._enforce_budget()
+            self._over_budget_inserts += int(not within)
+            return InsertResult(
+                namespace=namespace, length=len(query), hit_tokens=hit,
+                prefix_hash=end.prefix_hash, session=session, node_id=end.node_id,
+                evicted=evicted,
+            )
+
+    def match(
+        self,
+        tokens: TokenInput,
+        *,
+        namespace: Namespace = DEFAULT_NAMESPACE,
+        lock: bool = False,
+        with_kv: bool = True,
+    ) -> MatchResult:
+        """The longest stored prefix of ``tokens`` and its KV; splits the edge it ends inside."""
+        namespace = check_namespace(namespace)
+        query = as_token_array(tokens, allow_empty=True)
+        with self._lock:
+            self._clock += 1
+            self._match_queries += 1
+            self._match_tokens += len(query)
+            root = self._roots.get(namespace)
+            if root is None:
+                if lock:
+                    root = self._root(namespace)
+                else:
+                    return MatchResult(
+                        namespace=namespace, length=0,
+                        prefix_hash=prefix_hash_of_array(namespace, query[:0]),
+                        surprisal_bits=0.0, kv=None, session=None, node_id=NodeId(-1),
+                    )
+            path = self._walk_splitting(root, query)
+            for node in path[1:]:
+                node.hit_count += 1
+            self._touch(path)
+            end = path[-1]
+            self._match_hit_tokens += end.depth
+            return MatchResult(
+                namespace=namespace, length=end.depth, prefix_hash=end.prefix_hash,
+                surprisal_bits=end.surprisal_bits,
+                kv=self._path_kv(path) if with_kv else None,
+                session=self._lock_path(end) if lock else None, node_id=end.node_id,
+            )
+
+    def resolve(self, prefix_hash: PrefixHash, *, with_kv: bool = True) -> ResolvedPrefix:
+        """Tokens, log2-probabilities and KV of exactly the prefix ``prefix_hash`` names.
+
+        Raises ``PrefixNotFoundError`` when no node ends at that prefix (never stored here, or
+        evicted), and ``PrefixHashMismatchError`` when the stored tokens do not hash to it.
+        """
+        wanted = check_prefix_hash(prefix_hash)
+        with self._lock:
+            node = self._index.get(wanted)
+            if node is None:
+                raise PrefixNotFoundError(
+                    f"no stored prefix has hash {wanted}: it was never inserted into this trie "
+                    "or it has been evicted; insert the prefix again before decoding a session "
+                    "that references it"
+                )
+            path = self._path_to(node)
+            tokens = _concat_tokens(path)
+            if prefix_hash_of_array(node.namespace, tokens) != wanted:
+                raise PrefixHashMismatchError(
+                    f"the trie holds tokens for prefix {wanted} that hash to something else: "
+                    "its memory or the file it was loaded from is damaged"
+                )
+            self._clock += 1
+            for step in path[1:]:
+                step.hit_count += 1
+            self._touch(path)
+            log2_probs = np.concatenate([n.log2_probs for n in path]) if path else np.zeros(0)
+            return ResolvedPrefix(
+                namespace=node.namespace, prefix_hash=wanted,
+                tokens=tuple(int(t) for t in tokens),
+                log2_probs=tuple(float(p) for p in log2_probs),
+                kv=self._path_kv(path) if with_kv else None,
+            )
+
+    def release(self, session: SessionId) -> tuple[EvictedNode, ...]:
+        """Unlock a session's path; its nodes become evictable once no other session holds them.
+
+        Returns what the budget then made it evict (nothing without a budget).
+        """
+        with self._lock:
+            end = self._sessions.pop(session, None)
+            if end is None:
+                raise UnknownSessionError(
+                    f"session {session!r} is not held by this trie: it was never issued here or "
+                    "it has already been released"
+                )
+            node: TrieNode | None = end
+            while node is not None and node.parent is not None:
+                node.ref_count -= 1
+                if node.ref_count == 0:
+                    self._move_sizes(node, protect=False)
+                    if node.evictable:
+                        self._push(node)
+                node = node.parent
+            return self._enforce_budget()[0]
+
+    def evict(self, num_bytes: int) -> EvictionResult:
+        """Evict unreferenced leaves, in the policy's order, until ``num_bytes`` are freed.
+
+        Stops early when nothing evictable is left; ``result.satisfied`` says whether it freed
+        enough.
+        """
+        if isinstance(num_bytes, bool) or num_bytes < 0:
+            raise ValueError(f"num_bytes must be >= 0, got {num_bytes!r}")
+        with self._lock:
+            evicted, freed = self._evict(num_bytes)
+            return EvictionResult(requested_bytes=num_bytes, freed_bytes=freed, evicted=evicted)
+
+    def nearest_sessions(
+        self,
+        tokens: TokenInput,
+        k: int | None = None,
+        *,
+        namespace: Namespace = DEFAULT_NAMESPACE,
+    ) -> tuple[Neighbor, ...]:
+        """Live sessions of ``namespace``, nearest first: the largest ``d_T`` to ``tokens``.
+
+        See ``seqkv.trie.metric`` for why nearest is the largest d_T. Mutates nothing.
+        """
+        namespace = check_namespace(namespace)
+        if k is not None and k < 0:
+            raise ValueError(f"k must be None or >= 0, got {k}")
+        query = as_token_array(tokens, allow_empty=True)
+        with self._lock:
+            return rank_sessions(self._query_point(namespace, query), self._sessions, k)
+
+    def distance(self, a: SessionId, b: SessionId) -> float:
+        """``d_T`` between two live sessions, from the stored log2-probabilities (bits).
+
+        Sessions of different namespaces share no node: their distance is 0.
+        """
+        with self._lock:
+            ends = [self._session_end(s) for s in (a, b)]
+            ancestors = set(self._path_to(ends[0]))
+            node: TrieNode | None = ends[1]
+            while node is not None and node not in ancestors:
+                node = node.parent
+            return 0.0 if node is None else node.surprisal_bits
+
+    def sizes(self) -> TrieSizes:
+        with self._lock:
+            return TrieSizes(
+                nodes=len(self._index), sessions=len(self._sessions),
+                evictable_tokens=self._evictable_tokens, protected_tokens=self._protected_tokens,
+                evictable_bytes=self._evictable_bytes, protected_bytes=self._protected_bytes,
+            )
+
+    def stats(self) -> TrieStats:
+        with self._lock:
+            return TrieStats(
+                match_queries=self._match_queries, match_tokens=self._match_tokens,
+                match_hit_tokens=self._match_hit_tokens, insert_sessions=self._insert_sessions,
+                insert_tokens=self._insert_tokens, insert_hit_tokens=self._insert_hit_tokens,
+                bytes_saved=self._bytes_saved, evicted_nodes=self._evicted_nodes,
+                evicted_tokens=self._evicted_tokens, evicted_bytes=self._evicted_bytes,
+                over_budget_inserts=self._over_budget_inserts,
+            )
+
+    def namespaces(self) -> tuple[Namespace, ...]:
+        with self._lock:
+            return tuple(self._roots)
+
+    def node_info(self, prefix_hash: PrefixHash) -> NodeInfo:
+        """The bookkeeping of the node ending at ``prefix_hash``; mutates nothing."""
+        wanted = check_prefix_hash(prefix_hash)
+        with self._lock:
+            node = self._index.get(wanted)
+            if node is None:
+                raise PrefixNotFoundError(f"no stored prefix has hash {wanted}")
+            return _info(node)
+
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        """Every node, namespace by namespace, in pre-order; mutates nothing."""
+        with self._lock:
+            return tuple(_info(node) for node in self._preorder())
+
+    def sessions(self) -> tuple[SessionInfo, ...]:
+        with self._lock:
+            return tuple(
+                SessionInfo(session=s, namespace=e.namespace, length=e.depth,
+                            prefix_hash=e.prefix_hash)
+                for s, e in self._sessions.items()
+            )
+
+    def session_sequences(
+        self, namespace: Namespace = DEFAULT_NAMESPACE
+    ) -> tuple[ScoredSequence, ...]:
+        """Tokens and log2-probabilities of the live sessions of ``namespace``; mutates nothing."""
+        with self._lock:
+            out: list[ScoredSequence] = []
+            for end in self._sessions.values():
+                if end.namespace == namespace:
+                    path = self._path_to(end)
+                    out.append(ScoredSequence(
+                        tokens=_concat_tokens(path),
+                        log2_probs=np.concatenate([n.log2_probs for n in path]),
+                    ))
+            return tuple(out)
+
+    def audit(self) -> TrieAudit:
+        """Re-derive every counter from a traversal and check the structural invariants.
+
+        Raises ``AssertionError`` naming the first violated invariant (a bug in the trie, not a
+        caller error).
+        """
+        with self._lock:
+            figures = dict.fromkeys(
+                ("nodes", "tokens", "bytes", "e_tokens", "e_bytes", "p_tokens", "p_bytes",
+                 "leaves"), 0,
+            )
+            refs: dict[TrieNode, int] = {}
+            for end in self._sessions.values():
+                for node in self._path_to(end)[1:]:
+                    refs[node] = refs.get(node, 0) + 1
+            for node in self._preorder():
+                _check_node(node, refs.get(node, 0), self._index, self._nominal)
+                figures["nodes"] += 1
+                size, nbytes = len(node.tokens), node.nbytes
+                figures["tokens"] += size
+                figures["bytes"] += nbytes
+                kind = "p" if node.ref_count > 0 else "e"
+                figures[f"{kind}_tokens"] += size
+                figures[f"{kind}_bytes"] += nbytes
+                figures["leaves"] += int(node.evictable)
+            if figures["nodes"] != len(self._index):
+                raise AssertionError("the hash index holds nodes that are not in the trie")
+            audit = TrieAudit(
+                nodes=figures["nodes"], total_tokens=figures["tokens"],
+                total_bytes=figures["bytes"], evictable_tokens=figures["e_tokens"],
+                evictable_bytes=figures["e_bytes"], protected_tokens=figures["p_tokens"],
+                protected_bytes=figures["p_bytes"], evictable_leaves=figures["leaves"],
+            )
+            kept = (self._evictable_tokens, self._evictable_bytes, self._protected_tokens,
+                    self._protected_bytes)
+            derived = (audit.evictable_tokens, audit.evictable_bytes, audit.protected_tokens,
+                       audit.protected_bytes)
+            if kept != derived:
+                raise AssertionError(f"size counters {kept} differ from the traversal {derived}")
+            return audit
+
+    def snapshot(self) -> TrieSnapshot:
+        """A consistent copy of every node, for ``save_trie``; mutates nothing."""
+        with self._lock:
+            position: dict[TrieNode, int] = {}
+            records: list[NodeRecord] = []
+            for node in self._preorder():
+                position[node] = len(records)
+                records.append(NodeRecord(
+                    parent=-1 if node.parent is None else position[node.parent],
+                    namespace=node.namespace, tokens=node.tokens.copy(),
+                    log2_probs=node.log2_probs.copy(), kv=node.kv, hit_count=node.hit_count,
+                    last_access=node.last_access, created=node.created,
+                ))
+            return TrieSnapshot(
+                records=tuple(records), clock=self._clock,
+                nominal_kv_bytes_per_token=self._nominal, kv_geometry=self._geometry,
+            )
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        snapshot: TrieSnapshot,
+        *,
+        budget_bytes: int | None = None,
+        policy: EvictionPolicy | EvictionPolicyName = "lru",
+    ) -> PrefixTrie:
+        """Rebuild a trie (no sessions) from ``snapshot``; ``ValueError`` if it is inconsistent."""
+        trie = cls(budget_bytes=budget_bytes, policy=policy,
+                   nominal_kv_bytes_per_token=snapshot.nominal_kv_bytes_per_token)
+        trie._geometry = snapshot.kv_geometry
+        trie._clock = snapshot.clock
+        built: list[TrieNode] = []
+        for index, record in enumerate(snapshot.records):
+            built.append(trie._restore(index, record, built))
+        for node in built:
+            if node.evictable:
+                trie._push(node)
+        return trie
+
+    def _restore(self, index: int, record: NodeRecord, built: list[TrieNode]) -> TrieNode:
+        count = len(record.tokens)
+        if record.log2_probs.shape != (count,) or record.tokens.shape != (count,):
+            raise ValueError(f"node {index}: tokens and log2-probabilities differ in shape")
+        if record.parent == -1:
+            if count or record.kv is not None or record.namespace in self._roots:
+                raise ValueError(f"node {index}: a root must be empty and alone in its namespace")
+            return self._root(record.namespace)
+        if not 0 <= record.parent < index:
+            raise ValueError(f"node {index}: its parent {record.parent} does not come before it")
+        parent = built[record.parent]
+        if count == 0 or record.namespace != parent.namespace:
+            raise ValueError(f"node {index}: an empty edge, or a namespace unlike its parent's")
+        if int(record.tokens[0]) in parent.children:
+            raise ValueError(f"node {index}: two children of one node start with one token")
+        if record.kv is not None:
+            if self._geometry is None:
+                raise ValueError(f"node {index}: KV in a snapshot without a KV geometry")
+            try:
+                check_kv(record.kv, count, self._geometry)
+            except InvalidKVError as error:
+                raise ValueError(f"node {index}: {error}") from error
+        tokens = record.tokens.astype(np.int64)
+        depth = parent.depth + count
+        path_tokens = np.concatenate([_concat_tokens(self._path_to(parent)), tokens])
+        node = self._new_node(
+            parent, tokens, record.log2_probs.astype(np.float64), record.kv, depth,
+            prefix_hash_of_array(record.namespace, path_tokens),
+        )
+        node.hit_count, node.last_access, node.created = (
+            record.hit_count, record.last_access, record.created)
+        return node
+
+    def _root(self, namespace: Namespace) -> TrieNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            empty = np.zeros(0, dtype=np.int64)
+            root = TrieNode(
+                node_id=self._node_id(), namespace=namespace, parent=None, tokens=empty,
+                log2_probs=np.zeros(0, dtype=np.float64), kv=None, depth=0,
+                path_log2_prob=0.0, prefix_hash=prefix_hash_of_array(namespace, empty), nbytes=0,
+                created=self._clock,
+            )
+            self._roots[namespace] = root
+            self._index[root.prefix_hash] = root
+        return root
+
+    def _node_id(self) -> NodeId:
+        self._next_node += 1
+        return NodeId(self._next_node)
+
+    def _span_bytes(self, kv: torch.Tensor | None, count: int) -> int:
+        return count * self._nominal if kv is None else kv.numel() * kv.element_size()
+
+    def _new_node(
+        self,
+        parent: TrieNode,
+        tokens: npt.NDArray[np.int64],
+        log2_probs: npt.NDArray[np.float64],
+        kv: torch.Tensor | None,
+        depth: int,
+        prefix_hash: PrefixHash,
+    ) -> TrieNode:
+        """A new unreferenced leaf under ``parent``, counted as evictable."""
+        node = TrieNode(
+            node_id=self._node_id(), namespace=parent.namespace, parent=parent, tokens=tokens,
+            log2_probs=log2_probs, kv=kv, depth=depth,
+            path_log2_prob=parent.path_log2_prob + float(np.sum(log2_probs)),
+            prefix_hash=prefix_hash, nbytes=self._span_bytes(kv, len(tokens)),
+            last_access=self._clock, created=self._clock,
+        )
+        parent.children[int(tokens[0])] = node
+        self._index[prefix_hash] = node
+        self._evictable_tokens += len(tokens)
+        self._evictable_bytes += node.nbytes
+        return node
+
+    def _add_leaf(
+        self,
+        parent: TrieNode,
+        query: npt.NDArray[np.int64],
+        probs: npt.NDArray[np.float64],
+        kv: torch.Tensor | None,
+    ) -> TrieNode:
+        start = parent.depth
+        span = None if kv is None else _kv_span(kv, start, len(query))
+        if span is not None and self._geometry is None:
+            self._geometry = KVGeometry.of(span)
+        return self._new_node(
+            parent, query[start:].copy(), probs[start:].copy(), span, len(query),
+            prefix_hash_of_array(parent.namespace, query),
+        )
+
+    def _attach_kv(self, node: TrieNode, kv: torch.Tensor) -> None:
+        span = _kv_span(kv, node.start, node.depth)
+        if self._geometry is None:
+            self._geometry = KVGeometry.of(span)
+        nbytes = self._span_bytes(span, len(node.tokens))
+        if node.ref_count > 0:
+            self._protected_bytes += nbytes - node.nbytes
+        else:
+            self._evictable_bytes += nbytes - node.nbytes
+        node.kv, node.nbytes = span, nbytes
+
+    def _walk_splitting(self, root: TrieNode, query: npt.NDArray[np.int64]) -> list[TrieNode]:
+        """The path of nodes matching ``query``, splitting the edge the match ends inside."""
+        path = [root]
+        node, position = root, 0
+        while position < len(query):
+            child = node.children.get(int(query[position]))
+            if child is None:
+                break
+            edge = len(child.tokens)
+            shared = common_prefix_length(child.tokens, query[position : position + edge])
+            if shared < edge:
+                child = self._split(child, shared, query)
+            path.append(child)
+            node, position = child, position + shared
+        return path
+
+    def _split(self, child: TrieNode, at: int, query: npt.NDArray[np.int64]) -> TrieNode:
+        """Put a new node holding ``child``'s first ``at`` tokens between it and its parent.
+
+        ``child`` keeps its identity, depth and prefix hash (sessions ending at it stay valid);
+        the new node inherits its reference count and statistics, so sizes are unchanged.
+        """
+        parent = child.parent
+        if parent is None or not 0 < at < len(child.tokens):
+            raise AssertionError(f"split of a root or outside its edge (at={at})")
+        upper_kv = None if child.kv is None else _kv_span(child.kv, 0, at)
+        lower_kv = None if child.kv is None else _kv_span(child.kv, at, len(child.tokens))
+        depth = child.start + at
+        upper = TrieNode(
+            node_id=self._node_id(), namespace=child.namespace, parent=parent,
+            tokens=child.tokens[:at].copy(), log2_probs=child.log2_probs[:at].copy(), kv=upper_kv,
+            depth=depth,
+            path_log2_prob=parent.path_log2_prob + float(np.sum(child.log2_probs[:at])),
+            prefix_hash=prefix_hash_of_array(child.namespace, query[:depth]),
+            nbytes=self._span_bytes(upper_kv, at), ref_count=child.ref_count,
+            hit_count=child.hit_count, last_access=child.last_access, created=child.created,
+        )
+        child.tokens = child.tokens[at:].copy()
+        child.log2_probs = child.log2_probs[at:].copy()
+        child.kv = lower_kv
+        child.nbytes -= upper.nbytes
+        child.parent = upper
+        upper.children[int(child.tokens[0])] = child
+        parent.children[int(upper.tokens[0])] = upper
+        self._index[upper.prefix_hash] = upper
+        return upper
+
+    def _touch(self, path: list[TrieNode]) -> None:
+        for node in path[1:]:
+            node.last_access = self._clock
+        end = path[-1]
+        if end.evictable:
+            self._push(end)
+
+    def _lock_path(self, end: TrieNode) -> SessionId:
+        node: TrieNode | None = end
+        while node is not None and node.parent is not None:
+            if node.ref_count == 0:
+                self._move_sizes(node, protect=True)
+            node.ref_count += 1
+            node = node.parent
+        self._next_session += 1
+        session = SessionId(self._next_session)
+        self._sessions[session] = end
+        return session
+
+    def _move_sizes(self, node: TrieNode, *, protect: bool) -> None:
+        sign = 1 if protect else -1
+        self._protected_tokens += sign * len(node.tokens)
+        self._protected_bytes += sign * node.nbytes
+        self._evictable_tokens -= sign * len(node.tokens)
+        self._evictable_bytes -= sign * node.nbytes
+
+    def _enforce_budget(self) -> tuple[tuple[EvictedNode, ...], bool]:
+        """Evict down to the budget: what went, and whether the budget now holds."""
+        if self._budget is None:
+            return (), True
+        excess = self._evictable_bytes + self._protected_bytes - self._budget
+        if excess <= 0:
+            return (), True
+        evicted, freed = self._evict(excess)
+        return evicted, freed >= excess
+
+    def _evict(self, num_bytes: int) -> tuple[tuple[EvictedNode, ...], int]:
+        evicted: list[EvictedNode] = []
+        freed = 0
+        while freed < num_bytes:
+            node = self._queue.pop()
+            if node is None:
+                break
+            freed += node.nbytes
+            evicted.append(self._remove(node))
+        return tuple(evicted), freed
+
+    def _push(self, node: TrieNode) -> None:
+        """(Re-)queue an evictable leaf; drop stale entries once they outnumber the nodes."""
+        self._queue.push(node)
+        if len(self._queue) > 2 * len(self._index) + _HEAP_SLACK:
+            self._queue.compact()
+
+    def _remove(self, node: TrieNode) -> EvictedNode:
+        parent = node.parent
+        if parent is None or not node.evictable:
+            raise AssertionError("eviction reached a node that is not an unreferenced leaf")
+        del parent.children[int(node.tokens[0])]
+        del self._index[node.prefix_hash]
+        self._evictable_tokens -= len(node.tokens)
+        self._evictable_bytes -= node.nbytes
+        self._evicted_nodes += 1
+        self._evicted_tokens += len(node.tokens)
+        self._evicted_bytes += node.nbytes
+        node.alive, node.kv, node.parent = False, None, None
+        if parent.evictable:
+            self._push(parent)
+        return EvictedNode(namespace=node.namespace, prefix_hash=node.prefix_hash,
+                           start=node.start, end=node.depth, nbytes=node.nbytes)
+
+    def _path_to(self, node: TrieNode) -> list[TrieNode]:
+        """Root first, ``node`` last."""
+        path = []
+        current: TrieNode | None = node
+        while current is not None:
+            path.append(current)
+            current = current.parent
+        path.reverse()
+        return path
+
+    def _path_kv(self, path: list[TrieNode]) -> torch.Tensor | None:
+        spans = [node.kv for node in path[1:]]
+        if not spans or any(span is None for span in spans):
+            return None
+        return torch.cat([span for span in spans if span is not None], dim=_TOKEN_AXIS)
+
+    def _session_end(self, session: SessionId) -> TrieNode:
+        end = self._sessions.get(session)
+        if end is None:
+            raise UnknownSessionError(
+                f"session {session!r} is not held by this trie: never issued here, or released"
+            )
+        return end
+
+    def _query_point(self, namespace: Namespace, query: npt.NDArray[np.int64]) -> QueryPoint:
+        root = self._roots.get(namespace)
+        if root is None:
+            return QueryPoint(namespace=namespace, full=(), partial=None, matched=0,
+                              surprisal_bits=0.0)
+        full = [root]
+        node, position = root, 0
+        while position < len(query):
+            child = node.children.get(int(query[position]))
+            if child is None:
+                break
+            edge = len(child.tokens)
+            shared = common_prefix_length(child.tokens, query[position : position + edge])
+            if shared < edge:
+                bits = node.surprisal_bits - float(np.sum(child.log2_probs[:shared]))
+                return QueryPoint(namespace=namespace, full=tuple(full), partial=child,
+                                  matched=position + shared, surprisal_bits=bits)
+            full.append(child)
+            node, position = child, position + edge
+        return QueryPoint(namespace=namespace, full=tuple(full), partial=None, matched=position,
+                          surprisal_bits=node.surprisal_bits)
+
+    def _preorder(self) -> Iterator[TrieNode]:
+        for root in self._roots.values():
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                yield node
+                stack.extend(sorted(node.children.values(), key=lambda c: -int(c.tokens[0])))
+
+
+def _kv_span(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """An owned, contiguous host copy of ``kv[:, :, :, start:stop, :]``."""
+    span = kv.detach()[:, :, :, start:stop, :]  # [L, 2, H, stop - start, D]
+    return span.to(device="cpu", memory_format=torch.contiguous_format, copy=True)
+
+
+def _concat_tokens(path: Sequence[TrieNode]) -> npt.NDArray[np.int64]:
+    if not path:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate([node.tokens for node in path])
+
+
+def _info(node: TrieNode) -> NodeInfo:
+    return NodeInfo(
+        node_id=node.node_id, namespace=node.namespace, prefix_hash=node.prefix_hash,
+        start=node.start, depth=node.depth, children=len(node.children),
+        ref_count=node.ref_count, hit_count=node.hit_count, last_access=node.last_access,
+        nbytes=node.nbytes, has_kv=node.kv is not None, surprisal_bits=node.surprisal_bits,
+    )
+
+
+def _check_node(
+    node: TrieNode, sessions_through: int, index: dict[PrefixHash, TrieNode], nominal: int
+) -> None:
+    """Raise ``AssertionError`` if ``node`` breaks an invariant of ``seqkv.trie.node``."""
+    problems = []
+    if index.get(node.prefix_hash) is not node:
+        problems.append("is not filed under its prefix hash")
+    if not node.alive:
+        problems.append("is reachable but marked evicted")
+    parent = node.parent
+    if parent is None:
+        if len(node.tokens) or node.ref_count or node.kv is not None:
+            problems.append("is a root with tokens, KV or references")
+    else:
+        if len(node.tokens) == 0 or parent.children.get(int(node.tokens[0])) is not node:
+            problems.append("is empty or not filed under its first token")
+        if node.depth != parent.depth + len(node.tokens):
+            problems.append("has a depth unlike its parent's plus its edge")
+        expected = parent.path_log2_prob + float(np.sum(node.log2_probs))
+        if abs(node.path_log2_prob - expected) > 1e-9 * max(1.0, abs(expected)):
+            problems.append("has a path log2-probability unlike its parent's plus its edge")
+        if node.ref_count != sessions_through:
+            problems.append(f"counts {node.ref_count} references, {sessions_through} sessions")
+    if node.kv is not None and node.kv.shape[_TOKEN_AXIS] != len(node.tokens):
+        problems.append("holds KV of another length than its edge")
+    span_bytes = (len(node.tokens) * nominal if node.kv is None
+                  else node.kv.numel() * node.kv.element_size())
+    if node.nbytes != span_bytes:
+        problems.append(f"counts {node.nbytes} bytes for a span of {span_bytes}")
+    if problems:
+        raise AssertionError(f"node {node.node_id} at depth {node.depth}: " + "; ".join(problems))
