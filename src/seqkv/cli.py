@@ -195,6 +195,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _cmd_bench_trie(args: argparse.Namespace) -> int:
+    from seqkv.trie import run_trie_bench
+
+    result = run_trie_bench(seed=args.seed)
+    _print(result.to_json_dict(), args.json, "seqkv bench trie: generated multi-session workload")
+    return 0
+
+
 @dataclass(frozen=True)
 class DemoFigures:
     """What ``seqkv demo`` measures, beside the compress and decompress figures."""
@@ -306,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--seed", type=int, default=0, help="seed of the Monte-Carlo estimates")
     k.add_argument("--json", action="store_true", help="print one JSON object")
     k.set_defaults(run=_cmd_check)
+
+    bench = commands.add_parser("bench", help="measure a layer on a generated workload")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    bt = benches.add_parser("trie", help="prefix trie vs vLLM-style hashed blocks")
+    bt.add_argument("--seed", type=int, default=0)
+    bt.add_argument("--json", action="store_true", help="print one JSON object")
+    bt.set_defaults(run=_cmd_bench_trie)
 
     demo = commands.add_parser("demo", help="round trip of the shipped sample text, with figures")
     model_option(demo)

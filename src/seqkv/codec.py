@@ -25,6 +25,7 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +46,7 @@ from seqkv.container import (
     Container,
     Header,
     KVSection,
+    PrefixSection,
     ResidualSection,
     TokenSection,
     decode_container,
@@ -54,11 +56,16 @@ from seqkv.errors import (
     DecodeVerificationError,
     EnvironmentMismatchError,
     InvalidKVError,
+    InvalidTokensError,
     ModelMismatchError,
+    PrefixMismatchError,
+    PrefixUnavailableError,
 )
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.schedule import pinned_threads
+from seqkv.trie.keys import PrefixHash
+from seqkv.trie.radix import ResolvedPrefix
 from seqkv.version import __version__
 
 # NOTE: 1e-4 is below fp16's resolution for any KV component above 0.2 in magnitude, and above
@@ -102,7 +109,8 @@ class _TraceRecorder:
 class CompressStats:
     """Measured figures of one compression; bits are exact counts, not estimates."""
 
-    tokens: int
+    tokens: int  # coded positions (after the shared prefix, if any)
+    prefix_tokens: int
     code_bits: int
     ideal_code_bits: float
     cross_entropy_bits: float
@@ -170,14 +178,47 @@ def _tokens_sha256(tokens: Sequence[int]) -> str:
     return _sha256(np.asarray(tokens, dtype="<i4"))
 
 
-def _first_table(model: CausalLM, context: int | None) -> tuple[CumulativeTable,
-                                                                npt.NDArray[np.float64]]:
-    """Table and log2-probabilities for the first token (under ``context``, or uniform)."""
+class PrefixSource(Protocol):
+    """Where a decoder finds shared prefixes by hash: a ``seqkv.trie.PrefixTrie``."""
+
+    def resolve(self, prefix_hash: PrefixHash, *, with_kv: bool = True) -> ResolvedPrefix: ...
+
+
+def _start(
+    model: CausalLM, context: int | None, prefix: ResolvedPrefix | None
+) -> tuple[Stepper, CumulativeTable, npt.NDArray[np.float64]]:
+    """The stepper and the first coded token's table, log2-probabilities.
+
+    Without a prefix, the first token is coded under the model's distribution after ``context``
+    (its BOS token), or uniformly. With one, the stepper starts from the prefix's stored KV
+    without its last position, and steps the prefix's last token: encoder and decoder both start
+    from the same stored bits, so their probabilities agree.
+    """
+    if prefix is not None:
+        assert prefix.kv is not None
+        stepper = model.new_stepper(prefix.kv[:, :, :, : len(prefix.tokens) - 1])
+        logits = stepper.step(prefix.tokens[-1])
+        return stepper, cumulative_from_logits(logits), log_softmax_bits(logits)
     if context is None:
         table = uniform_cumulative(model.vocab_size)
-        return table, np.full(model.vocab_size, -np.log2(model.vocab_size))
+        return model.new_stepper(), table, np.full(model.vocab_size, -np.log2(model.vocab_size))
     logits = Stepper(model.model).step(context)
-    return cumulative_from_logits(logits), log_softmax_bits(logits)
+    return model.new_stepper(), cumulative_from_logits(logits), log_softmax_bits(logits)
+
+
+def _check_prefix(model: CausalLM, tokens: list[int], prefix: ResolvedPrefix) -> None:
+    length = len(prefix.tokens)
+    if not 1 <= length < len(tokens) or list(prefix.tokens) != tokens[:length]:
+        raise InvalidTokensError(
+            f"the shared prefix ({length} tokens) must be a proper prefix of the "
+            f"{len(tokens)} tokens to compress"
+        )
+    expected = (model.num_layers, 2, model.kv_heads, length, model.head_dim)
+    if prefix.kv is None or tuple(prefix.kv.shape) != expected:
+        raise InvalidKVError(
+            f"the shared prefix must hold its KV of shape {list(expected)}: resolve it from a "
+            "trie whose session was inserted with its KV"
+        )
 
 
 def compress(
@@ -186,8 +227,12 @@ def compress(
     kv: DynamicCache | torch.Tensor | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     progress: bool = False,
+    prefix: ResolvedPrefix | None = None,
 ) -> CompressResult:
     """Code ``tokens`` (and the residual of ``kv``, a cache those tokens produced) into .skv bytes.
+
+    With ``prefix`` (a shared prefix resolved from a ``seqkv.trie.PrefixTrie``), the file
+    references it by hash and codes only the tokens after it; ``kv`` still covers all tokens.
 
     >>> from seqkv.models import tiny_random_llama
     >>> model = tiny_random_llama()
@@ -197,6 +242,9 @@ def compress(
     """
     token_list = [int(t) for t in tokens]
     model.check_tokens(token_list)
+    if prefix is not None:
+        _check_prefix(model, token_list, prefix)
+    tail = token_list[len(prefix.tokens) if prefix is not None else 0 :]
     target = None
     if kv is not None:
         target = (tensor_from_cache(kv) if isinstance(kv, DynamicCache) else kv).detach()
@@ -206,14 +254,13 @@ def compress(
     encoder = ArithmeticEncoder()
     recorder = _TraceRecorder()
     with pinned_threads():
-        table, log2p = _first_table(model, context)
-        stepper = model.new_stepper()
-        for position, token in enumerate(tqdm(token_list, desc="encoding", unit="tok",
+        stepper, table, log2p = _start(model, context, prefix)
+        for position, token in enumerate(tqdm(tail, desc="encoding", unit="tok",
                                               disable=not progress)):
             encoder.encode(table, token)
             recorder.record(log2p, table, token)
             logits = stepper.step(token)
-            if position + 1 < len(token_list):
+            if position + 1 < len(tail):
                 table, log2p = cumulative_from_logits(logits), log_softmax_bits(logits)
     token_code = encoder.finish()
     recomputed = model.kv_tensor(stepper.cache)
@@ -237,8 +284,13 @@ def compress(
         writer=f"seqkv {__version__}",
         model=model.identity,
         profile=model.profile(),
+        prefix=None if prefix is None else PrefixSection(
+            prefix_hash=str(prefix.prefix_hash),
+            tokens=len(prefix.tokens),
+            kv_sha256=_sha256(prefix.kv.to(torch.float32)) if prefix.kv is not None else "",
+        ),
         tokens=TokenSection(
-            count=len(token_list),
+            count=len(tail),
             num_bits=token_code.num_bits,
             first_token_context=context,
             sha256=_tokens_sha256(token_list),
@@ -253,7 +305,8 @@ def compress(
     data = encode_container(Container(header, token_code, residual))
     trace = recorder.trace()
     stats = CompressStats(
-        tokens=len(token_list),
+        tokens=len(tail),
+        prefix_tokens=len(token_list) - len(tail),
         code_bits=token_code.num_bits,
         ideal_code_bits=float(trace.code_cost_bits.sum()),
         cross_entropy_bits=float(trace.surprisal_bits.sum()),
@@ -290,24 +343,47 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
         )
 
 
+def _resolve_prefix(header: Header, prefixes: PrefixSource | None) -> ResolvedPrefix | None:
+    section = header.prefix
+    if section is None:
+        return None
+    if prefixes is None:
+        raise PrefixUnavailableError(
+            f"the file codes only the tokens after a shared prefix of {section.tokens} tokens "
+            f"(hash {section.prefix_hash[:16]}): pass the PrefixTrie that holds it"
+        )
+    prefix = prefixes.resolve(PrefixHash(section.prefix_hash))
+    if (len(prefix.tokens) != section.tokens or prefix.kv is None
+            or _sha256(prefix.kv.to(torch.float32)) != section.kv_sha256):
+        raise PrefixMismatchError(
+            f"the trie's prefix {section.prefix_hash[:16]} is not the one the file was coded "
+            "against: its tokens or KV differ"
+        )
+    return prefix
+
+
 def decompress(
     model: CausalLM,
     data: bytes,
     allow_environment_mismatch: bool = False,
     progress: bool = False,
+    prefixes: PrefixSource | None = None,
 ) -> DecompressResult:
-    """Decode .skv bytes into the exact tokens and KV cache, or raise."""
+    """Decode .skv bytes into the exact tokens and KV cache, or raise.
+
+    A file coded after a shared prefix needs ``prefixes``, the trie that holds that prefix.
+    """
     container = decode_container(data)
     header = container.header
     check_decodable(model, header, allow_environment_mismatch)
+    prefix = _resolve_prefix(header, prefixes)
     count = header.tokens.count
     started = time.perf_counter()
     decoder = ArithmeticDecoder(container.token_code)
-    tokens: list[int] = []
+    tokens: list[int] = [] if prefix is None else list(prefix.tokens)
     recorder = _TraceRecorder()
     with pinned_threads():
-        table, log2p = _first_table(model, header.tokens.first_token_context)
-        stepper = model.new_stepper()
+        stepper, table, log2p = _start(model, header.tokens.first_token_context, prefix)
         for position in tqdm(range(count), desc="decoding", unit="tok", disable=not progress):
             token = decoder.decode(table)
             tokens.append(token)

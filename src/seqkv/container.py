@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from seqkv.errors import (
     TruncatedFileError,
     UnsupportedVersionError,
 )
+from seqkv.files import write_atomically
 from seqkv.models.adapter import ModelIdentity
 from seqkv.schedule import ExecutionProfile
 
@@ -54,7 +53,7 @@ class TokenSection:
 
     count: int
     num_bits: int
-    first_token_context: int | None  # None: the first token is coded under a uniform prior
+    first_token_context: int | None  # None: a uniform prior; unused after a shared prefix
     sha256: str
 
 
@@ -80,11 +79,21 @@ class KVSection:
 
 
 @dataclass(frozen=True)
+class PrefixSection:
+    """The shared prefix (held in a ``seqkv.trie.PrefixTrie``) that the token code continues."""
+
+    prefix_hash: str
+    tokens: int
+    kv_sha256: str
+
+
+@dataclass(frozen=True)
 class Header:
     format_version: int
     writer: str
     model: ModelIdentity
     profile: ExecutionProfile
+    prefix: PrefixSection | None
     tokens: TokenSection
     kv: KVSection
 
@@ -178,11 +187,13 @@ def _parse_header(raw: Any) -> Header:
     top = _fields(Header, raw)
     kv = _fields(KVSection, top["kv"])
     residual = kv["residual"]
+    prefix = top["prefix"]
     return Header(
         format_version=int(top["format_version"]),
         writer=str(top["writer"]),
         model=ModelIdentity(**_fields(ModelIdentity, top["model"])),
         profile=ExecutionProfile(**_fields(ExecutionProfile, top["profile"])),
+        prefix=None if prefix is None else PrefixSection(**_fields(PrefixSection, prefix)),
         tokens=TokenSection(**_fields(TokenSection, top["tokens"])),
         kv=KVSection(
             shape=[int(n) for n in kv["shape"]],
@@ -195,16 +206,5 @@ def _parse_header(raw: Any) -> Header:
 
 
 def write_container_file(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary file in the same folder, then rename)."""
-    target = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent or Path("."), prefix=".seqkv-",
-                                         suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Write .skv bytes to ``path`` atomically (see ``seqkv.files.write_atomically``)."""
+    write_atomically(path, data)

@@ -62,3 +62,11 @@ class DecodeVerificationError(SeqKVError):
 
 class ModelLoadError(SeqKVError):
     """The model (or the embedded default model) cannot be found or loaded."""
+
+
+class PrefixUnavailableError(SeqKVError):
+    """The file codes only a tail after a shared prefix, and that prefix cannot be had."""
+
+
+class PrefixMismatchError(SeqKVError):
+    """The shared prefix given or resolved is not the one the file was coded against."""

@@ -27,7 +27,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from seqkv.errors import EmptyInputError, InvalidTokensError
-from seqkv.kvcache import tensor_from_cache
+from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.proofs.ratios import KVGeometry
 from seqkv.schedule import ExecutionProfile
 
@@ -54,9 +54,9 @@ class ModelIdentity:
 class Stepper:
     """Runs a model one token at a time on its own cache: the decoder's exact schedule."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, cache: DynamicCache | None = None) -> None:
         self._model = model
-        self.cache = DynamicCache()
+        self.cache = DynamicCache() if cache is None else cache
 
     @torch.inference_mode()
     def step(self, token: int) -> npt.NDArray[np.float32]:
@@ -152,8 +152,11 @@ class CausalLM:
             ).hexdigest()
         return ModelIdentity(self.name, config_hash, weights.hexdigest(), tokenizer_hash)
 
-    def new_stepper(self) -> Stepper:
-        return Stepper(self.model)
+    def new_stepper(self, kv: torch.Tensor | None = None) -> Stepper:
+        """A stepper whose cache starts empty, or holding ``kv`` ``[L, 2, H, T, D]``."""
+        if kv is None or kv.shape[3] == 0:
+            return Stepper(self.model)
+        return Stepper(self.model, cache_from_tensor(kv.to(self.device, self.dtype)))
 
     def check_tokens(self, tokens: list[int]) -> None:
         """Raise a clear error unless ``tokens`` is a non-empty list of valid ids."""

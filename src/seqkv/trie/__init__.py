@@ -34,7 +34,7 @@ from seqkv.trie.eviction import (
     make_policy,
 )
 from seqkv.trie.hashed_blocks import BlockAllocation, HashedBlockCache, HashedBlockStats
-from seqkv.trie.inputs import KVGeometry
+from seqkv.trie.inputs import KVLayout
 from seqkv.trie.keys import (
     DEFAULT_NAMESPACE,
     Namespace,
@@ -75,7 +75,7 @@ __all__ = [
     "InsertResult",
     "InvalidLogProbsError",
     "InvalidPrefixHashError",
-    "KVGeometry",
+    "KVLayout",
     "LRUPolicy",
     "MatchResult",
     "Namespace",

@@ -30,8 +30,11 @@ _TOKEN_AXIS = 3  # [layers, 2, kv_heads, tokens, head_dim]
 
 
 @dataclass(frozen=True, slots=True)
-class KVGeometry:
-    """The shape of one token's KV, shared by every KV tensor in a trie."""
+class KVLayout:
+    """Shape and dtype of one token's KV, shared by every KV tensor in a trie.
+
+    (``seqkv.proofs.ratios.KVGeometry`` is the dtype-free geometry the bounds use.)
+    """
 
     layers: int
     kv_heads: int
@@ -44,7 +47,7 @@ class KVGeometry:
         return self.layers * 2 * self.kv_heads * self.head_dim * itemsize
 
     @classmethod
-    def of(cls, kv: torch.Tensor) -> KVGeometry:
+    def of(cls, kv: torch.Tensor) -> KVLayout:
         return cls(layers=kv.shape[0], kv_heads=kv.shape[2], head_dim=kv.shape[4], dtype=kv.dtype)
 
 
@@ -95,7 +98,7 @@ def as_log2_probs(values: Sequence[float] | npt.NDArray[np.floating], count: int
     return np.minimum(array, 0.0)
 
 
-def check_kv(kv: torch.Tensor, count: int, geometry: KVGeometry | None) -> torch.Tensor:
+def check_kv(kv: torch.Tensor, count: int, geometry: KVLayout | None) -> torch.Tensor:
     """``kv`` checked against the session's token count and the trie's geometry."""
     if not isinstance(kv, torch.Tensor):
         raise InvalidKVError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
@@ -110,9 +113,9 @@ def check_kv(kv: torch.Tensor, count: int, geometry: KVGeometry | None) -> torch
             f"kv covers {kv.shape[_TOKEN_AXIS]} tokens on axis 3 but the session has {count}: "
             "pass the KV of exactly these tokens"
         )
-    if geometry is not None and KVGeometry.of(kv) != geometry:
+    if geometry is not None and KVLayout.of(kv) != geometry:
         raise InvalidKVError(
-            f"kv has geometry {KVGeometry.of(kv)} but this trie holds {geometry}: one trie serves "
+            f"kv has geometry {KVLayout.of(kv)} but this trie holds {geometry}: one trie serves "
             "one model"
         )
     return kv

@@ -40,7 +40,6 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +50,7 @@ import numpy as np
 import torch
 
 from seqkv.errors import EmptyInputError
+from seqkv.files import write_atomically
 from seqkv.trie.errors import (
     CorruptTrieFileError,
     NotATrieFileError,
@@ -58,7 +58,7 @@ from seqkv.trie.errors import (
     UnsupportedTrieVersionError,
 )
 from seqkv.trie.eviction import EvictionPolicy, EvictionPolicyName
-from seqkv.trie.inputs import KVGeometry
+from seqkv.trie.inputs import KVLayout
 from seqkv.trie.keys import Namespace
 from seqkv.trie.radix import NodeRecord, PrefixTrie, TrieSnapshot
 from seqkv.version import __version__
@@ -98,17 +98,7 @@ def save_trie(trie: PrefixTrie, path: str | os.PathLike[str]) -> SaveReport:
     """Write ``trie`` to ``path`` atomically (temporary file, fsync, rename)."""
     target = Path(path)
     data, raw, compressed, snapshot = _encode(trie.snapshot())
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                         suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomically(target, data)
     return SaveReport(
         path=target, file_bytes=len(data), nodes=len(snapshot.records),
         tokens=sum(len(r.tokens) for r in snapshot.records), kv_raw_bytes=raw,
@@ -184,13 +174,13 @@ def _encode(snapshot: TrieSnapshot) -> tuple[bytes, int, int, TrieSnapshot]:
             "kv": extent, "hit_count": record.hit_count, "last_access": record.last_access,
             "created": record.created,
         })
-    geometry = snapshot.kv_geometry
+    geometry = snapshot.kv_layout
     header = json.dumps({
         "format_version": FORMAT_VERSION,
         "writer": f"seqkv {__version__}",
         "clock": snapshot.clock,
         "nominal_kv_bytes_per_token": snapshot.nominal_kv_bytes_per_token,
-        "kv_geometry": None if geometry is None else {
+        "kv_layout": None if geometry is None else {
             "layers": geometry.layers, "kv_heads": geometry.kv_heads,
             "head_dim": geometry.head_dim, "dtype": str(geometry.dtype).removeprefix("torch."),
         },
@@ -247,9 +237,9 @@ def _parse(header: dict[str, Any], payload: bytes) -> TrieSnapshot:
     if header["kv_compression"] != KV_COMPRESSION:
         raise ValueError(f"unknown KV compression {header['kv_compression']!r}")
     geometry = None
-    if header["kv_geometry"] is not None:
-        g = header["kv_geometry"]
-        geometry = KVGeometry(layers=int(g["layers"]), kv_heads=int(g["kv_heads"]),
+    if header["kv_layout"] is not None:
+        g = header["kv_layout"]
+        geometry = KVLayout(layers=int(g["layers"]), kv_heads=int(g["kv_heads"]),
                               head_dim=int(g["head_dim"]), dtype=_DTYPES[g["dtype"]])
     nodes = header["nodes"]
     total = sum(int(n["tokens"]) for n in nodes)
@@ -282,5 +272,5 @@ def _parse(header: dict[str, Any], payload: bytes) -> TrieSnapshot:
     return TrieSnapshot(
         records=tuple(records), clock=int(header["clock"]),
         nominal_kv_bytes_per_token=int(header["nominal_kv_bytes_per_token"]),
-        kv_geometry=geometry,
+        kv_layout=geometry,
     )

@@ -61,7 +61,7 @@ import torch
 from seqkv.errors import InvalidKVError
 from seqkv.trie.errors import PrefixHashMismatchError, PrefixNotFoundError, UnknownSessionError
 from seqkv.trie.eviction import EvictionPolicy, EvictionPolicyName, EvictionQueue, make_policy
-from seqkv.trie.inputs import KVGeometry, as_log2_probs, as_token_array, check_kv
+from seqkv.trie.inputs import KVLayout, as_log2_probs, as_token_array, check_kv
 from seqkv.trie.keys import (
     DEFAULT_NAMESPACE,
     Namespace,
@@ -263,7 +263,7 @@ class TrieSnapshot:
     records: tuple[NodeRecord, ...]
     clock: int
     nominal_kv_bytes_per_token: int
-    kv_geometry: KVGeometry | None
+    kv_layout: KVLayout | None
 
 
 class PrefixTrie:
@@ -307,7 +307,7 @@ class PrefixTrie:
         self._budget = budget_bytes
         self._queue = EvictionQueue(make_policy(policy) if isinstance(policy, str) else policy)
         self._nominal = nominal_kv_bytes_per_token
-        self._geometry: KVGeometry | None = None
+        self._geometry: KVLayout | None = None
         self._roots: dict[Namespace, TrieNode] = {}
         self._index: dict[PrefixHash, TrieNode] = {}
         self._sessions: dict[SessionId, TrieNode] = {}
@@ -343,7 +343,7 @@ class PrefixTrie:
         return self._nominal
 
     @property
-    def kv_geometry(self) -> KVGeometry | None:
+    def kv_layout(self) -> KVLayout | None:
         """The geometry of the KV tensors held, fixed by the first insert that passes one."""
         with self._lock:
             return self._geometry
@@ -650,7 +650,7 @@ class PrefixTrie:
                 ))
             return TrieSnapshot(
                 records=tuple(records), clock=self._clock,
-                nominal_kv_bytes_per_token=self._nominal, kv_geometry=self._geometry,
+                nominal_kv_bytes_per_token=self._nominal, kv_layout=self._geometry,
             )
 
     @classmethod
@@ -664,7 +664,7 @@ class PrefixTrie:
         """Rebuild a trie (no sessions) from ``snapshot``; ``ValueError`` if it is inconsistent."""
         trie = cls(budget_bytes=budget_bytes, policy=policy,
                    nominal_kv_bytes_per_token=snapshot.nominal_kv_bytes_per_token)
-        trie._geometry = snapshot.kv_geometry
+        trie._geometry = snapshot.kv_layout
         trie._clock = snapshot.clock
         built: list[TrieNode] = []
         for index, record in enumerate(snapshot.records):
@@ -761,7 +761,7 @@ class PrefixTrie:
         start = parent.depth
         span = None if kv is None else _kv_span(kv, start, len(query))
         if span is not None and self._geometry is None:
-            self._geometry = KVGeometry.of(span)
+            self._geometry = KVLayout.of(span)
         return self._new_node(
             parent, query[start:].copy(), probs[start:].copy(), span, len(query),
             prefix_hash_of_array(parent.namespace, query),
@@ -770,7 +770,7 @@ class PrefixTrie:
     def _attach_kv(self, node: TrieNode, kv: torch.Tensor) -> None:
         span = _kv_span(kv, node.start, node.depth)
         if self._geometry is None:
-            self._geometry = KVGeometry.of(span)
+            self._geometry = KVLayout.of(span)
         nbytes = self._span_bytes(span, len(node.tokens))
         if node.ref_count > 0:
             self._protected_bytes += nbytes - node.nbytes
