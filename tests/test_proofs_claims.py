@@ -9,6 +9,7 @@ import inspect
 import types
 
 import pytest
+
 import seqkv.proofs
 from seqkv.proofs import Claim, paper_claims
 

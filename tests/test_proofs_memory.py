@@ -6,6 +6,7 @@ import pytest
 import sympy
 from hypothesis import given
 from hypothesis import strategies as st
+
 from seqkv.proofs import (
     LLAMA_70B_GQA,
     PAPER_70B,

@@ -10,6 +10,7 @@ import pytest
 import sympy
 from hypothesis import given
 from hypothesis import strategies as st
+
 from seqkv.proofs import (
     bits_per_token,
     bits_per_token_expr,

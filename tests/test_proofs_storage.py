@@ -8,6 +8,7 @@ import pytest
 import sympy
 from hypothesis import assume, given
 from hypothesis import strategies as st
+
 from seqkv.proofs import (
     derive_relative_storage,
     relative_storage,
