@@ -203,6 +203,24 @@ def _cmd_bench_trie(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_quant(args: argparse.Namespace) -> int:
+    from seqkv.delta import RatePoint, run_default_sweep, run_quant_bench
+
+    points: list[RatePoint] = []
+    if not args.no_sweep:
+        model = _load(args.model)
+        log = None if args.json else print
+        points, _ = run_default_sweep(model, Path(args.reports), args.tokens, log=log)
+    result = run_quant_bench(rate_distortion=points).to_json_dict()
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        Console().print_json(json.dumps(result["turboquant_mse"]))
+        if points:
+            print(f"rate-distortion table and plot written under {args.reports}/")
+    return 0
+
+
 @dataclass(frozen=True)
 class DemoFigures:
     """What ``seqkv demo`` measures, beside the compress and decompress figures."""
@@ -321,6 +339,16 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--seed", type=int, default=0)
     bt.add_argument("--json", action="store_true", help="print one JSON object")
     bt.set_defaults(run=_cmd_bench_trie)
+
+    bq = benches.add_parser("quant", help="per-vector quantizers, and the rate-distortion sweep of "
+                                         "predictive delta coding on the embedded model")
+    model_option(bq)
+    bq.add_argument("--no-sweep", action="store_true",
+                    help="only the quantizers on random unit vectors (seconds, no model)")
+    bq.add_argument("--tokens", type=int, default=160, help="cached tokens in the sweep")
+    bq.add_argument("--reports", default="reports", help="folder for rate_distortion.md/.png")
+    bq.add_argument("--json", action="store_true", help="print one JSON object")
+    bq.set_defaults(run=_cmd_bench_quant)
 
     demo = commands.add_parser("demo", help="round trip of the shipped sample text, with figures")
     model_option(demo)

@@ -256,7 +256,7 @@ def compress(
     with pinned_threads():
         stepper, table, log2p = _start(model, context, prefix)
         for position, token in enumerate(tqdm(tail, desc="encoding", unit="tok",
-                                              disable=not progress)):
+                                              disable=None if progress else True)):
             encoder.encode(table, token)
             recorder.record(log2p, table, token)
             logits = stepper.step(token)
@@ -384,7 +384,8 @@ def decompress(
     recorder = _TraceRecorder()
     with pinned_threads():
         stepper, table, log2p = _start(model, header.tokens.first_token_context, prefix)
-        for position in tqdm(range(count), desc="decoding", unit="tok", disable=not progress):
+        for position in tqdm(range(count), desc="decoding", unit="tok",
+                             disable=None if progress else True):
             token = decoder.decode(table)
             tokens.append(token)
             recorder.record(log2p, table, token)
