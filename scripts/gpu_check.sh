@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GPU check for seqkv's Triton kernels, one command, under 5 minutes on an H100/H200:
+#   1. a venv with the machine's CUDA torch (.venv-gpu, or $SEQKV_GPU_VENV): it reuses a CUDA
+#      torch that the system Python already has, else installs one from PyTorch's CUDA index
+#      ($TORCH_INDEX_URL, default cu128: drivers >= 570); then seqkv editable with its dev tools;
+#   2. the kernel tests on CUDA tensors (TRITON_INTERPRET unset): every kernel against its torch
+#      reference, integer outputs exactly;
+#   3. kernel vs reference throughput (GB/s) and the fraction of the GPU's peak memory bandwidth
+#      (benchmarks/gpu_kernels.py; peak from its table by device name).
+# Downloads pip packages only; no model weights. Exit status: nonzero if any step fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+unset TRITON_INTERPRET
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+venv="${SEQKV_GPU_VENV:-.venv-gpu}"
+python_bin="${PYTHON:-python3}"
+
+has_cuda_torch() {
+  "$1" -c 'import sys, torch; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else 1)' \
+    >/dev/null 2>&1
+}
+
+if ! nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; then
+  echo "gpu_check: no NVIDIA GPU visible (nvidia-smi failed)" >&2
+  exit 2
+fi
+
+started=$SECONDS
+if [ ! -x "$venv/bin/python" ]; then
+  if has_cuda_torch "$python_bin"; then
+    # NOTE: reusing the system's CUDA torch (and the triton it ships with) saves a ~3 GB download.
+    "$python_bin" -m venv --system-site-packages "$venv"
+  else
+    "$python_bin" -m venv "$venv"
+  fi
+fi
+py="$venv/bin/python"
+pip=("$py" -m pip -q)
+if ! has_cuda_torch "$py"; then
+  index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cu128}"
+  echo "gpu_check: no CUDA torch in $venv; installing torch from $index"
+  "${pip[@]}" install torch --index-url "$index"
+fi
+# torch>=2.4 is a range, so this keeps the CUDA build; it adds transformers and the dev tools.
+"${pip[@]}" install -e '.[dev]'
+"$py" -c 'import triton' >/dev/null 2>&1 || "${pip[@]}" install triton
+"$py" - <<'PY'
+import torch, triton
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}, "
+      f"{torch.cuda.get_device_name()}")
+PY
+echo "gpu_check: set-up took $((SECONDS - started)) s"
+
+started=$SECONDS
+timeout 240 "$py" -m pytest tests/test_kernels_*.py -q -p no:cacheprovider --durations=5
+echo "gpu_check: kernel tests took $((SECONDS - started)) s"
+
+started=$SECONDS
+timeout 180 "$py" benchmarks/gpu_kernels.py --device cuda
+echo "gpu_check: throughput took $((SECONDS - started)) s"

@@ -1,0 +1,93 @@
+"""Top-k expectation kernel against its reference, within stated float tolerances.
+
+The kernel sums the ``k`` weighted candidates in its own order, so results differ from the
+reference by float32 rounding of a ``k``-term sum (a few ulps of the largest term), plus the
+rounding of the output dtype.
+"""
+
+from __future__ import annotations
+
+from seqkv.kernels.testing import use_interpreter_without_gpu
+
+use_interpreter_without_gpu()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from seqkv.kernels import KernelBackend, topk_expectation  # noqa: E402
+from seqkv.kernels.testing import assert_matches, filled, kernel_device  # noqa: E402
+from seqkv.kernels.topk_expectation import naive  # noqa: E402
+from seqkv.kernels.topk_expectation import triton as kernels  # noqa: E402
+
+DEVICE = kernel_device()
+
+# (candidate dtype, atol, rtol). Candidates are O(1) and weights sum to 1: float32 allows a few
+# ulps of a k-term sum; fp16 (ulp 2**-10 relative) and bf16 (2**-7) allow one output ulp, since a
+# float32 difference can move the rounding of the output.
+DTYPES = [
+    (torch.float32, 1e-6, 1e-5),
+    (torch.float16, 1e-3, 1e-3),
+    (torch.bfloat16, 8e-3, 8e-3),
+]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    n=st.integers(0, 20),
+    k=st.integers(1, 12),
+    dim=st.integers(1, 70),
+    case=st.sampled_from(DTYPES),
+    probs_dtype=st.sampled_from([torch.float32, torch.float16]),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_reference(
+    n: int,
+    k: int,
+    dim: int,
+    case: tuple[torch.dtype, float, float],
+    probs_dtype: torch.dtype,
+    seed: int,
+) -> None:
+    dtype, atol, rtol = case
+    generator = torch.Generator().manual_seed(seed)
+    probs = torch.rand(n, k, generator=generator)
+    if n and k > 1:
+        probs[0, 1:] = 0.0  # a row with all weight on one candidate
+    probs = probs.to(probs_dtype).to(DEVICE)
+    candidates = torch.randn(n, k, dim, generator=generator).to(dtype).to(DEVICE)
+    want = naive.expectation(probs, candidates)
+    out = filled((n, dim), dtype, DEVICE, float("nan"))
+    kernels.expectation(probs, candidates, out=out)
+    assert_matches(out, want, atol=atol, rtol=rtol, name=f"expectation {dtype}")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_leading_dims_and_renormalisation(backend: KernelBackend) -> None:
+    probs = torch.tensor([[[0.2, 0.2], [0.0, 0.5]]]).to(DEVICE)  # [1, 2, k=2]
+    candidates = torch.tensor([[[[1.0, 3.0], [3.0, 1.0]], [[9.0, 9.0], [2.0, 4.0]]]]).to(DEVICE)
+    out = topk_expectation(probs, candidates, backend=backend)
+    want = torch.tensor([[[2.0, 2.0], [2.0, 4.0]]])
+    assert_matches(out.cpu(), want, atol=1e-6, name="weighted mean")
+
+
+def test_negative_probability_is_refused() -> None:
+    with pytest.raises(ValueError, match="non-negative"):
+        topk_expectation(torch.tensor([[0.5, -0.1]]), torch.zeros(1, 2, 3), backend="torch")
+
+
+def test_zero_row_is_refused() -> None:
+    with pytest.raises(ValueError, match="positive sum"):
+        topk_expectation(torch.zeros(1, 2), torch.zeros(1, 2, 3), backend="torch")
+
+
+def test_mismatched_shapes_are_refused() -> None:
+    with pytest.raises(ValueError, match="same leading dims"):
+        topk_expectation(torch.ones(2, 3), torch.zeros(2, 4, 5), backend="torch")
+
+
+def test_too_many_candidates_for_the_kernel_when_forced() -> None:
+    probs, candidates = torch.ones(1, 300).to(DEVICE), torch.zeros(1, 300, 2).to(DEVICE)
+    with pytest.raises(ValueError, match="exceeds 256"):
+        topk_expectation(probs, candidates, backend="triton")
