@@ -104,3 +104,11 @@ def test_failed_write_keeps_the_old_file(
         write_container_file(target, skv_bytes)
     assert target.read_bytes() == b"old contents"
     assert [p.name for p in tmp_path.iterdir()] == ["session.skv"]
+
+
+def test_written_files_get_the_usual_permissions(tmp_path: Path, skv_bytes: bytes) -> None:
+    target = tmp_path / "session.skv"
+    write_container_file(target, skv_bytes)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask

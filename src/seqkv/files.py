@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 
@@ -11,10 +11,12 @@ def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it, then rename it over ``path``.
 
     A crash or error at any point leaves the old file (if any) untouched and no temporary behind.
+    The new file gets the usual permissions (0o666 less the umask), unlike ``tempfile.mkstemp``'s
+    0o600.
     """
     target = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                         suffix=".tmp")
+    temporary = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
@@ -22,5 +24,5 @@ def write_atomically(path: str | os.PathLike[str], data: bytes) -> None:
             os.fsync(stream.fileno())
         os.replace(temporary, target)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
