@@ -18,7 +18,7 @@ from seqkv.checker.premises import DeterminismMeasurement, InjectivityMeasuremen
 from seqkv.checker.run import CheckReport, DataFingerprint, _ratios
 from seqkv.checker.sampling import EntropyRateEstimate
 from seqkv.codec import CodingTrace
-from seqkv.coding.frequencies import cumulative_from_logits
+from seqkv.coding.frequencies import cumulative_from_logits, log_softmax_bits
 from seqkv.models import CausalLM, ModelIdentity
 from seqkv.proofs.claims import paper_claims
 from seqkv.proofs.ratios import KVGeometry
@@ -29,9 +29,13 @@ FAST = CheckOptions(determinism_tokens=16, entropy_sequences=4, entropy_length=1
 TOKENS = [int(t) for t in np.random.default_rng(5).integers(0, 512, 80)]
 
 
-def _wasteful_table(logits: npt.NDArray[np.floating]) -> npt.NDArray[np.int64]:
-    """A deliberately wasteful coder: tables far sharper than the model's distribution."""
-    return cumulative_from_logits(np.asarray(logits, dtype=np.float64) * 50.0)
+def _wasteful_table(
+    logits: npt.NDArray[np.floating],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """A deliberately wasteful coder: its tables are far sharper than the model's distribution
+    (the log2-probabilities it reports, from which the bound is computed, stay the model's)."""
+    return (cumulative_from_logits(np.asarray(logits, dtype=np.float64) * 50.0),
+            log_softmax_bits(logits))
 
 
 def test_the_real_coder_passes_every_bound(tiny_model: CausalLM) -> None:
@@ -47,7 +51,7 @@ def test_the_real_coder_passes_every_bound(tiny_model: CausalLM) -> None:
 def test_a_wasteful_coder_fails_the_gate(
     tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(seqkv.codec, "cumulative_from_logits", _wasteful_table)
+    monkeypatch.setattr(seqkv.codec, "table_and_log2p", _wasteful_table)
     report = check_text_tokens(tiny_model, TOKENS, "random-tokens", options=FAST)
     failed = {c.name for c in report.checks if c.kind == "bound" and not c.holds}
     assert not report.passed

@@ -114,7 +114,7 @@ def test_check_passes_and_a_wasteful_coder_fails_it(
     import numpy as np
 
     import seqkv.codec
-    from seqkv.coding.frequencies import cumulative_from_logits
+    from seqkv.coding.frequencies import cumulative_from_logits, log_softmax_bits
 
     source, report = tmp_path / "in.txt", tmp_path / "report.md"
     source.write_text(TEXT)
@@ -125,8 +125,9 @@ def test_check_passes_and_a_wasteful_coder_fails_it(
         assert {"name", "bound", "measured", "holds"} <= set(check)
     assert "**Verdict: PASS**" in report.read_text()
 
-    monkeypatch.setattr(seqkv.codec, "cumulative_from_logits",
-                        lambda logits: cumulative_from_logits(np.asarray(logits) * 50.0))
+    monkeypatch.setattr(seqkv.codec, "table_and_log2p",
+                        lambda logits: (cumulative_from_logits(np.asarray(logits) * 50.0),
+                                        log_softmax_bits(logits)))
     status, out, _ = _run(capsys, "check", str(source), "--report", str(report))
     assert status == 1 and "FAIL (token_code_within_cross_entropy" in out
     assert "**Verdict: FAIL**" in report.read_text()

@@ -14,6 +14,7 @@ from seqkv.coding.frequencies import (
     cumulative_from_probabilities,
     log_softmax_bits,
     symbol_cost_bits,
+    table_and_log2p,
     uniform_cumulative,
 )
 
@@ -98,3 +99,10 @@ def test_tables_reject_invalid_probabilities() -> None:
 def test_bitstream_rejects_inconsistent_lengths() -> None:
     with pytest.raises(ValueError, match="cannot hold"):
         BitStream(b"\x00\x00", 3)
+
+
+def test_one_pass_table_and_log2p_equal_the_separate_functions() -> None:
+    logits = np.random.default_rng(11).standard_normal(5000).astype(np.float32) * 7
+    table, log2p = table_and_log2p(logits)
+    assert np.array_equal(table, cumulative_from_logits(logits))
+    assert np.array_equal(log2p, log_softmax_bits(logits))

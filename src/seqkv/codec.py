@@ -36,9 +36,8 @@ from transformers import DynamicCache
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import (
     CumulativeTable,
-    cumulative_from_logits,
-    log_softmax_bits,
     symbol_cost_bits,
+    table_and_log2p,
     uniform_cumulative,
 )
 from seqkv.coding.residual import decode_residual, encode_residual
@@ -198,12 +197,12 @@ def _start(
         assert prefix.kv is not None
         stepper = model.new_stepper(prefix.kv[:, :, :, : len(prefix.tokens) - 1])
         logits = stepper.step(prefix.tokens[-1])
-        return stepper, cumulative_from_logits(logits), log_softmax_bits(logits)
+        return stepper, *table_and_log2p(logits)
     if context is None:
         table = uniform_cumulative(model.vocab_size)
         return model.new_stepper(), table, np.full(model.vocab_size, -np.log2(model.vocab_size))
     logits = Stepper(model.model).step(context)
-    return model.new_stepper(), cumulative_from_logits(logits), log_softmax_bits(logits)
+    return model.new_stepper(), *table_and_log2p(logits)
 
 
 def _check_prefix(model: CausalLM, tokens: list[int], prefix: ResolvedPrefix) -> None:
@@ -261,7 +260,7 @@ def compress(
             recorder.record(log2p, table, token)
             logits = stepper.step(token)
             if position + 1 < len(tail):
-                table, log2p = cumulative_from_logits(logits), log_softmax_bits(logits)
+                table, log2p = table_and_log2p(logits)
     token_code = encoder.finish()
     recomputed = model.kv_tensor(stepper.cache)
     residual = None
@@ -391,7 +390,7 @@ def decompress(
             recorder.record(log2p, table, token)
             logits = stepper.step(token)
             if position + 1 < count:
-                table, log2p = cumulative_from_logits(logits), log_softmax_bits(logits)
+                table, log2p = table_and_log2p(logits)
     if _tokens_sha256(tokens) != header.tokens.sha256:
         raise DecodeVerificationError(
             "the decoded tokens do not match the file's checksum: this machine did not "

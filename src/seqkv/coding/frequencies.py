@@ -38,10 +38,23 @@ def log_softmax_bits(logits: npt.NDArray[np.floating]) -> npt.NDArray[np.float64
 
 def cumulative_from_logits(logits: npt.NDArray[np.floating]) -> CumulativeTable:
     """Cumulative frequency table (length vocab + 1, from 0 to TOTAL_FREQUENCY) of one logit row."""
+    return table_and_log2p(logits)[0]
+
+
+def table_and_log2p(
+    logits: npt.NDArray[np.floating],
+) -> tuple[CumulativeTable, npt.NDArray[np.float64]]:
+    """The coder's table and the float log2-probabilities of one logit row, with one exp pass.
+
+    The table is bit-identical to ``cumulative_from_logits``'s; the log2-probabilities to
+    ``log_softmax_bits``'s.
+    """
     z = logits.astype(np.float64)
     z = z - z.max()
-    p = np.exp(z)
-    return cumulative_from_probabilities(p / p.sum())
+    e = np.exp(z)
+    total = e.sum()
+    log2p = np.asarray((z - np.log(total)) / np.log(2.0), dtype=np.float64)
+    return cumulative_from_probabilities(e / total), log2p
 
 
 def cumulative_from_probabilities(probabilities: npt.NDArray[np.floating]) -> CumulativeTable:
