@@ -37,8 +37,13 @@ from seqkv.proofs.ratios import KVGeometry
 from seqkv.schedule import ExecutionProfile
 
 _ALIGNMENT = 64  # bytes; what torch's CPU allocator guarantees for fresh tensors
-# Config keys that name or date a checkpoint without changing what it computes.
-_VOLATILE_CONFIG_KEYS = frozenset({"_name_or_path", "transformers_version", "_commit_hash"})
+# Config keys that name or date a checkpoint without changing what it computes. ``save_pretrained``
+# fills in "architectures" and "dtype" on a model created in memory; the dtypes are in the weights
+# hash (each tensor's dtype is hashed with its bytes).
+_VOLATILE_CONFIG_KEYS = frozenset({
+    "_name_or_path", "transformers_version", "_commit_hash", "architectures", "dtype",
+    "torch_dtype",
+})
 
 
 @dataclass(frozen=True)
