@@ -111,7 +111,7 @@ def blocked_encode(model: CausalLM, tokens: Sequence[int],
             logits = forward_rows(model.model, cache, token_list[s:e])  # [e - s, V]
             for position in range(s + 1, min(e + 1, count)):
                 coder.code(position, logits[position - 1 - s])
-    stats = ScheduleStats(count, len(lengths), count, 0, 0)
+    stats = ScheduleStats(count, len(lengths), count, 0, 0, lengths)
     return CodedStream(coder.finish(), count, context, coder.cross_entropy_bits,
                        coder.ideal_code_bits, stats, cache, lengths)
 
@@ -138,7 +138,8 @@ def blocked_decode(model: CausalLM, coded: CodedStream,
     chosen: DraftPolicy = NoDraft() if policy is None else policy
     coder = DecodingCoder(coded.code, count)
     cache = DynamicCache()
-    forwards = rows = drafted = accepted = 0
+    drafted = accepted = 0
+    forwarded: list[int] = []
     with pinned_threads():
         known = [coder.code_first(model, coded.first_token_context)]
         for s, e in bounds(lengths):
@@ -148,7 +149,8 @@ def blocked_decode(model: CausalLM, coded: CodedStream,
                 inputs = fill_block(known, s, e, chosen, hints)
                 guessed = max(0, e - len(known))
                 logits = forward_rows(model.model, cache, inputs)  # [e - s, V]
-                forwards, rows, drafted = forwards + 1, rows + e - s, drafted + guessed
+                forwarded.append(e - s)
+                drafted += guessed
                 complete = True
                 while len(known) < min(e + 1, count):
                     position = len(known)
@@ -164,6 +166,7 @@ def blocked_decode(model: CausalLM, coded: CodedStream,
                     break
                 crop_to(cache, s)
     assert cache_length(cache) == count and len(known) == count
-    stats = ScheduleStats(count, forwards, rows, drafted, accepted)
+    stats = ScheduleStats(count, len(forwarded), sum(forwarded), drafted, accepted,
+                          tuple(forwarded))
     return DecodedStream(coder.tokens, cache, coder.cross_entropy_bits, coder.ideal_code_bits,
                          stats)

@@ -72,7 +72,8 @@ def _run(model: CausalLM, coder: TokenCoder, policy: DraftPolicy,
          context: int | None) -> tuple[DynamicCache, ScheduleStats]:
     count = coder.count
     cache = DynamicCache()
-    forwards = rows = drafted = accepted = 0
+    drafted = accepted = 0
+    lengths: list[int] = []
     known = [coder.code_first(model, context)]
     hints: list[int] = []
     while len(known) < count:
@@ -80,7 +81,8 @@ def _run(model: CausalLM, coder: TokenCoder, policy: DraftPolicy,
         assert cache_length(cache) == start - 1
         draft = policy.draft(known, hints, count - start)[: count - start]
         logits = forward_rows(model.model, cache, [known[-1], *draft])  # [1 + d, V]
-        forwards, rows, drafted = forwards + 1, rows + 1 + len(draft), drafted + len(draft)
+        lengths.append(1 + len(draft))
+        drafted += len(draft)
         hits = 0
         for j in range(len(draft) + 1):
             token = coder.code(start + j, logits[j])
@@ -97,9 +99,10 @@ def _run(model: CausalLM, coder: TokenCoder, policy: DraftPolicy,
     held = cache_length(cache)
     if held < count:
         forward_rows(model.model, cache, known[held:])
-        forwards, rows = forwards + 1, rows + count - held
+        lengths.append(count - held)
     assert cache_length(cache) == count
-    return cache, ScheduleStats(count, forwards, rows, drafted, accepted)
+    return cache, ScheduleStats(count, len(lengths), sum(lengths), drafted, accepted,
+                                tuple(lengths))
 
 
 def speculative_encode(model: CausalLM, tokens: Sequence[int], policy: DraftPolicy) -> CodedStream:

@@ -20,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +51,11 @@ class ScheduleStats:
     rows: int  # positions computed over all forwards (recomputed and rejected ones included)
     drafted: int  # guessed positions forwarded
     accepted: int  # guesses the decoded tokens confirmed
+    forward_lengths: tuple[int, ...] = ()  # positions of each forward, in order
+
+    def modelled_seconds(self, seconds_per_forward: Callable[[int], float]) -> float:
+        """The schedule's time under a cost model: the sum of each forward's modelled cost."""
+        return sum(seconds_per_forward(length) for length in self.forward_lengths)
 
     @property
     def tokens_per_forward(self) -> float:
