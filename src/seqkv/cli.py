@@ -31,9 +31,11 @@ from seqkv.codec import (
     DecompressResult,
     compress,
     decompress,
+    decompress_tokens,
 )
 from seqkv.container import MAGIC, decode_container, write_container_file
 from seqkv.errors import EmptyInputError, SeqKVError
+from seqkv.levels import LevelChoice
 from seqkv.models import CausalLM, load_default_model, load_model
 from seqkv.proofs.ratios import per_vector_bits_per_token
 from seqkv.schedule import pinned_threads
@@ -110,17 +112,21 @@ def decompress_figures(result: DecompressResult) -> dict[str, object]:
 
 
 def _compress_and_verify(
-    model: CausalLM, tokens: list[int], kv_mode: str, tolerance: float, verify: bool
+    model: CausalLM, tokens: list[int], kv_mode: str, tolerance: float, verify: bool,
+    level: LevelChoice | None = None,
 ) -> tuple[CompressResult, dict[str, object]]:
     kv = model.prefill(tokens) if kv_mode == "prefill" else None
-    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=True)
+    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=True,
+                      level=level or LevelChoice())
     verify_seconds = None
     if verify:
         started = time.perf_counter()
         decoded = decompress(model, result.data, progress=True)
         verify_seconds = time.perf_counter() - started
         assert decoded.tokens == tokens  # decompress already checked both checksums
-    return result, compress_figures(model, result, verify, verify_seconds)
+    figures = compress_figures(model, result, verify, verify_seconds)
+    figures["level"] = (level or LevelChoice()).name
+    return result, figures
 
 
 def _cmd_compress(args: argparse.Namespace) -> int:
@@ -128,7 +134,7 @@ def _cmd_compress(args: argparse.Namespace) -> int:
     model = _load(args.model)
     tokens = model.encode_text(text)
     result, figures = _compress_and_verify(model, tokens, args.kv, args.tolerance,
-                                           not args.no_verify)
+                                           not args.no_verify, args.level)
     write_container_file(args.output, result.data)
     _print(figures, args.json, f"compressed {args.text} -> {args.output}")
     return 0
@@ -136,7 +142,12 @@ def _cmd_compress(args: argparse.Namespace) -> int:
 
 def _cmd_decompress(args: argparse.Namespace) -> int:
     data = _read_bytes(args.file)
-    decode_container(data)  # fail on a damaged file before loading the model
+    container = decode_container(data)  # fail on a damaged file before loading the model
+    if args.tokens_only:
+        portable = container.header.tokens.level in ("ngram", "plain")
+        tokens = decompress_tokens(data, None if portable else _load(args.model))
+        _write_text(args.output, json.dumps(tokens) + "\n")
+        return 0
     model = _load(args.model)
     result = decompress(model, data, allow_environment_mismatch=args.allow_environment_mismatch,
                         progress=True)
@@ -222,6 +233,30 @@ def _cmd_bench_quant(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_decode(args: argparse.Namespace) -> int:
+    from seqkv.decoding.bench import render_markdown, run_decode_bench
+
+    model = _load(args.model)
+    log = None if args.json else print
+    bench = run_decode_bench(model, args.tokens, args.sessions, log=log)
+    command = f"seqkv bench decode --tokens {args.tokens} --sessions {args.sessions}"
+    target = Path(args.report)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _write_text(str(target), render_markdown(bench, command))
+    if args.json:
+        print(json.dumps(bench.to_json_dict() | {"report": str(target)}, default=str))
+    else:
+        print(f"decode levels written to {target}")
+    return 0
+
+
+def _level_argument(text: str) -> LevelChoice:
+    try:
+        return LevelChoice.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 @dataclass(frozen=True)
 class DemoFigures:
     """What ``seqkv demo`` measures, beside the compress and decompress figures."""
@@ -305,6 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the KV of one prefill over the text (default) or tokens only")
     c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help=f"max abs KV error (default {DEFAULT_TOLERANCE}; 0 = bit-exact)")
+    c.add_argument("--level", type=_level_argument, default=LevelChoice(),
+                   metavar="LEVEL", help="rate-compute dial: tokens (default: fewest bits), rows "
+                   "(same bits, fast encode, batched decoding), segments:N (N segments decoded "
+                   "in parallel, more bits), ngram, plain (no model per token)")
     c.add_argument("--no-verify", action="store_true", help="skip the verifying decode")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(run=_cmd_compress)
@@ -314,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-o", "--output", required=True, metavar="TEXT", help="text file, or -")
     model_option(d)
     d.add_argument("--kv-out", metavar="KV.safetensors", help="also write the KV cache")
+    d.add_argument("--tokens-only", action="store_true",
+                   help="write the token ids as JSON, verified; ngram and plain files need no "
+                        "model and decode on any machine")
     d.add_argument("--allow-environment-mismatch", action="store_true",
                    help="try to decode a file coded under other CPU kernels or library versions")
     d.add_argument("--json", action="store_true", help="print one JSON object")
@@ -350,6 +392,16 @@ def build_parser() -> argparse.ArgumentParser:
     bq.add_argument("--reports", default="reports", help="folder for rate_distortion.md/.png")
     bq.add_argument("--json", action="store_true", help="print one JSON object")
     bq.set_defaults(run=_cmd_bench_quant)
+
+    bd = benches.add_parser("decode", help="bits per token and decode speed of every coding "
+                                          "level, on prose, code, legal and technical text")
+    model_option(bd)
+    bd.add_argument("--tokens", type=int, default=200, help="tokens per text")
+    bd.add_argument("--sessions", type=int, default=16, help="sessions decoded as one batch")
+    bd.add_argument("--report", default="reports/decode_levels.md", metavar="PATH",
+                    help="markdown Pareto table (default reports/decode_levels.md)")
+    bd.add_argument("--json", action="store_true", help="print one JSON object")
+    bd.set_defaults(run=_cmd_bench_decode)
 
     demo = commands.add_parser("demo", help="round trip of the shipped sample text, with figures")
     model_option(demo)

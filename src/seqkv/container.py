@@ -42,19 +42,24 @@ from seqkv.models.adapter import ModelIdentity
 from seqkv.schedule import ExecutionProfile
 
 MAGIC = b"\x89SKV\r\n\x1a\n"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 files (before coding levels) read as the ``tokens`` level in one segment.
+READABLE_VERSIONS = (1, 2)
 _PREFIX = struct.Struct("<8sHHIQQQ")
 _DIGEST_BYTES = 32
 
 
 @dataclass(frozen=True)
 class TokenSection:
-    """How the tokens were coded: their count, the code length and their checksum."""
+    """How the tokens were coded: their count, level, code length and checksum."""
 
     count: int
     num_bits: int
     first_token_context: int | None  # None: a uniform prior; unused after a shared prefix
     sha256: str
+    level: str = "tokens"  # a ``seqkv.levels.Level`` value
+    segments: list[int] | None = None  # segment lengths (rows/segments levels)
+    vocab_size: int | None = None  # what the portable levels decode over, without a model
 
 
 @dataclass(frozen=True)
@@ -131,10 +136,10 @@ def decode_container(data: bytes) -> Container:
     if len(data) < _PREFIX.size:
         raise TruncatedFileError(f"the .skv file ends after {len(data)} bytes, inside its prefix")
     _, version, _, header_len, token_len, words_len, escapes_len = _PREFIX.unpack_from(data)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise UnsupportedVersionError(
-            f"the .skv file has format version {version}; this seqkv reads version "
-            f"{FORMAT_VERSION} only: use the seqkv release that wrote it"
+            f"the .skv file has format version {version}; this seqkv reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}: use the seqkv release that wrote it"
         )
     expected = _PREFIX.size + header_len + token_len + words_len + escapes_len + _DIGEST_BYTES
     if len(data) < expected:
@@ -156,7 +161,7 @@ def decode_container(data: bytes) -> Container:
     words = body[offset : offset + words_len]
     escapes = body[offset + words_len :]
     try:
-        header = _parse_header(json.loads(header_bytes))
+        header = _parse_header(json.loads(header_bytes), version)
         token_code = BitStream(token_data, header.tokens.num_bits)
     except (ValueError, KeyError, TypeError) as error:
         raise CorruptFileError(f"the .skv header is malformed: {error}") from error
@@ -174,17 +179,22 @@ def decode_container(data: bytes) -> Container:
     return Container(header, token_code, residual)
 
 
-def _fields(cls: type, raw: Any) -> dict[str, Any]:
+def _fields(cls: type, raw: Any, absent: frozenset[str] = frozenset()) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise TypeError(f"{cls.__name__} must be a JSON object")
-    names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    names = set(cls.__dataclass_fields__) - absent  # type: ignore[attr-defined]
     if set(raw) != names:
         raise KeyError(f"{cls.__name__} fields {sorted(raw)} differ from {sorted(names)}")
     return raw
 
 
-def _parse_header(raw: Any) -> Header:
+_V2_TOKEN_FIELDS = frozenset({"level", "segments", "vocab_size"})
+
+
+def _parse_header(raw: Any, version: int) -> Header:
     top = _fields(Header, raw)
+    if int(top["format_version"]) != version:
+        raise ValueError(f"header version {top['format_version']} differs from the file's")
     kv = _fields(KVSection, top["kv"])
     residual = kv["residual"]
     prefix = top["prefix"]
@@ -194,7 +204,8 @@ def _parse_header(raw: Any) -> Header:
         model=ModelIdentity(**_fields(ModelIdentity, top["model"])),
         profile=ExecutionProfile(**_fields(ExecutionProfile, top["profile"])),
         prefix=None if prefix is None else PrefixSection(**_fields(PrefixSection, prefix)),
-        tokens=TokenSection(**_fields(TokenSection, top["tokens"])),
+        tokens=TokenSection(**_fields(TokenSection, top["tokens"],
+                                      _V2_TOKEN_FIELDS if version == 1 else frozenset())),
         kv=KVSection(
             shape=[int(n) for n in kv["shape"]],
             dtype=str(kv["dtype"]),

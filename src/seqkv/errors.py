@@ -70,3 +70,7 @@ class PrefixUnavailableError(SeqKVError):
 
 class PrefixMismatchError(SeqKVError):
     """The shared prefix given or resolved is not the one the file was coded against."""
+
+
+class UnsupportedModelError(SeqKVError, ValueError):
+    """The model's architecture is not supported by the requested coding level."""

@@ -4,8 +4,13 @@ Arithmetic decoding needs, at every position, bit-identical next-token probabili
 sides. On CPU, measured on SmolLM2-135M: a full prefill, token-by-token steps and chunked forwards
 differ by up to ~1e-4 in the logits, and token-by-token steps with 1 vs 2 intra-op threads differ
 by ~4e-5; repeating one schedule with one thread count is bit-identical. So seqkv fixes the
-schedule (one forward per token with a KV cache) and the thread count (1: single-token steps are
-bound by weight traffic, and 1 thread measured as fast as 2 here), and records the rest.
+schedule and the thread count, and records the rest. Two schedules exist:
+
+* ``token-by-token``: transformers' forward, one token per step on a growing cache, 1 thread
+  (single-token steps are bound by weight traffic; 1 thread measured as fast as 2 here);
+* ``rows``: seqkv's row-invariant forward (``seqkv.models.rows``), whose rows are bit-identical
+  however they are chunked or batched, so encoders may run in large chunks and decoders may
+  speculate and batch; 2 threads.
 
 Invariants:
 1. Encoder and decoder run every model forward inside ``pinned_threads`` (enforced).
@@ -28,8 +33,16 @@ from typing import Literal
 import torch
 import transformers
 
-Schedule = Literal["token-by-token"]
+Schedule = Literal["token-by-token", "rows"]
 CODING_THREADS = 1
+# NOTE: the row-invariant forward (``seqkv.models.rows``) gives bit-identical rows on 1 and 2
+# threads (measured); 2 makes its batched matrix products ~1.3x faster on this 2-core machine.
+ROW_THREADS = 2
+
+
+def schedule_threads(schedule: Schedule) -> int:
+    """The intra-op thread count a schedule's forwards run under."""
+    return ROW_THREADS if schedule == "rows" else CODING_THREADS
 
 
 @dataclass(frozen=True)
@@ -45,18 +58,20 @@ class ExecutionProfile:
     transformers_version: str
 
     @classmethod
-    def current(cls, dtype: torch.dtype, device: torch.device) -> ExecutionProfile:
-        """The profile this process runs under for a model of ``dtype`` on ``device``."""
+    def current(cls, dtype: torch.dtype, device: torch.device,
+                schedule: Schedule = "token-by-token") -> ExecutionProfile:
+        """The profile this process runs ``schedule`` under for a model of ``dtype`` on
+        ``device``."""
         if device.type == "cuda":
             device_class = f"cuda:{torch.cuda.get_device_name(device)}"
         else:
             device_class = device.type
         return cls(
-            schedule="token-by-token",
+            schedule=schedule,
             dtype=str(dtype).removeprefix("torch."),
             device_class=device_class,
             cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
-            num_threads=CODING_THREADS,
+            num_threads=schedule_threads(schedule),
             torch_version=torch.__version__,
             transformers_version=transformers.__version__,
         )

@@ -87,3 +87,27 @@ def symbol_cost_bits(cumulative: CumulativeTable, symbol: int) -> float:
     """Ideal cost in bits of ``symbol`` under the quantized table: -log2(count / total)."""
     count = int(cumulative[symbol + 1] - cumulative[symbol])
     return FREQUENCY_BITS - float(np.log2(count))
+
+
+def cumulative_from_counts(counts: npt.NDArray[np.integer]) -> CumulativeTable:
+    """Cumulative table of non-negative integer weights, in integer arithmetic only.
+
+    No floating point is involved, so the table is the same on every machine: what the portable
+    coding levels (``seqkv.coding.ngram``) need. Every symbol keeps a count of at least 1.
+    """
+    weights = np.asarray(counts, dtype=np.int64)
+    vocab = weights.shape[0]
+    if weights.ndim != 1 or not 1 <= vocab <= MAX_VOCAB:
+        raise ValueError(f"expected one count row of 1..{MAX_VOCAB} entries, got {weights.shape}")
+    total = int(weights.sum())
+    if np.any(weights < 0) or total <= 0 or total >= 1 << 30:
+        raise ValueError("counts must be non-negative, not all zero and sum below 2**30")
+    # weights * (T - V) < 2**30 * 2**32 fits in int64: exact floor(p * (T - V)).
+    scaled = (weights * (TOTAL_FREQUENCY - vocab)) // total + 1
+    top = int(np.argmax(scaled))
+    scaled[top] += TOTAL_FREQUENCY - int(scaled.sum())
+    assert scaled[top] >= 1
+    cumulative = np.zeros(vocab + 1, dtype=np.int64)
+    np.cumsum(scaled, out=cumulative[1:])
+    assert int(cumulative[-1]) == TOTAL_FREQUENCY
+    return cumulative

@@ -34,7 +34,7 @@ from transformers import DynamicCache, PreTrainedModel
 from seqkv.errors import EmptyInputError, InvalidTokensError
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.proofs.ratios import KVGeometry
-from seqkv.schedule import ExecutionProfile
+from seqkv.schedule import ExecutionProfile, Schedule
 
 _ALIGNMENT = 64  # bytes; what torch's CPU allocator guarantees for fresh tensors
 # Config keys that name or date a checkpoint without changing what it computes. ``save_pretrained``
@@ -139,8 +139,8 @@ class CausalLM:
         bos = getattr(self.config, "bos_token_id", None)
         return int(bos) if isinstance(bos, int) and 0 <= bos < self.vocab_size else None
 
-    def profile(self) -> ExecutionProfile:
-        return ExecutionProfile.current(self.dtype, self.device)
+    def profile(self, schedule: Schedule = "token-by-token") -> ExecutionProfile:
+        return ExecutionProfile.current(self.dtype, self.device, schedule)
 
     @cached_property
     def identity(self) -> ModelIdentity:

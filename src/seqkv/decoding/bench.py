@@ -1,0 +1,236 @@
+"""``seqkv bench decode``: bits per token and decode speed of every coding level, per text kind.
+
+For each text kind (prose, code, legal, technical; shipped under ``seqkv/data``) the same tokens
+are coded at every level of ``seqkv.levels`` and decoded, and the two plain baselines of the same
+model on the same tokens are timed: one prefill, and token-by-token generation steps (transformers'
+forward, no coding, on whichever of 1 or 2 threads is faster: the baseline is never handicapped).
+Then ``batched_sessions`` sessions coded at the ``rows`` level decode together through
+``seqkv.decompress_batch``; their aggregate tokens/s is compared with the same baseline.
+
+Every decode is checked: ``exact`` is true only when the decoded tokens equal the input and the
+KV equals, bit for bit, the KV the encoder committed to (``decompress`` also verifies both
+checksums and raises otherwise). Timings are wall-clock on whatever machine runs the bench; the
+JSON names it.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress, decompress_batch
+from seqkv.levels import LevelChoice
+from seqkv.models.adapter import CausalLM
+from seqkv.schedule import pinned_threads
+
+DEFAULT_LEVELS = ("tokens", "rows", "segments:4", "segments:8", "segments:16", "ngram", "plain")
+TEXT_KINDS = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
+              "technical": "kinds/technical.txt"}
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    name: str
+    exact: bool
+    bits_per_token: float  # token code only
+    total_bits_per_token: float  # token code + KV residual
+    encode_seconds: float
+    decode_seconds: float
+    decode_tokens_per_second: float
+
+
+@dataclass(frozen=True)
+class TextRun:
+    kind: str
+    tokens: int
+    cross_entropy_bits_per_token: float
+    prefill_tokens_per_second: float
+    token_by_token_tokens_per_second: float
+    levels: list[LevelRun]
+
+
+@dataclass(frozen=True)
+class LevelSummary:
+    name: str
+    exact: bool
+    bits_per_token: float
+    total_bits_per_token: float
+    decode_tokens_per_second: float
+    speedup_vs_token_by_token: float
+
+
+@dataclass(frozen=True)
+class DecodeBench:
+    model: str
+    machine: str
+    tokens_per_text: int
+    tolerance: float
+    prefill_tokens_per_second: float
+    token_by_token_tokens_per_second: float
+    batched_sessions: int
+    batched_tokens_per_session: int
+    batched_tokens_per_second: float
+    batched_speedup_vs_token_by_token: float
+    batched_exact: bool
+    levels: list[LevelSummary]
+    texts: list[TextRun] = field(default_factory=list)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def kind_tokens(model: CausalLM, kind: str, count: int) -> list[int]:
+    text = (importlib.resources.files("seqkv") / "data" / TEXT_KINDS[kind]).read_text("utf-8")
+    return model.encode_text(text)[:count]
+
+
+def _seconds(run: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
+def _token_by_token_seconds(model: CausalLM, tokens: Sequence[int]) -> float:
+    """Generation's cost on these tokens: one transformers step per token, the faster of 1 and
+    2 threads."""
+    best = float("inf")
+    for threads in (1, 2):
+        with pinned_threads(threads):
+            stepper = model.new_stepper()
+            started = time.perf_counter()
+            for token in tokens:
+                stepper.step(token)
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _prefill_seconds(model: CausalLM, tokens: list[int]) -> float:
+    with pinned_threads(max(2, torch.get_num_threads())):
+        return _seconds(lambda: model.prefill(tokens))
+
+
+def run_level(model: CausalLM, tokens: list[int], level: str, tolerance: float) -> LevelRun:
+    kv = model.prefill(tokens)
+    result = compress(model, tokens, kv, tolerance=tolerance, level=LevelChoice.parse(level))
+    started = time.perf_counter()
+    decoded = decompress(model, result.data)
+    seconds = time.perf_counter() - started
+    committed = result.header.kv.sha256
+    exact = decoded.tokens == tokens and decoded.header.kv.sha256 == committed
+    stats = result.stats
+    return LevelRun(level, exact, stats.bits_per_token, stats.total_bits_per_token,
+                    stats.encode_seconds, seconds, len(tokens) / seconds)
+
+
+def run_text(model: CausalLM, kind: str, count: int, levels: Sequence[str], tolerance: float,
+             log: Callable[[str], None] | None = None) -> TextRun:
+    tokens = kind_tokens(model, kind, count)
+    runs = []
+    for level in levels:
+        runs.append(run_level(model, tokens, level, tolerance))
+        if log is not None:
+            run = runs[-1]
+            log(f"{kind:10s} {level:12s} {run.bits_per_token:7.3f} bits/token "
+                f"{run.decode_tokens_per_second:7.1f} tokens/s exact={run.exact}")
+    # NOTE: the rows level codes under the same model; its float cross-entropy differs from the
+    # tokens level's only by the forwards' last bits, and it takes 1 s instead of 15.
+    cross_entropy = compress(model, tokens, level="rows").stats.cross_entropy_bits_per_token
+    return TextRun(kind, len(tokens), cross_entropy,
+                   len(tokens) / _prefill_seconds(model, tokens),
+                   len(tokens) / _token_by_token_seconds(model, tokens), runs)
+
+
+def run_batched(model: CausalLM, sessions: int, count: int,
+                tolerance: float) -> tuple[float, bool, float]:
+    """Aggregate decode tokens/s of ``sessions`` rows-level files decoded together, whether all
+    were exact, and the token-by-token tokens/s on the same sessions."""
+    pool: list[int] = []
+    for kind in TEXT_KINDS:
+        pool += kind_tokens(model, kind, 10_000)
+    stride = max(1, (len(pool) - count) // max(1, sessions - 1))
+    chunks = [pool[i * stride : i * stride + count] for i in range(sessions)]
+    files = [compress(model, c, model.prefill(c), tolerance=tolerance, level="rows")
+             for c in chunks]
+    started = time.perf_counter()
+    decoded = decompress_batch(model, [f.data for f in files])
+    seconds = time.perf_counter() - started
+    exact = all(d.tokens == c and d.header.kv.sha256 == f.header.kv.sha256
+                for d, c, f in zip(decoded, chunks, files, strict=True))
+    baseline = sum(len(c) for c in chunks[:2]) / sum(
+        _token_by_token_seconds(model, c) for c in chunks[:2])
+    return sum(len(c) for c in chunks) / seconds, exact, baseline
+
+
+def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int = 16,
+                     levels: Sequence[str] = DEFAULT_LEVELS, tolerance: float = DEFAULT_TOLERANCE,
+                     log: Callable[[str], None] | None = None) -> DecodeBench:
+    texts = [run_text(model, kind, tokens_per_text, levels, tolerance, log)
+             for kind in TEXT_KINDS]
+    total = sum(t.tokens for t in texts)
+    prefill = total / sum(t.tokens / t.prefill_tokens_per_second for t in texts)
+    baseline = total / sum(t.tokens / t.token_by_token_tokens_per_second for t in texts)
+    summaries = []
+    for index, level in enumerate(levels):
+        runs = [t.levels[index] for t in texts]
+        speed = total / sum(r.decode_seconds for r in runs)
+        summaries.append(LevelSummary(
+            level, all(r.exact for r in runs),
+            sum(r.bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True)) / total,
+            sum(r.total_bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True))
+            / total, speed, speed / baseline))
+    batched, batched_exact, batched_baseline = run_batched(model, sessions, tokens_per_text,
+                                                           tolerance)
+    if log is not None:
+        log(f"batched {sessions} sessions: {batched:.1f} tokens/s exact={batched_exact}")
+    machine = (f"{os.cpu_count()} CPU cores ({platform.machine()}, "
+               f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
+    return DecodeBench(model.name, machine, tokens_per_text, tolerance, prefill, baseline,
+                       sessions, tokens_per_text, batched, batched / batched_baseline,
+                       batched_exact, summaries, texts)
+
+
+def render_markdown(bench: DecodeBench, command: str) -> str:
+    """The Pareto table of the levels, as README and reports/decode_levels.md show it."""
+    lines = [
+        "# Decoding levels: bits per token vs decode speed",
+        "",
+        f"Measured by `{command}`: model {bench.model}; texts: the shipped prose, code, legal "
+        f"and technical samples, first {bench.tokens_per_text} tokens each; {bench.machine}; "
+        f"KV residual tolerance {bench.tolerance:g}.",
+        "",
+        f"Baselines on the same tokens: one prefill {bench.prefill_tokens_per_second:.0f} "
+        f"tokens/s; token-by-token generation {bench.token_by_token_tokens_per_second:.1f} "
+        "tokens/s (transformers, the faster of 1 and 2 threads).",
+        "",
+        "| level | exact | token bits/token | + KV residual | decode tokens/s "
+        "| vs token-by-token |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for level in bench.levels:
+        lines.append(
+            f"| {level.name} | {'yes' if level.exact else 'NO'} | {level.bits_per_token:.3f} | "
+            f"{level.total_bits_per_token:.3f} | {level.decode_tokens_per_second:.1f} | "
+            f"{level.speedup_vs_token_by_token:.2f}x |")
+    lines += [
+        "",
+        f"Batched: {bench.batched_sessions} sessions of {bench.batched_tokens_per_session} tokens "
+        f"at the rows level decoded together: {bench.batched_tokens_per_second:.1f} tokens/s in "
+        f"all, {bench.batched_speedup_vs_token_by_token:.2f}x token-by-token generation of the "
+        f"same sessions; exact: {'yes' if bench.batched_exact else 'NO'}.",
+        "",
+        "Per text kind (token bits/token, decode tokens/s):",
+        "",
+        "| kind | tokens | cross-entropy | " + " | ".join(s.name for s in bench.levels) + " |",
+        "|---|---:|---:|" + "---:|" * len(bench.levels),
+    ]
+    for text in bench.texts:
+        cells = [f"{r.bits_per_token:.2f} / {r.decode_tokens_per_second:.0f}" for r in text.levels]
+        lines.append(f"| {text.kind} | {text.tokens} | {text.cross_entropy_bits_per_token:.2f} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,382 @@
+"""The rate-compute dial: how a session's tokens are coded, from fewest bits to fastest decoding.
+
+Every level is exact: the decoder returns the encoder's tokens and KV bit for bit, or raises.
+
+=============  ==============================================  ====================================
+level          tokens coded under                              decoding
+=============  ==============================================  ====================================
+``tokens``     the model, transformers' forward, token by      one forward per token, 1 thread
+               token (``seqkv.codec``)
+``rows``       the model, row-invariant forward                one forward per token or fewer: the
+               (``seqkv.models.rows``)                         spare rows of each forward verify
+                                                               prompt-lookup guesses; sessions can
+                                                               share forwards (``decompress_batch``)
+``segments``   the model, in N independent segments, each      the N segments step together, one
+               started after the start token (or prefix)       forward per N tokens; more bits
+``ngram``      an adaptive count model (``seqkv.coding.        no model forward per token; one
+               ngram``), integer arithmetic                    chunked forward for the KV
+``plain``      the uniform distribution over the vocabulary    as ``ngram``
+=============  ==============================================  ====================================
+
+The ``rows``, ``segments``, ``ngram`` and ``plain`` levels recompute the KV with the row-invariant
+forward in chunks; ``ngram`` and ``plain`` tokens need no model at all (``decompress_tokens``),
+so they decode on any machine even where the KV cannot be reproduced.
+
+Invariants:
+1. At the ``rows`` and ``segments`` levels the encoder computes each row in large chunks and the
+   decoder in single rows or small batches; both get the same bits because every row of the
+   row-invariant forward is independent of the grouping (``seqkv.models.rows``; tested).
+2. Symbols enter the single arithmetic code in the decoder's order: round by round, segment by
+   segment within a round (enforced by both sides using ``segment_order``).
+3. A segment's first token is coded under the distribution after the start token, or after the
+   shared prefix when there is one, as at the ``tokens`` level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
+from seqkv.coding.frequencies import (
+    CumulativeTable,
+    symbol_cost_bits,
+    table_and_log2p,
+    uniform_cumulative,
+)
+from seqkv.coding.ngram import AdaptiveNgram
+from seqkv.decoding.drafts import PromptLookup
+from seqkv.models.rows import MIN_ROWS, RowForward, RowSequence
+from seqkv.trie.radix import ResolvedPrefix
+
+# NOTE: rows per encoder forward: large enough for matrix products to run at prefill speed,
+# small enough that the float32 logit rows (V x 4 bytes each) stay ~50 MB.
+ENCODE_CHUNK_ROWS = 256
+
+
+class Level(StrEnum):
+    TOKENS = "tokens"
+    ROWS = "rows"
+    SEGMENTS = "segments"
+    NGRAM = "ngram"
+    PLAIN = "plain"
+
+    @property
+    def model_coded(self) -> bool:
+        """Whether decoding the tokens needs the model's probabilities."""
+        return self in (Level.TOKENS, Level.ROWS, Level.SEGMENTS)
+
+
+@dataclass(frozen=True)
+class LevelChoice:
+    """A level and, for ``segments``, how many segments."""
+
+    level: Level = Level.TOKENS
+    segments: int = 1
+
+    def __post_init__(self) -> None:
+        if self.segments < 1:
+            raise ValueError(f"a session needs at least one segment, not {self.segments}")
+        if (self.level == Level.SEGMENTS) != (self.segments > 1):
+            raise ValueError("the segments level takes 2 or more segments, every other level 1")
+
+    @classmethod
+    def parse(cls, text: str) -> LevelChoice:
+        """``tokens``, ``rows``, ``segments:N``, ``ngram`` or ``plain``."""
+        name, _, count = text.partition(":")
+        try:
+            level = Level(name)
+        except ValueError:
+            names = ", ".join(level.value for level in Level)
+            raise ValueError(
+                f"unknown level {text!r}: choose one of {names} (segments:N)") from None
+        if level == Level.SEGMENTS:
+            if not count.isdigit() or int(count) < 2:
+                raise ValueError(
+                    f"write the segments level as segments:N with N >= 2, not {text!r}")
+            return cls(level, int(count))
+        if count:
+            raise ValueError(f"level {name!r} takes no count")
+        return cls(level)
+
+    @property
+    def name(self) -> str:
+        return f"segments:{self.segments}" if self.level == Level.SEGMENTS else self.level.value
+
+
+def split_lengths(count: int, segments: int) -> list[int]:
+    """``count`` tokens in ``segments`` consecutive parts, the first ones longer by at most 1."""
+    segments = max(1, min(segments, count))
+    base, extra = divmod(count, segments)
+    return [base + (1 if j < extra else 0) for j in range(segments)]
+
+
+def segment_order(lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """(segment, index in segment) in coding order: round by round, segment by segment."""
+    for step in range(max(lengths, default=0)):
+        for segment, length in enumerate(lengths):
+            if step < length:
+                yield segment, step
+
+
+@dataclass
+class TraceColumns:
+    """Per-position figures (see ``seqkv.codec.CodingTrace``), filled in any order."""
+
+    surprisal: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+
+    def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int) -> None:
+        self.surprisal.append(-float(log2p[token]))
+        self.cost.append(symbol_cost_bits(table, token))
+        # NOTE: not np.dot: it wakes OpenBLAS threads that slow the pinned torch thread 2x.
+        self.entropy.append(-float((np.exp2(log2p) * log2p).sum()))
+
+    def extend(self, other: TraceColumns) -> None:
+        self.surprisal += other.surprisal
+        self.cost += other.cost
+        self.entropy += other.entropy
+
+
+Distribution = tuple[CumulativeTable, npt.NDArray[np.float64]]
+
+
+def row_start(engine: RowForward, context: int | None,
+              prefix: ResolvedPrefix | None) -> tuple[RowSequence, Distribution]:
+    """A segment's starting sequence and the distribution its first token is coded under.
+
+    After a prefix, the sequence holds the prefix's stored KV without its last position and the
+    last prefix token is forwarded; otherwise the sequence is empty and the distribution is the
+    one after ``context`` (computed on a throwaway sequence), or uniform.
+    """
+    if prefix is not None:
+        assert prefix.kv is not None
+        sequence = engine.new_sequence(prefix.kv[:, :, :, : len(prefix.tokens) - 1])
+        row = engine.forward([(sequence, [prefix.tokens[-1]])])[0][0]
+        return sequence, table_and_log2p(row)
+    vocab = engine.model.vocab_size
+    if context is None:
+        return engine.new_sequence(), (uniform_cumulative(vocab),
+                                       np.full(vocab, -np.log2(vocab)))
+    return engine.new_sequence(), table_and_log2p(engine.start_row(context))
+
+
+def recompute_kv(engine: RowForward, tail: Sequence[int],
+                 prefix: ResolvedPrefix | None) -> torch.Tensor:
+    """The KV ``[layers, 2, kv_heads, tokens, head_dim]`` of prefix + tail, in chunks.
+
+    Equal, bit for bit, to what stepping the same tokens one by one leaves (row invariance).
+    """
+    sequence = engine.new_sequence()
+    ids = list(tail)
+    if prefix is not None:
+        assert prefix.kv is not None
+        sequence = engine.new_sequence(prefix.kv[:, :, :, : len(prefix.tokens) - 1])
+        ids = [prefix.tokens[-1], *ids]
+    for start in range(0, len(ids), ENCODE_CHUNK_ROWS):
+        engine.forward([(sequence, ids[start : start + ENCODE_CHUNK_ROWS])])
+    return sequence.kv().to("cpu", torch.float32)
+
+
+def encode_rows(engine: RowForward, encoder: ArithmeticEncoder, tail: Sequence[int],
+                lengths: Sequence[int], context: int | None,
+                prefix: ResolvedPrefix | None) -> tuple[TraceColumns, torch.Tensor | None]:
+    """Code ``tail`` split into segments of ``lengths`` under the row-invariant forward.
+
+    Returns the trace and, for a single segment, the KV its forwards left (the session's KV).
+    """
+    start_sequence, first = row_start(engine, context, prefix)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+    segments = [list(tail[offsets[j] : offsets[j + 1]]) for j in range(len(lengths))]
+    sequences = [start_sequence.copy() for _ in segments]
+    traces = [TraceColumns() for _ in segments]
+    # Rounds are coded in windows: forward every segment's next ``window`` tokens in one call,
+    # then code the window's symbols in the decoder's order.
+    window = max(1, ENCODE_CHUNK_ROWS // len(segments))
+    pending: list[Distribution] = [first for _ in segments]
+    for begin in range(0, max(lengths), window):
+        calls = [(sequences[j], segment[begin : begin + window])
+                 for j, segment in enumerate(segments)]
+        rows = engine.forward(calls)
+        for step in range(begin, min(begin + window, max(lengths))):
+            for j, segment in enumerate(segments):
+                if step >= len(segment):
+                    continue
+                table, log2p = pending[j]
+                token = segment[step]
+                encoder.encode(table, token)
+                traces[j].record(log2p, table, token)
+                if step + 1 < len(segment):
+                    pending[j] = table_and_log2p(rows[j][step - begin])
+    merged = TraceColumns()
+    for trace in traces:
+        merged.extend(trace)
+    kv = sequences[0].kv().to("cpu", torch.float32) if len(segments) == 1 else None
+    return merged, kv
+
+
+@dataclass
+class _Stream:
+    """One segment being decoded: its sequence, decoded tokens and next distribution."""
+
+    sequence: RowSequence
+    length: int
+    context: list[int]  # tokens the drafts may copy from: the prefix, then this segment's
+    distribution: Distribution
+    keep_kv: bool  # forward the last token too, so the sequence ends holding every token's KV
+    start: int  # positions the sequence held before the segment's first token
+    tokens: list[int] = field(default_factory=list)
+    trace: TraceColumns = field(default_factory=TraceColumns)
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) >= self.length
+
+    @property
+    def complete(self) -> bool:
+        """Decoded, and (with ``keep_kv``) every token's KV in the sequence."""
+        return self.done and (not self.keep_kv or self.sequence.length == self.start + self.length)
+
+
+@dataclass
+class DecodeJob:
+    """One file's segments at the ``rows``/``segments`` level, as ``decode_rows`` steps them."""
+
+    decoder: ArithmeticDecoder
+    streams: list[_Stream]
+
+    def decode_first(self, stream: _Stream) -> None:
+        """Decode the stream's first token from its start distribution."""
+        self._decode(stream, *stream.distribution)
+
+    def decode_round(self, stream: _Stream, rows: npt.NDArray[np.float32],
+                     guesses: Sequence[int]) -> int:
+        """Decode what this forward's rows allow; return how many of its inputs stay valid.
+
+        The forward's inputs were the stream's last token, then ``guesses``. Row ``r`` is the
+        distribution after input ``r``; it is the encoder's while inputs ``0..r`` are right.
+        """
+        if stream.done:
+            return 1  # the forward only appended the last token's KV
+        kept = 0
+        for r in range(len(rows)):
+            stream.distribution = table_and_log2p(rows[r])
+            kept = r + 1
+            token = self._decode(stream, *stream.distribution)
+            if stream.done or r >= len(guesses) or guesses[r] != token:
+                break
+        return kept
+
+    def _decode(self, stream: _Stream, table: CumulativeTable,
+                log2p: npt.NDArray[np.float64]) -> int:
+        token = self.decoder.decode(table)
+        stream.tokens.append(token)
+        stream.context.append(token)
+        stream.trace.record(log2p, table, token)
+        return token
+
+    def kv(self) -> torch.Tensor:
+        """The session's KV, for a single-stream job decoded with ``keep_kv``."""
+        (stream,) = self.streams
+        assert stream.keep_kv and stream.complete
+        return stream.sequence.kv().to("cpu", torch.float32)
+
+
+def new_job(engine: RowForward, decoder: ArithmeticDecoder, lengths: Sequence[int],
+            context: int | None, prefix: ResolvedPrefix | None) -> DecodeJob:
+    """A job for one file; a single-segment job also keeps its KV (the session's)."""
+    start_sequence, first = row_start(engine, context, prefix)
+    prefix_tokens = list(prefix.tokens) if prefix is not None else []
+    keep_kv = len(lengths) == 1
+    streams = [_Stream(start_sequence.copy(), length, list(prefix_tokens), first, keep_kv,
+                       start_sequence.length) for length in lengths]
+    return DecodeJob(decoder, streams)
+
+
+def decode_rows(engine: RowForward, jobs: Sequence[DecodeJob],
+                drafts: PromptLookup | None = None) -> int:
+    """Decode every job's streams together, one forward per round; return the forwards run.
+
+    Each round forwards every active stream's last decoded token (plus, while the forward has
+    fewer than ``MIN_ROWS`` rows, prompt-lookup guesses in the spare rows) and decodes the next
+    tokens from the rows. Rows are row-invariant, so a guessed row's distribution is the
+    encoder's whenever the guesses before it were right.
+    """
+    policy = drafts if drafts is not None else PromptLookup()
+    forwards = 0
+    order = [(job, stream) for job in jobs for stream in job.streams]
+    for job, stream in order:
+        job.decode_first(stream)
+    while True:
+        active = [(job, stream) for job, stream in order if not stream.complete]
+        if not active:
+            return forwards
+        spare = max(0, MIN_ROWS // len(active) - 1)
+        guesses = [[] if stream.done else policy.draft(stream.context, [], spare)
+                   for _, stream in active]
+        calls = [(stream.sequence, [stream.tokens[-1], *guess])
+                 for (_, stream), guess in zip(active, guesses, strict=True)]
+        rows = engine.forward(calls)
+        forwards += 1
+        for (job, stream), guess, stream_rows in zip(active, guesses, rows, strict=True):
+            before = stream.sequence.length - len(stream_rows)
+            kept = job.decode_round(stream, stream_rows, guess)
+            stream.sequence.crop(before + kept)
+
+
+def job_tokens(job: DecodeJob) -> tuple[list[int], TraceColumns]:
+    """The job's decoded tail and its trace, in token order."""
+    tokens: list[int] = []
+    trace = TraceColumns()
+    for stream in job.streams:
+        tokens += stream.tokens
+        trace.extend(stream.trace)
+    return tokens, trace
+
+
+def encode_portable(level: Level, encoder: ArithmeticEncoder, tail: Sequence[int],
+                    vocab_size: int, prefix_tokens: Sequence[int]) -> TraceColumns:
+    """Code ``tail`` at the ``ngram`` or ``plain`` level."""
+    trace = TraceColumns()
+    for token, (table, log2p) in zip(tail, _portable_tables(level, vocab_size, prefix_tokens,
+                                                            tail), strict=False):
+        encoder.encode(table, token)
+        trace.record(log2p, table, token)
+    return trace
+
+
+def decode_portable(level: Level, decoder: ArithmeticDecoder, count: int, vocab_size: int,
+                    prefix_tokens: Sequence[int]) -> tuple[list[int], TraceColumns]:
+    """Decode ``count`` tokens coded at the ``ngram`` or ``plain`` level."""
+    tokens: list[int] = []
+    trace = TraceColumns()
+    tables = _portable_tables(level, vocab_size, prefix_tokens, tokens)
+    for _ in range(count):
+        table, log2p = next(tables)
+        token = decoder.decode(table)
+        tokens.append(token)
+        trace.record(log2p, table, token)
+    return tokens, trace
+
+
+def _portable_tables(level: Level, vocab_size: int, prefix_tokens: Sequence[int],
+                     tokens: Sequence[int]) -> Iterator[Distribution]:
+    """Tables for position 0, 1, ...; position i's table may read ``tokens[:i]``."""
+    if level == Level.PLAIN:
+        uniform = (uniform_cumulative(vocab_size), np.full(vocab_size, -np.log2(vocab_size)))
+        while True:
+            yield uniform
+    model = AdaptiveNgram(vocab_size)
+    for token in prefix_tokens:
+        model.update(token)
+    position = 0
+    while True:
+        yield model.table()
+        model.update(tokens[position])
+        position += 1

@@ -1,0 +1,276 @@
+"""A row-invariant forward: every output row is bit-identical however rows are grouped.
+
+The codec's probabilities must be reproduced bit for bit by the decoder. With transformers'
+forward that pins the schedule: one prefill, token-by-token steps and chunks of any size give
+logits that differ by up to ~1e-4 (measured, ``seqkv.decoding.probes``). Measured on the same CPU
+(SmolLM2-135M and the tiny test Llama, torch 2.13): a matrix product gives each row the same
+bits for every row count M that is a multiple of 4, in every slot, on 1 or 2 threads; rows that
+fall in a partial block of 1-3 rows take other code paths (on 1 thread only when M < 4, on 2
+threads also for M = 5-7 and 9-11). So this forward computes the model as
+
+* every linear layer on all rows of the call at once, padded with zero rows to a multiple of
+  ``MIN_ROWS`` (4);
+* norms, rotary embeddings, activations: elementwise or per-row reductions (row-invariant);
+* attention for each row on its own, against its sequence's keys and values up to and including
+  its position, with a call whose shape depends on that position only;
+* rotary tables computed once for all positions up to the model's maximum, in one call.
+
+A row's output then depends only on its sequence's tokens up to it, never on which other rows,
+sequences, chunk boundaries or thread counts shared the forward. That one property makes a fast
+encoder (all positions in large chunks), speculative decoding (guessed rows are correct up to the
+first wrong guess) and batched decoding of many sessions (one forward serves all) exact.
+
+Invariants:
+1. Llama-family models only (``model_type`` in ``SUPPORTED_MODEL_TYPES``); others are refused
+   with UnsupportedModelError (enforced).
+2. ``RowForward.forward`` appends each sequence's ids at its next positions and returns one logit
+   row per id; ``RowSequence.crop`` only shortens (enforced).
+3. Row invariance holds on the profiles measured (assumed elsewhere; checked by
+   ``tests/test_rows.py`` on every run and recorded per file as the ``rows`` schedule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.nn.functional as F
+
+from seqkv.errors import InvalidTokensError, UnsupportedModelError
+from seqkv.models.adapter import CausalLM
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama"})
+# NOTE: the CPU matrix product computes rows in blocks of 4; a block of 1-3 rows takes other code
+# paths (matrix-vector for 1 row), on 2 threads even inside larger products (rows 5-7 of a
+# 7-row product differ from the same rows of an 8-row one). Padding every product to a multiple
+# of 4 rows keeps each row in a full block. Measured, see the module docstring.
+MIN_ROWS = 4
+_INITIAL_CAPACITY = 64
+
+
+class RowSequence:
+    """One sequence's keys and values, layer by layer, in preallocated growing buffers."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.length = 0
+        self._shape = (layers, 2, kv_heads, _INITIAL_CAPACITY, head_dim)
+        self._buffer = torch.zeros(self._shape, dtype=dtype, device=device)
+
+    def reserve(self, length: int) -> None:
+        capacity = self._buffer.shape[3]
+        if length <= capacity:
+            return
+        while capacity < length:
+            capacity *= 2
+        grown = self._buffer.new_zeros((*self._shape[:3], capacity, self._shape[4]))
+        grown[:, :, :, : self.length] = self._buffer[:, :, :, : self.length]
+        self._buffer = grown
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self._buffer[layer, 0]  # [kv_heads, capacity, head_dim]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self._buffer[layer, 1]  # [kv_heads, capacity, head_dim]
+
+    def kv(self) -> torch.Tensor:
+        """The held keys and values as ``[layers, 2, kv_heads, length, head_dim]`` (a copy)."""
+        return self._buffer[:, :, :, : self.length].clone()
+
+    def crop(self, length: int) -> None:
+        """Forget every position at or after ``length``."""
+        assert 0 <= length <= self.length, "a sequence can only be shortened"
+        self.length = length
+
+    def copy(self) -> RowSequence:
+        twin = RowSequence.__new__(RowSequence)
+        twin.length = self.length
+        twin._shape = self._shape
+        twin._buffer = self._buffer.clone()
+        return twin
+
+
+@dataclass(frozen=True)
+class _Span:
+    """One sequence's rows in a call: consecutive rows at consecutive positions."""
+
+    sequence: int  # index into the call's sequences
+    rows: slice  # rows of the call
+    position: int  # position of the first row
+
+
+class RowForward:
+    """The row-invariant forward of one Llama-family ``CausalLM`` (see the module docstring)."""
+
+    def __init__(self, model: CausalLM) -> None:
+        config = model.config
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"the row-invariant forward supports {sorted(SUPPORTED_MODEL_TYPES)} models, not "
+                f"{model_type!r}: code this model at the 'tokens' level"
+            )
+        self.model = model
+        self._backbone = model.model.model
+        self._head = model.model.lm_head
+        self._heads = int(config.num_attention_heads)
+        self._kv_heads = model.kv_heads
+        self._head_dim = model.head_dim
+        self.max_positions = int(config.max_position_embeddings)
+        with torch.inference_mode():
+            positions = torch.arange(self.max_positions, device=model.device)[None]  # [1, P]
+            probe = torch.zeros(1, dtype=model.dtype, device=model.device)
+            cos, sin = self._backbone.rotary_emb(probe, positions)
+        self._cos, self._sin = cos[0], sin[0]  # [P, head_dim]
+        self._start_rows: dict[int, npt.NDArray[np.float32]] = {}
+
+    def start_row(self, token: int) -> npt.NDArray[np.float32]:
+        """The row after ``token`` alone at position 0 (the start token), computed once.
+
+        Row invariance makes the cached row equal to any recomputation.
+        """
+        row = self._start_rows.get(token)
+        if row is None:
+            row = self.forward([(self.new_sequence(), [token])])[0][0]
+            row.setflags(write=False)
+            self._start_rows[token] = row
+        return row
+
+    def new_sequence(self, kv: torch.Tensor | None = None) -> RowSequence:
+        """An empty sequence, or one holding ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``."""
+        model = self.model
+        sequence = RowSequence(model.num_layers, self._kv_heads, self._head_dim, model.dtype,
+                               model.device)
+        if kv is not None and kv.shape[3] > 0:
+            length = int(kv.shape[3])
+            sequence.reserve(length)
+            sequence._buffer[:, :, :, :length] = kv.to(model.device, model.dtype)
+            sequence.length = length
+        return sequence
+
+    @torch.inference_mode()
+    def forward(
+        self, calls: Sequence[tuple[RowSequence, Sequence[int]]]
+    ) -> list[npt.NDArray[np.float32]]:
+        """Append each sequence's ids in one forward; return their logit rows ``[len(ids), V]``.
+
+        A sequence may appear once per call. Row ``j`` of a sequence is its next-token
+        distribution after ``ids[j]``, bit-identical to what any other grouping computes.
+        """
+        spans: list[_Span] = []
+        ids: list[int] = []
+        positions_list: list[int] = []
+        if len({id(sequence) for sequence, _ in calls}) != len(calls):
+            raise ValueError("a sequence may appear only once in a forward")
+        for index, (sequence, chunk) in enumerate(calls):
+            if not chunk:
+                continue
+            end = sequence.length + len(chunk)
+            if end > self.max_positions:
+                raise InvalidTokensError(
+                    f"a sequence of {end} tokens exceeds the model's {self.max_positions} "
+                    "positions"
+                )
+            sequence.reserve(end)
+            spans.append(_Span(index, slice(len(ids), len(ids) + len(chunk)), sequence.length))
+            positions_list.extend(range(sequence.length, end))
+            ids.extend(int(t) for t in chunk)
+        if not spans:
+            return [np.zeros((0, self.model.vocab_size), dtype=np.float32) for _ in calls]
+        count = len(ids)
+        padded = -(-count // MIN_ROWS) * MIN_ROWS
+        device = self.model.device
+        token_ids = torch.zeros(padded, dtype=torch.long, device=device)
+        token_ids[:count] = torch.tensor(ids, dtype=torch.long, device=device)
+        positions = torch.zeros(padded, dtype=torch.long, device=device)
+        positions[:count] = torch.tensor(positions_list, device=device)
+        hidden = self._backbone.embed_tokens(token_ids)  # [N, hidden]
+        cos, sin = self._cos[positions], self._sin[positions]  # [N, head_dim]
+        sequences = [sequence for sequence, _ in calls]
+        for index, layer in enumerate(self._backbone.layers):
+            hidden = hidden + self._attention(layer, index, hidden, cos, sin, spans, sequences)
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        logits = self._head(self._backbone.norm(hidden))[:count].float().cpu().numpy()
+        for sequence, chunk in calls:
+            sequence.length += len(chunk)
+        result: list[npt.NDArray[np.float32]] = []
+        offset = 0
+        for _, chunk in calls:
+            result.append(logits[offset : offset + len(chunk)])
+            offset += len(chunk)
+        return result
+
+    def _attention(self, layer: Any, index: int, hidden: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, spans: list[_Span],
+                   sequences: list[RowSequence]) -> torch.Tensor:
+        attention = layer.self_attn
+        x = layer.input_layernorm(hidden)
+        n = x.shape[0]
+        q = attention.q_proj(x).view(n, self._heads, self._head_dim)
+        k = attention.k_proj(x).view(n, self._kv_heads, self._head_dim)
+        v = attention.v_proj(x).view(n, self._kv_heads, self._head_dim)
+        q = _rotate(q, cos[:, None], sin[:, None])
+        k = _rotate(k, cos[:, None], sin[:, None])
+        for span in spans:
+            sequence = sequences[span.sequence]
+            end = span.position + span.rows.stop - span.rows.start
+            sequence.keys(index)[:, span.position : end] = k[span.rows].transpose(0, 1)
+            sequence.values(index)[:, span.position : end] = v[span.rows].transpose(0, 1)
+        out = torch.zeros(n, self._heads, self._head_dim, dtype=q.dtype, device=q.device)
+        with _single_thread():
+            self._attend(index, q, out, spans, sequences)
+        result: torch.Tensor = attention.o_proj(out.view(n, self._heads * self._head_dim))
+        return result
+
+    def _attend(self, index: int, q: torch.Tensor, out: torch.Tensor, spans: list[_Span],
+                sequences: list[RowSequence]) -> None:
+        # NOTE: the query heads sharing one KV head go in as that head's query rows (no mask), so
+        # no call copies keys or values for grouped-query attention.
+        group = self._heads // self._kv_heads
+        queries = q.view(-1, 1, self._kv_heads, group, self._head_dim)
+        rows = out.view(-1, self._kv_heads, group, self._head_dim)
+        for span in spans:
+            sequence = sequences[span.sequence]
+            layer_keys = sequence.keys(index)[None]  # [1, kv_heads, capacity, head_dim]
+            layer_values = sequence.values(index)[None]
+            length = span.position
+            for j in range(span.rows.start, span.rows.stop):
+                length += 1
+                rows[j] = F.scaled_dot_product_attention(
+                    queries[j], layer_keys[:, :, :length], layer_values[:, :, :length])[0]
+
+
+def row_forward(model: CausalLM) -> RowForward:
+    """The model's row-invariant forward, built once per model (its rotary tables are cached)."""
+    engine = getattr(model, "_seqkv_row_forward", None)
+    if not isinstance(engine, RowForward):
+        engine = RowForward(model)
+        setattr(model, "_seqkv_row_forward", engine)  # noqa: B010 (an attribute CausalLM lacks)
+    return engine
+
+
+@contextmanager
+def _single_thread() -> Iterator[None]:
+    """Run attention on one thread: torch's CPU attention splits long key ranges across threads,
+    which changes the reduction order (measured: 2 vs 1 threads differ from 40 keys on)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding, in transformers' Llama convention (halves rotated)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,203 @@
+"""The rate-compute dial: every level round-trips exactly; levels, batches and bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqkv.codec import compress, decompress, decompress_batch, decompress_tokens
+from seqkv.coding.frequencies import TOTAL_FREQUENCY, cumulative_from_counts
+from seqkv.coding.ngram import AdaptiveNgram
+from seqkv.container import Container, decode_container, encode_container
+from seqkv.errors import (
+    CorruptFileError,
+    EnvironmentMismatchError,
+    UnsupportedVersionError,
+)
+from seqkv.kvcache import tensor_from_cache
+from seqkv.levels import Level, LevelChoice, segment_order, split_lengths
+from seqkv.models import CausalLM
+
+VOCAB = 512
+LEVELS = ["tokens", "rows", "segments:2", "segments:5", "ngram", "plain"]
+token_lists = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40)
+
+
+@given(tokens=token_lists, level=st.sampled_from(LEVELS),
+       tolerance=st.sampled_from([0.0, 1e-4]))
+def test_every_level_round_trips_tokens_and_kv(tiny_model: CausalLM, tokens: list[int],
+                                               level: str, tolerance: float) -> None:
+    kv = tiny_model.prefill(tokens)
+    result = compress(tiny_model, tokens, kv, tolerance=tolerance, level=level)
+    decoded = decompress(tiny_model, result.data)
+    assert decoded.tokens == tokens
+    assert (decoded.kv - tensor_from_cache(kv)).abs().max().item() <= tolerance
+    assert decoded.header.tokens.level == LevelChoice.parse(level).level.value
+    assert np.array_equal(decoded.trace.surprisal_bits, result.trace.surprisal_bits)
+    assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2 + 2e-5 * len(tokens)
+
+
+def test_rows_level_codes_the_same_distributions_as_tokens_level(tiny_model: CausalLM) -> None:
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, VOCAB, 40)]
+    by_tokens = compress(tiny_model, tokens).trace.surprisal_bits
+    by_rows = compress(tiny_model, tokens, level="rows").trace.surprisal_bits
+    # Two forwards of the same model: equal up to float noise, not necessarily bit for bit.
+    assert np.abs(by_tokens - by_rows).max() < 1e-3
+
+
+def test_segments_cost_more_bits_than_one_sequence(tiny_model: CausalLM) -> None:
+    tokens = [int(t) for t in np.random.default_rng(2).integers(0, 40, 60)] * 2
+    rows = compress(tiny_model, tokens, level="rows").stats.cross_entropy_bits
+    segments = compress(tiny_model, tokens, level="segments:6").stats.cross_entropy_bits
+    assert rows != segments
+
+
+@given(tokens=token_lists, level=st.sampled_from(["ngram", "plain"]))
+def test_portable_levels_decode_without_a_model(tiny_model: CausalLM, tokens: list[int],
+                                                level: str) -> None:
+    data = compress(tiny_model, tokens, level=level).data
+    assert decompress_tokens(data) == tokens
+
+
+def test_plain_level_costs_log2_vocab_per_token(tiny_model: CausalLM) -> None:
+    tokens = list(range(100))
+    stats = compress(tiny_model, tokens, level="plain").stats
+    assert stats.bits_per_token == pytest.approx(np.log2(VOCAB), abs=0.05)
+
+
+def test_ngram_level_learns_repetition(tiny_model: CausalLM) -> None:
+    tokens = [5, 9, 77, 300, 41] * 30
+    stats = compress(tiny_model, tokens, level="ngram").stats
+    assert stats.bits_per_token < 2.0
+
+
+def test_model_coded_tokens_need_the_model(tiny_model: CausalLM) -> None:
+    data = compress(tiny_model, [1, 2, 3], level="rows").data
+    with pytest.raises(EnvironmentMismatchError, match="pass the model"):
+        decompress_tokens(data)
+    assert decompress_tokens(data, tiny_model) == [1, 2, 3]
+
+
+@given(sessions=st.lists(token_lists, min_size=1, max_size=5),
+       levels=st.lists(st.sampled_from(LEVELS), min_size=5, max_size=5))
+def test_batched_decoding_equals_one_by_one(tiny_model: CausalLM, sessions: list[list[int]],
+                                            levels: list[str]) -> None:
+    files = [compress(tiny_model, tokens, tiny_model.prefill(tokens), level=level)
+             for tokens, level in zip(sessions, levels, strict=False)]
+    batched = decompress_batch(tiny_model, [f.data for f in files])
+    for result, file, tokens in zip(batched, files, sessions, strict=True):
+        alone = decompress(tiny_model, file.data)
+        assert result.tokens == alone.tokens == tokens
+        assert torch.equal(result.kv, alone.kv)
+
+
+def test_split_lengths_and_order() -> None:
+    assert split_lengths(10, 3) == [4, 3, 3]
+    assert split_lengths(2, 5) == [1, 1]
+    assert list(segment_order([2, 1])) == [(0, 0), (1, 0), (0, 1)]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("tokens", LevelChoice(Level.TOKENS)),
+    ("segments:16", LevelChoice(Level.SEGMENTS, 16)),
+    ("plain", LevelChoice(Level.PLAIN)),
+])
+def test_level_names_parse(text: str, expected: LevelChoice) -> None:
+    assert LevelChoice.parse(text) == expected
+    assert LevelChoice.parse(expected.name) == expected
+
+
+@pytest.mark.parametrize("text", ["fast", "segments", "segments:1", "segments:x", "rows:4"])
+def test_bad_level_names_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="level"):
+        LevelChoice.parse(text)
+
+
+def _rewrite_header(data: bytes, **tokens_fields: object) -> bytes:
+    container = decode_container(data)
+    header = container.header
+    changed = dataclasses.replace(header, tokens=dataclasses.replace(header.tokens,
+                                                                     **tokens_fields))
+    return encode_container(Container(changed, container.token_code, container.residual))
+
+
+def test_unknown_level_is_refused_by_name(tiny_model: CausalLM) -> None:
+    data = _rewrite_header(compress(tiny_model, [1, 2, 3]).data, level="quantum")
+    with pytest.raises(UnsupportedVersionError, match="quantum"):
+        decompress(tiny_model, data)
+
+
+def test_segment_lengths_that_do_not_add_up_are_corruption(tiny_model: CausalLM) -> None:
+    data = compress(tiny_model, [1, 2, 3, 4], level="segments:2").data
+    with pytest.raises(CorruptFileError, match="segment lengths"):
+        decompress(tiny_model, _rewrite_header(data, segments=[2, 1]))
+
+
+def test_version_1_files_still_decode(tiny_model: CausalLM) -> None:
+    """A file written before coding levels (format 1) reads as the tokens level."""
+    tokens = [4, 8, 15, 16, 23, 42]
+    data = compress(tiny_model, tokens).data
+    prefix = struct.Struct("<8sHHIQQQ")
+    magic, _, reserved, header_len, *lengths = prefix.unpack_from(data)
+    header = json.loads(data[prefix.size : prefix.size + header_len])
+    header["format_version"] = 1
+    for name in ("level", "segments", "vocab_size"):
+        del header["tokens"][name]
+    raw = json.dumps(header, sort_keys=True).encode()
+    body = (prefix.pack(magic, 1, reserved, len(raw), *lengths) + raw
+            + data[prefix.size + header_len : -32])
+    import hashlib
+
+    old = body + hashlib.sha256(body).digest()
+    assert decompress(tiny_model, old).tokens == tokens
+
+
+def test_portable_level_on_another_device_points_to_tokens_only(tiny_model: CausalLM) -> None:
+    data = compress(tiny_model, [1, 2, 3], level="ngram").data
+    container = decode_container(data)
+    profile = dataclasses.replace(container.header.profile, device_class="cuda:NVIDIA H200")
+    moved = encode_container(Container(dataclasses.replace(container.header, profile=profile),
+                                       container.token_code, container.residual))
+    with pytest.raises(EnvironmentMismatchError, match="decompress_tokens"):
+        decompress(tiny_model, moved)
+    assert decompress_tokens(moved) == [1, 2, 3]
+
+
+@given(st.lists(st.integers(0, 1000), min_size=1, max_size=300))
+def test_count_tables_sum_exactly_and_keep_every_symbol(counts: list[int]) -> None:
+    if sum(counts) == 0:
+        counts[0] = 1
+    table = cumulative_from_counts(np.array(counts))
+    assert table[0] == 0 and table[-1] == TOTAL_FREQUENCY
+    assert np.all(np.diff(table) >= 1)
+
+
+def test_ngram_tables_depend_only_on_the_history() -> None:
+    a, b = AdaptiveNgram(50), AdaptiveNgram(50)
+    for token in [3, 4, 3, 4, 3]:
+        a.update(token)
+        b.update(token)
+    assert np.array_equal(a.table()[0], b.table()[0])
+    assert a.weights()[4] > a.weights()[5]
+
+
+@pytest.mark.real_model
+def test_real_model_fast_levels_round_trip_and_batch(real_model: CausalLM) -> None:
+    text = ("The keeper climbed the tower at dusk, trimmed the wick, and lit the lamp. "
+            "Then he wrote the hour in the log, as he had every night for twenty years.")
+    tokens = real_model.encode_text(text)
+    kv = real_model.prefill(tokens)
+    files = [compress(real_model, tokens, kv, level=level) for level in ("rows", "segments:4")]
+    assert files[0].stats.bits_per_token < files[1].stats.bits_per_token
+    shifted = tokens[5:] + tokens[:5]
+    files.append(compress(real_model, shifted, real_model.prefill(shifted), level="rows"))
+    decoded = decompress_batch(real_model, [f.data for f in files])
+    assert [d.tokens for d in decoded] == [tokens, tokens, shifted]
+    assert (decoded[0].kv - tensor_from_cache(kv)).abs().max().item() <= 1e-4

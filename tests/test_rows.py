@@ -1,0 +1,121 @@
+"""The row-invariant forward: every row bit-identical however rows are chunked or batched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqkv.errors import UnsupportedModelError
+from seqkv.models import CausalLM, tiny_random_llama
+from seqkv.models.rows import MIN_ROWS, RowForward, row_forward
+from seqkv.schedule import pinned_threads
+
+TOKENS = [int(t) for t in np.random.default_rng(0).integers(3, 512, 48)]
+
+
+def _one_chunk(engine: RowForward, tokens: list[int]) -> tuple[np.ndarray, torch.Tensor]:
+    sequence = engine.new_sequence()
+    rows = engine.forward([(sequence, tokens)])[0]
+    return rows, sequence.kv()
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: CausalLM) -> RowForward:
+    return row_forward(tiny_model)
+
+
+@given(cuts=st.lists(st.integers(1, 47), max_size=8, unique=True),
+       threads=st.sampled_from([1, 2]))
+def test_any_chunking_gives_the_rows_of_one_chunk(engine: RowForward, cuts: list[int],
+                                                  threads: int) -> None:
+    with pinned_threads(1):
+        reference, kv = _one_chunk(engine, TOKENS)
+    bounds = [0, *sorted(cuts), len(TOKENS)]
+    sequence = engine.new_sequence()
+    with pinned_threads(threads):
+        rows = np.concatenate([engine.forward([(sequence, TOKENS[a:b])])[0]
+                               for a, b in zip(bounds, bounds[1:], strict=False)])
+    assert np.array_equal(rows, reference)
+    assert torch.equal(sequence.kv(), kv)
+
+
+@given(others=st.lists(st.lists(st.integers(3, 511), min_size=0, max_size=6), max_size=5),
+       slot=st.integers(0, 5), threads=st.sampled_from([1, 2]))
+def test_rows_do_not_depend_on_the_other_sequences_in_a_forward(
+    engine: RowForward, others: list[list[int]], slot: int, threads: int
+) -> None:
+    with pinned_threads(1):
+        reference, _ = _one_chunk(engine, TOKENS)
+    sequence = engine.new_sequence()
+    rows = []
+    for start in range(0, len(TOKENS), 5):
+        calls = [(engine.new_sequence(), ids) for ids in others]
+        position = min(slot, len(calls))
+        calls.insert(position, (sequence, TOKENS[start : start + 5]))
+        with pinned_threads(threads):
+            rows.append(engine.forward(calls)[position])
+    assert np.array_equal(np.concatenate(rows), reference)
+
+
+def test_rows_do_not_depend_on_the_thread_count(engine: RowForward) -> None:
+    with pinned_threads(1):
+        one, kv_one = _one_chunk(engine, TOKENS)
+    with pinned_threads(2):
+        two, kv_two = _one_chunk(engine, TOKENS)
+    assert np.array_equal(one, two)
+    assert torch.equal(kv_one, kv_two)
+
+
+def test_crop_then_forward_equals_never_having_forwarded(engine: RowForward) -> None:
+    reference, kv = _one_chunk(engine, TOKENS)
+    sequence = engine.new_sequence()
+    engine.forward([(sequence, TOKENS[:20] + [7, 8, 9])])  # three wrong guesses
+    sequence.crop(20)
+    rows = engine.forward([(sequence, TOKENS[20:])])[0]
+    assert np.array_equal(rows, reference[20:])
+    assert torch.equal(sequence.kv(), kv)
+
+
+def test_a_sequence_started_from_stored_kv_continues_it(engine: RowForward) -> None:
+    reference, kv = _one_chunk(engine, TOKENS)
+    sequence = engine.new_sequence(kv[:, :, :, :30])
+    assert np.array_equal(engine.forward([(sequence, TOKENS[30:])])[0], reference[30:])
+
+
+def test_rows_match_transformers_within_float_noise(tiny_model: CausalLM,
+                                                    engine: RowForward) -> None:
+    reference, _ = _one_chunk(engine, TOKENS)
+    with torch.inference_mode():
+        logits = tiny_model.model(input_ids=torch.tensor([TOKENS])).logits[0].numpy()
+    assert np.abs(logits - reference).max() < 1e-4
+    assert len(reference) >= MIN_ROWS
+
+
+def test_a_sequence_may_appear_once_per_forward(engine: RowForward) -> None:
+    sequence = engine.new_sequence()
+    with pytest.raises(ValueError, match="once"):
+        engine.forward([(sequence, [5]), (sequence, [6])])
+
+
+def test_models_other_than_llama_are_refused() -> None:
+    model = tiny_random_llama()
+    model.config.model_type = "gpt2"
+    with pytest.raises(UnsupportedModelError, match="gpt2"):
+        RowForward(model)
+
+
+@pytest.mark.real_model
+def test_real_model_rows_are_invariant(real_model: CausalLM) -> None:
+    engine = row_forward(real_model)
+    tokens = real_model.encode_text("The keeper lit the lamp at dusk and wrote the hour down.")
+    with pinned_threads(2):
+        reference, kv = _one_chunk(engine, tokens)
+    with pinned_threads(1):
+        sequence = engine.new_sequence()
+        other = engine.new_sequence()
+        rows = [engine.forward([(other, [t]), (sequence, [t])])[1] for t in tokens]
+    assert np.array_equal(np.concatenate(rows), reference)
+    assert torch.equal(sequence.kv(), kv)
