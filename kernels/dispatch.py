@@ -128,3 +128,22 @@ def resolve_backend(
     if unsupported is not None:
         raise ValueError(f"the Triton kernel does not support this input: {unsupported}")
     return "triton"
+
+
+def prefers_kernel(*tensors: torch.Tensor) -> bool:
+    """Whether seqkv's own code (the quantizers) should route these tensors through a kernel op.
+
+    True when the backend is forced to ``"triton"``, or under ``"auto"`` when every tensor is on
+    CUDA and ``triton`` is installed. Under ``"auto"`` on the CPU it is False, so the CPU path
+    stays the quantizers' own torch code.
+
+    >>> prefers_kernel(torch.zeros(2))
+    False
+    """
+    asked = requested_backend(None)
+    if asked == "torch":
+        return False
+    if asked == "triton":
+        return True
+    return bool(tensors) and all(t.is_cuda for t in tensors) and triton_available()
+

@@ -131,3 +131,30 @@ def test_check_passes_and_a_wasteful_coder_fails_it(
     status, out, _ = _run(capsys, "check", str(source), "--report", str(report))
     assert status == 1 and "FAIL (token_code_within_cross_entropy" in out
     assert "**Verdict: FAIL**" in report.read_text()
+
+
+@pytest.mark.parametrize("level", ["segments:3", "plain"])
+def test_compress_at_a_level_and_decode_tokens_only(
+    use_model: CausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str], level: str
+) -> None:
+    source, skv, back, ids = (tmp_path / n for n in ("in.txt", "s.skv", "out.txt", "ids.json"))
+    source.write_text(TEXT)
+    status, out, _ = _run(capsys, "compress", str(source), "-o", str(skv), "--level", level,
+                          "--json")
+    assert status == 0 and json.loads(out)["level"] == level
+    status, _, _ = _run(capsys, "decompress", str(skv), "-o", str(back))
+    assert status == 0 and back.read_text() == TEXT
+    status, _, _ = _run(capsys, "decompress", str(skv), "-o", str(ids), "--tokens-only")
+    assert status == 0
+    assert json.loads(ids.read_text()) == use_model.encode_text(TEXT)
+
+
+def test_unknown_level_is_a_usage_error(
+    use_model: CausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text(TEXT)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["compress", str(source), "-o", str(tmp_path / "s.skv"), "--level", "fast"])
+    assert exit_info.value.code == 2
+    assert "unknown level 'fast'" in capsys.readouterr().err

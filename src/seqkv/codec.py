@@ -547,8 +547,9 @@ def decompress_batch(
     for pending in batched:
         pending.job = _row_job(model, pending)
     if batched:
+        jobs = [p.job for p in batched if p.job is not None]
         with pinned_threads(schedule_threads("rows")):
-            decode_rows(row_forward(model), [p.job for p in batched if p.job is not None])
+            decode_rows(row_forward(model), jobs)
     results = []
     for pending, data in zip(pendings, files, strict=True):
         if pending.job is None:

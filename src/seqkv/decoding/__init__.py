@@ -1,4 +1,9 @@
-"""Faster exact decoding of the token stream: measurements and prototypes (issue 5 groundwork).
+"""Faster exact decoding of the token stream: measurements, prototypes and the decode bench.
+
+The product is ``seqkv.levels`` (the coding levels in the .skv file) on the row-invariant forward
+``seqkv.models.rows``; this package holds what led there and what measures it:
+
+- ``bench``: ``seqkv bench decode``, bits per token and decode speed of every level.
 
 - ``probes``: is a logit row bit-identical across chunk shapes, later tokens, batch shapes; what
   a forward costs per chunk length and batch size.
@@ -8,7 +13,10 @@
   runs no drafts and the decoder's policy is free.
 - ``plan``: the encoder's choice of partition: long blocks only where the decoder's guesses hold.
 
-Nothing here is wired into ``seqkv.codec`` or the ``.skv`` format yet.
+The speculative prototypes work on transformers' own forward, whose rows depend on the chunk
+shape, so the encoder has to replay or plan the decoder's schedule; they measured 1.0x on prose.
+The row-invariant forward removed that constraint, and batching sessions or segments, not
+speculation, is what makes decoding fast here (``reports/decode_levels.md``).
 """
 
 from seqkv.decoding.blocked import DEFAULT_BLOCK, blocked_decode, blocked_encode

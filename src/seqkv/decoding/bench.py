@@ -66,6 +66,14 @@ class LevelSummary:
 
 
 @dataclass(frozen=True)
+class BatchRun:
+    sessions: int
+    tokens_per_second: float
+    speedup_vs_token_by_token: float
+    exact: bool
+
+
+@dataclass(frozen=True)
 class DecodeBench:
     model: str
     machine: str
@@ -79,6 +87,7 @@ class DecodeBench:
     batched_speedup_vs_token_by_token: float
     batched_exact: bool
     levels: list[LevelSummary]
+    batched_more_sessions: list[BatchRun]  # the same measurement at other batch sizes
     texts: list[TextRun] = field(default_factory=list)
 
     def to_json_dict(self) -> dict[str, object]:
@@ -169,7 +178,8 @@ def run_batched(model: CausalLM, sessions: int, count: int,
 
 def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int = 16,
                      levels: Sequence[str] = DEFAULT_LEVELS, tolerance: float = DEFAULT_TOLERANCE,
-                     log: Callable[[str], None] | None = None) -> DecodeBench:
+                     log: Callable[[str], None] | None = None,
+                     more_sessions: Sequence[int] = (4, 32)) -> DecodeBench:
     texts = [run_text(model, kind, tokens_per_text, levels, tolerance, log)
              for kind in TEXT_KINDS]
     total = sum(t.tokens for t in texts)
@@ -188,11 +198,16 @@ def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int 
                                                            tolerance)
     if log is not None:
         log(f"batched {sessions} sessions: {batched:.1f} tokens/s exact={batched_exact}")
+    more = []
+    for count in more_sessions:
+        speed, exact, reference = run_batched(model, count, tokens_per_text, tolerance)
+        more.append(BatchRun(count, speed, speed / reference, exact))
+        batched_exact = batched_exact and exact
     machine = (f"{os.cpu_count()} CPU cores ({platform.machine()}, "
                f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
     return DecodeBench(model.name, machine, tokens_per_text, tolerance, prefill, baseline,
                        sessions, tokens_per_text, batched, batched / batched_baseline,
-                       batched_exact, summaries, texts)
+                       batched_exact, summaries, more, texts)
 
 
 def render_markdown(bench: DecodeBench, command: str) -> str:
@@ -222,7 +237,10 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
         f"Batched: {bench.batched_sessions} sessions of {bench.batched_tokens_per_session} tokens "
         f"at the rows level decoded together: {bench.batched_tokens_per_second:.1f} tokens/s in "
         f"all, {bench.batched_speedup_vs_token_by_token:.2f}x token-by-token generation of the "
-        f"same sessions; exact: {'yes' if bench.batched_exact else 'NO'}.",
+        f"same sessions; exact: {'yes' if bench.batched_exact else 'NO'}. Other batch sizes: "
+        + ", ".join(f"{m.sessions} sessions {m.tokens_per_second:.1f} tokens/s "
+                    f"({m.speedup_vs_token_by_token:.2f}x)" for m in bench.batched_more_sessions)
+        + ".",
         "",
         "Per text kind (token bits/token, decode tokens/s):",
         "",

@@ -87,6 +87,13 @@ def _grouped(x: torch.Tensor, group_size: int, fill: float) -> torch.Tensor:
     return x.reshape(*x.shape[:-1], n_groups, group_size)  # [..., n_groups, G]
 
 
+def _prefers_kernel(tensor: torch.Tensor) -> bool:
+    # NOTE: imported here: seqkv.kernels imports this module for its types.
+    from seqkv.kernels.dispatch import prefers_kernel
+
+    return prefers_kernel(tensor)
+
+
 class KIVI:
     """KIVI at ``bits`` bits (default 2) for one role (keys or values).
 
@@ -175,6 +182,10 @@ class KIVI:
         return x.transpose(-1, -2) if self.role == "key" else x
 
     def quantize(self, x: torch.Tensor) -> QuantizedTensor:
+        if _prefers_kernel(x):
+            from seqkv.kernels import kivi_quantize
+
+            return kivi_quantize(x, self)
         check_input(x, self._dim, min_ndim=2)
         num_tokens = x.shape[-2]
         n_quant = num_tokens - self.dense_tokens(num_tokens)
@@ -208,6 +219,10 @@ class KIVI:
         )
 
     def dequantize(self, q: QuantizedTensor) -> torch.Tensor:
+        if q.codes is not None and _prefers_kernel(q.codes.data):
+            from seqkv.kernels import kivi_dequantize
+
+            return kivi_dequantize(q, self)
         check_owner(q, self.name, self._dim)
         check_code_bits(q.codes, self._bits, "codes")
         assert q.codes is not None and q.scales is not None and q.zero_points is not None

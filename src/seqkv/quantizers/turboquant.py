@@ -94,6 +94,13 @@ def _decode_unit(codes: torch.Tensor, rotation: Rotation, codebook: ScalarCodebo
     return rotation.inverse(y_hat)
 
 
+def _prefers_kernel(tensor: torch.Tensor) -> bool:
+    # NOTE: imported here: seqkv.kernels imports this module for its types.
+    from seqkv.kernels.dispatch import prefers_kernel
+
+    return prefers_kernel(tensor)
+
+
 class TurboQuantMSE:
     """TurboQuant_mse at ``bits`` bits per coordinate (arXiv 2504.19874, Algorithm 1).
 
@@ -137,6 +144,10 @@ class TurboQuantMSE:
         return self._bits
 
     def quantize(self, x: torch.Tensor) -> QuantizedTensor:
+        if self.rotation.kind == "hadamard" and _prefers_kernel(x):
+            from seqkv.kernels import turboquant_quantize
+
+            return turboquant_quantize(x, self)
         check_input(x, self._dim)
         unit, norms = _unit_and_norms(x)
         codes = _encode_unit(unit, self.rotation, self.codebook)  # [N, D]
@@ -149,6 +160,11 @@ class TurboQuantMSE:
         )
 
     def dequantize(self, q: QuantizedTensor) -> torch.Tensor:
+        if (self.rotation.kind == "hadamard" and q.codes is not None
+                and _prefers_kernel(q.codes.data)):
+            from seqkv.kernels import turboquant_dequantize
+
+            return turboquant_dequantize(q, self)
         check_owner(q, self.name, self._dim)
         check_code_bits(q.codes, self._bits, "codes")
         assert q.codes is not None and q.scales is not None

@@ -1,0 +1,36 @@
+"""``seqkv bench decode`` plumbing on the tiny model: fields, exactness, the Pareto table."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from seqkv.decoding import bench
+from seqkv.models import CausalLM
+
+
+def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    def byte_tokens(model: CausalLM, kind: str, count: int) -> list[int]:
+        return [b % model.vocab_size for b in kind.encode() * 40][:count]
+
+    monkeypatch.setattr(bench, "kind_tokens", byte_tokens)
+    levels = ("tokens", "rows", "segments:3", "ngram", "plain")
+    result = bench.run_decode_bench(tiny_model, tokens_per_text=30, sessions=4, levels=levels,
+                                    more_sessions=(5,))
+    figures = json.loads(json.dumps(result.to_json_dict()))
+    for key in ("prefill_tokens_per_second", "token_by_token_tokens_per_second",
+                "batched_sessions", "batched_tokens_per_second", "levels"):
+        assert key in figures
+    assert figures["batched_sessions"] == 4 and figures["batched_exact"] is True
+    assert [level["name"] for level in figures["levels"]] == list(levels)
+    assert all(level["exact"] for level in figures["levels"])
+    for level in figures["levels"]:
+        assert set(level) >= {"name", "exact", "bits_per_token", "decode_tokens_per_second"}
+    plain = figures["levels"][-1]["bits_per_token"]
+    assert plain == pytest.approx(np.log2(tiny_model.vocab_size), abs=0.2)
+    assert len(figures["texts"]) == len(bench.TEXT_KINDS)
+    table = bench.render_markdown(result, "seqkv bench decode")
+    assert "| segments:3 | yes |" in table and "Batched: 4 sessions" in table
