@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -37,7 +39,7 @@ def test_any_chunking_gives_the_rows_of_one_chunk(engine: RowForward, cuts: list
     sequence = engine.new_sequence()
     with pinned_threads(threads):
         rows = np.concatenate([engine.forward([(sequence, TOKENS[a:b])])[0]
-                               for a, b in zip(bounds, bounds[1:], strict=False)])
+                               for a, b in itertools.pairwise(bounds)])
     assert np.array_equal(rows, reference)
     assert torch.equal(sequence.kv(), kv)
 
@@ -72,7 +74,7 @@ def test_rows_do_not_depend_on_the_thread_count(engine: RowForward) -> None:
 def test_crop_then_forward_equals_never_having_forwarded(engine: RowForward) -> None:
     reference, kv = _one_chunk(engine, TOKENS)
     sequence = engine.new_sequence()
-    engine.forward([(sequence, TOKENS[:20] + [7, 8, 9])])  # three wrong guesses
+    engine.forward([(sequence, [*TOKENS[:20], 7, 8, 9])])  # three wrong guesses
     sequence.crop(20)
     rows = engine.forward([(sequence, TOKENS[20:])])[0]
     assert np.array_equal(rows, reference[20:])
