@@ -51,7 +51,7 @@ from seqkv.coding.frequencies import (
 )
 from seqkv.coding.ngram import AdaptiveNgram
 from seqkv.decoding.drafts import PromptLookup
-from seqkv.models.rows import MIN_ROWS, RowForward, RowSequence
+from seqkv.models.rows import MIN_ROWS, RowForward, RowSequence, gather
 from seqkv.trie.radix import ResolvedPrefix
 
 # NOTE: rows per encoder forward: large enough for matrix products to run at prefill speed,
@@ -198,7 +198,7 @@ def encode_rows(engine: RowForward, encoder: ArithmeticEncoder, tail: Sequence[i
     start_sequence, first = row_start(engine, context, prefix)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
     segments = [list(tail[offsets[j] : offsets[j + 1]]) for j in range(len(lengths))]
-    sequences = [start_sequence.copy() for _ in segments]
+    sequences = gather([start_sequence] * len(segments), start_sequence.length + max(lengths))
     traces = [TraceColumns() for _ in segments]
     # Rounds are coded in windows: forward every segment's next ``window`` tokens in one call,
     # then code the window's symbols in the decoder's order.
@@ -315,6 +315,13 @@ def decode_rows(engine: RowForward, jobs: Sequence[DecodeJob],
     policy = drafts if drafts is not None else PromptLookup()
     forwards = 0
     order = [(job, stream) for job in jobs for stream in job.streams]
+    if not order:
+        return 0
+    # One pool for every stream: a forward then stores all its keys in one write per layer.
+    capacity = max(stream.start + stream.length for _, stream in order) + DRAFT_ROWS
+    pooled = gather([stream.sequence for _, stream in order], capacity)
+    for (_, stream), sequence in zip(order, pooled, strict=True):
+        stream.sequence = sequence
     for job, stream in order:
         job.decode_first(stream)
     while True:

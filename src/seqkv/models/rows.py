@@ -53,34 +53,49 @@ MIN_ROWS = 4
 _INITIAL_CAPACITY = 64
 
 
-class RowSequence:
-    """One sequence's keys and values, layer by layer, in preallocated growing buffers."""
+class KVPool:
+    """Keys and values of one or more sequences in one buffer, so one indexed write per layer
+    stores a whole forward's new keys (16 sequences: 60 writes per forward instead of 960)."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
-        self.length = 0
-        self._shape = (layers, 2, kv_heads, _INITIAL_CAPACITY, head_dim)
-        self._buffer = torch.zeros(self._shape, dtype=dtype, device=device)
+    def __init__(self, slots: int, capacity: int, layers: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        # [layers, 2 (keys, values), slots, kv_heads, capacity, head_dim]
+        self.buffer = torch.zeros((layers, 2, slots, kv_heads, max(1, capacity), head_dim),
+                                  dtype=dtype, device=device)
 
-    def reserve(self, length: int) -> None:
-        capacity = self._buffer.shape[3]
+    @property
+    def capacity(self) -> int:
+        return int(self.buffer.shape[4])
+
+    def grow(self, length: int) -> None:
+        """Make room for ``length`` positions in every slot, keeping what is held."""
+        capacity = self.capacity
         if length <= capacity:
             return
         while capacity < length:
             capacity *= 2
-        grown = self._buffer.new_zeros((*self._shape[:3], capacity, self._shape[4]))
-        grown[:, :, :, : self.length] = self._buffer[:, :, :, : self.length]
-        self._buffer = grown
+        shape = list(self.buffer.shape)
+        old = shape[4]
+        shape[4] = capacity
+        grown = self.buffer.new_zeros(shape)
+        grown[:, :, :, :, :old] = self.buffer
+        self.buffer = grown
 
-    def keys(self, layer: int) -> torch.Tensor:
-        return self._buffer[layer, 0]  # [kv_heads, capacity, head_dim]
 
-    def values(self, layer: int) -> torch.Tensor:
-        return self._buffer[layer, 1]  # [kv_heads, capacity, head_dim]
+class RowSequence:
+    """One sequence: a slot of a ``KVPool`` and how many positions it holds."""
+
+    def __init__(self, pool: KVPool, slot: int, length: int = 0) -> None:
+        self.pool = pool
+        self.slot = slot
+        self.length = length
+
+    def reserve(self, length: int) -> None:
+        self.pool.grow(length)
 
     def kv(self) -> torch.Tensor:
         """The held keys and values as ``[layers, 2, kv_heads, length, head_dim]`` (a copy)."""
-        return self._buffer[:, :, :, : self.length].clone()
+        return self.pool.buffer[:, :, self.slot, :, : self.length].clone()
 
     def crop(self, length: int) -> None:
         """Forget every position at or after ``length``."""
@@ -88,11 +103,50 @@ class RowSequence:
         self.length = length
 
     def copy(self) -> RowSequence:
-        twin = RowSequence.__new__(RowSequence)
-        twin.length = self.length
-        twin._shape = self._shape
-        twin._buffer = self._buffer.clone()
+        """The same sequence in a pool of its own."""
+        (twin,) = gather([self], self.pool.capacity)
         return twin
+
+
+def gather(sequences: Sequence[RowSequence], capacity: int) -> list[RowSequence]:
+    """Copies of ``sequences`` in one new pool with room for ``capacity`` positions each."""
+    assert sequences, "gather needs at least one sequence"
+    first = sequences[0].pool.buffer
+    layers, _, _, kv_heads, _, head_dim = first.shape
+    needed = max([capacity, *(s.length for s in sequences)])
+    pool = KVPool(len(sequences), needed, layers, kv_heads, head_dim, first.dtype, first.device)
+    copies = []
+    for slot, sequence in enumerate(sequences):
+        held = sequence.length
+        pool.buffer[:, :, slot, :, :held] = sequence.pool.buffer[:, :, sequence.slot, :, :held]
+        copies.append(RowSequence(pool, slot, held))
+    return copies
+
+
+@dataclass(frozen=True)
+class _PoolWrites:
+    """Where one pool's rows of a forward go: rows of the call, slots, positions."""
+
+    pool: KVPool
+    rows: torch.Tensor  # [R] long
+    slots: torch.Tensor  # [R] long
+    positions: torch.Tensor  # [R] long
+
+
+def _pool_writes(spans: list[_Span], sequences: list[RowSequence],
+                 device: torch.device) -> list[_PoolWrites]:
+    grouped: dict[int, tuple[KVPool, list[int], list[int], list[int]]] = {}
+    for span in spans:
+        sequence = sequences[span.sequence]
+        _, rows, slots, positions = grouped.setdefault(id(sequence.pool),
+                                                       (sequence.pool, [], [], []))
+        count = span.rows.stop - span.rows.start
+        rows.extend(range(span.rows.start, span.rows.stop))
+        slots.extend([sequence.slot] * count)
+        positions.extend(range(span.position, span.position + count))
+    return [_PoolWrites(pool, *(torch.tensor(v, dtype=torch.long, device=device)
+                                for v in (rows, slots, positions)))
+            for pool, rows, slots, positions in grouped.values()]
 
 
 @dataclass(frozen=True)
@@ -144,14 +198,12 @@ class RowForward:
     def new_sequence(self, kv: torch.Tensor | None = None) -> RowSequence:
         """An empty sequence, or one holding ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``."""
         model = self.model
-        sequence = RowSequence(model.num_layers, self._kv_heads, self._head_dim, model.dtype,
-                               model.device)
-        if kv is not None and kv.shape[3] > 0:
-            length = int(kv.shape[3])
-            sequence.reserve(length)
-            sequence._buffer[:, :, :, :length] = kv.to(model.device, model.dtype)
-            sequence.length = length
-        return sequence
+        length = 0 if kv is None else int(kv.shape[3])
+        pool = KVPool(1, max(_INITIAL_CAPACITY, length), model.num_layers, self._kv_heads,
+                      self._head_dim, model.dtype, model.device)
+        if kv is not None and length > 0:
+            pool.buffer[:, :, 0, :, :length] = kv.to(model.device, model.dtype)
+        return RowSequence(pool, 0, length)
 
     @torch.inference_mode()
     def forward(
@@ -189,11 +241,13 @@ class RowForward:
         token_ids[:count] = torch.tensor(ids, dtype=torch.long, device=device)
         positions = torch.zeros(padded, dtype=torch.long, device=device)
         positions[:count] = torch.tensor(positions_list, device=device)
+        pools = _pool_writes(spans, [sequence for sequence, _ in calls], device)
         hidden = self._backbone.embed_tokens(token_ids)  # [N, hidden]
         cos, sin = self._cos[positions], self._sin[positions]  # [N, head_dim]
         sequences = [sequence for sequence, _ in calls]
         for index, layer in enumerate(self._backbone.layers):
-            hidden = hidden + self._attention(layer, index, hidden, cos, sin, spans, sequences)
+            hidden = hidden + self._attention(layer, index, hidden, cos, sin, spans, sequences,
+                                              pools)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         logits = self._head(self._backbone.norm(hidden))[:count].float().cpu().numpy()
         for sequence, chunk in calls:
@@ -207,7 +261,7 @@ class RowForward:
 
     def _attention(self, layer: Any, index: int, hidden: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, spans: list[_Span],
-                   sequences: list[RowSequence]) -> torch.Tensor:
+                   sequences: list[RowSequence], pools: list[_PoolWrites]) -> torch.Tensor:
         attention = layer.self_attn
         x = layer.input_layernorm(hidden)
         n = x.shape[0]
@@ -216,11 +270,10 @@ class RowForward:
         v = attention.v_proj(x).view(n, self._kv_heads, self._head_dim)
         q = _rotate(q, cos[:, None], sin[:, None])
         k = _rotate(k, cos[:, None], sin[:, None])
-        for span in spans:
-            sequence = sequences[span.sequence]
-            end = span.position + span.rows.stop - span.rows.start
-            sequence.keys(index)[:, span.position : end] = k[span.rows].transpose(0, 1)
-            sequence.values(index)[:, span.position : end] = v[span.rows].transpose(0, 1)
+        for writes in pools:
+            keys = k[writes.rows]  # [R, kv_heads, head_dim]
+            writes.pool.buffer[index, 0, writes.slots, :, writes.positions] = keys
+            writes.pool.buffer[index, 1, writes.slots, :, writes.positions] = v[writes.rows]
         out = torch.zeros(n, self._heads, self._head_dim, dtype=q.dtype, device=q.device)
         with _single_thread():
             self._attend(index, q, out, spans, sequences)
@@ -236,13 +289,13 @@ class RowForward:
         rows = out.view(-1, self._kv_heads, group, self._head_dim)
         for span in spans:
             sequence = sequences[span.sequence]
-            layer_keys = sequence.keys(index)[None]  # [1, kv_heads, capacity, head_dim]
-            layer_values = sequence.values(index)[None]
+            held = sequence.pool.buffer[index, :, sequence.slot]  # [2, kv_heads, cap, head_dim]
+            keys, values = held[0:1], held[1:2]  # [1, kv_heads, capacity, head_dim]
             length = span.position
             for j in range(span.rows.start, span.rows.stop):
                 length += 1
                 rows[j] = F.scaled_dot_product_attention(
-                    queries[j], layer_keys[:, :, :length], layer_values[:, :, :length])[0]
+                    queries[j], keys[:, :, :length], values[:, :, :length])[0]
 
 
 def row_forward(model: CausalLM) -> RowForward:
