@@ -34,3 +34,5 @@ def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
     assert len(figures["texts"]) == len(bench.TEXT_KINDS)
     table = bench.render_markdown(result, "seqkv bench decode")
     assert "| segments:3 | yes |" in table and "Batched: 4 sessions" in table
+    assert [c["segments"] for c in figures["segment_costs"]] == [2, 4, 8, 16, 32]
+    assert "extra bits per added segment" in table

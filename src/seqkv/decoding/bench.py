@@ -74,6 +74,16 @@ class BatchRun:
 
 
 @dataclass(frozen=True)
+class SegmentCost:
+    """What splitting one text into segments costs, against the same text in one sequence."""
+
+    segments: int
+    tokens_per_segment: float
+    bits_per_token: float
+    extra_bits_per_added_segment: float
+
+
+@dataclass(frozen=True)
 class DecodeBench:
     model: str
     machine: str
@@ -88,6 +98,8 @@ class DecodeBench:
     batched_exact: bool
     levels: list[LevelSummary]
     batched_more_sessions: list[BatchRun]  # the same measurement at other batch sizes
+    segment_text_tokens: int  # the whole prose sample, for the segment costs
+    segment_costs: list[SegmentCost]
     texts: list[TextRun] = field(default_factory=list)
 
     def to_json_dict(self) -> dict[str, object]:
@@ -176,6 +188,19 @@ def run_batched(model: CausalLM, sessions: int, count: int,
     return sum(len(c) for c in chunks) / seconds, exact, baseline
 
 
+def segment_costs(model: CausalLM, counts: Sequence[int] = (2, 4, 8, 16, 32)
+                  ) -> tuple[int, list[SegmentCost]]:
+    """Token code of the whole prose sample at the rows level and in N segments (encode only)."""
+    tokens = kind_tokens(model, "prose", 1 << 20)
+    whole = compress(model, tokens, level="rows").stats.code_bits
+    costs = []
+    for count in counts:
+        bits = compress(model, tokens, level=f"segments:{count}").stats.code_bits
+        costs.append(SegmentCost(count, len(tokens) / count, bits / len(tokens),
+                                 (bits - whole) / (count - 1)))
+    return len(tokens), costs
+
+
 def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int = 16,
                      levels: Sequence[str] = DEFAULT_LEVELS, tolerance: float = DEFAULT_TOLERANCE,
                      log: Callable[[str], None] | None = None,
@@ -203,11 +228,12 @@ def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int 
         speed, exact, reference = run_batched(model, count, tokens_per_text, tolerance)
         more.append(BatchRun(count, speed, speed / reference, exact))
         batched_exact = batched_exact and exact
+    segment_tokens, costs = segment_costs(model)
     machine = (f"{os.cpu_count()} CPU cores ({platform.machine()}, "
                f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
     return DecodeBench(model.name, machine, tokens_per_text, tolerance, prefill, baseline,
                        sessions, tokens_per_text, batched, batched / batched_baseline,
-                       batched_exact, summaries, more, texts)
+                       batched_exact, summaries, more, segment_tokens, costs, texts)
 
 
 def render_markdown(bench: DecodeBench, command: str) -> str:
@@ -241,6 +267,14 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
         + ", ".join(f"{m.sessions} sessions {m.tokens_per_second:.1f} tokens/s "
                     f"({m.speedup_vs_token_by_token:.2f}x)" for m in bench.batched_more_sessions)
         + ".",
+        "",
+        f"Segment cost on the whole prose sample ({bench.segment_text_tokens} tokens): every "
+        "segment after the first restarts without context.",
+        "",
+        "| segments | tokens per segment | token bits/token | extra bits per added segment |",
+        "|---:|---:|---:|---:|",
+        *(f"| {c.segments} | {c.tokens_per_segment:.1f} | {c.bits_per_token:.3f} | "
+          f"{c.extra_bits_per_added_segment:.1f} |" for c in bench.segment_costs),
         "",
         "Per text kind (token bits/token, decode tokens/s):",
         "",
