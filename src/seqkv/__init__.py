@@ -1,7 +1,8 @@
 """seqkv: a KV cache stored as its token stream coded under the model, plus a coded residual.
 
 Implements and measures arXiv 2604.15356 ("Sequential KV Cache Compression via Probabilistic
-Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``.
+Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``; ``level=`` picks the
+rate-compute dial (``seqkv.levels``), ``seqkv.decompress_batch`` decodes many files together.
 """
 
 from seqkv.codec import (
@@ -13,8 +14,11 @@ from seqkv.codec import (
     DecompressStats,
     compress,
     decompress,
+    decompress_batch,
+    decompress_tokens,
 )
 from seqkv.errors import SeqKVError
+from seqkv.levels import Level, LevelChoice
 from seqkv.version import __version__
 
 __all__ = [
@@ -24,8 +28,12 @@ __all__ = [
     "CompressStats",
     "DecompressResult",
     "DecompressStats",
+    "Level",
+    "LevelChoice",
     "SeqKVError",
     "__version__",
     "compress",
     "decompress",
+    "decompress_batch",
+    "decompress_tokens",
 ]
