@@ -43,9 +43,12 @@ def test_batch_invariance_compares_what_it_says(tiny_model: CausalLM) -> None:
                 for i in range(4)]
     results = probes.batch_invariance(tiny_model, sessions, [1, 2, 4], paddings=(1, 3))
     cases = {r.case: r for r in results}
-    assert len(cases) == len(results) == 6 + 2 * 2 * 2 + 2
-    assert cases["equal lengths, batch 4 vs batch 4"].bit_identical
-    assert cases["padded by 3, batch 4 vs batch 4 padded by 3"].bit_identical
+    # 3 batch sizes vs alone, 2 vs the largest; 4 padded batches vs alone, 2 vs the largest
+    # padded alike, 2 vs the first padding. Nothing is compared with itself.
+    assert len(cases) == len(results) == 3 + 2 + 4 + 2 + 2
+    assert "equal lengths, batch 4 vs batch 4" not in cases
+    assert cases["equal lengths, batch 2 vs batch 4"].rows == 12
+    assert cases["padded by 3, batch 2 vs batch 4 padded by 3"].rows == 12 - 3
     assert cases["equal lengths, batch 1 vs alone"].bit_identical  # a batch of 1 is alone
     assert cases["padded by 1, batch 2 vs alone"].rows == 12 - 3
 
@@ -74,7 +77,8 @@ def test_linear_row_invariance_covers_every_weight_shape(tiny_model: CausalLM) -
     results = probes.linear_row_invariance(tiny_model, max_rows=6)
     shapes = {(r.out_features, r.in_features) for r in results}
     assert shapes == {(32, 64), (64, 64), (64, 128), (128, 64), (512, 64)}
-    assert all(set(r.identical_row_counts) <= set(range(1, 7)) for r in results)
+    # Measured on the CPU: 4 rows fill one matrix-product block, so its rows never vary.
+    assert all(4 in r.identical_row_counts for r in results)
 
 
 def test_chunk_sizes_cover_the_positions() -> None:

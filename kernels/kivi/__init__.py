@@ -25,13 +25,13 @@ import torch
 
 from seqkv.quantizers import KIVI, PackedCodes, QuantizedTensor
 from seqkv.quantizers.base import check_code_bits, check_input, check_owner
+from seqkv.quantizers.kivi import window_dtype
 
 from ..dispatch import KernelBackend, resolve_backend
 from . import naive
 
 __all__ = ["kivi_dequantize", "kivi_quantize"]
 
-_WINDOW_DTYPES = (torch.float16, torch.bfloat16)
 _KERNEL_MAX_GROUP = 4096
 """The statistics kernel holds a whole group (padded to a power of two) in one tile."""
 
@@ -40,11 +40,6 @@ def _kernel_unsupported(group_size: int) -> str | None:
     if group_size > _KERNEL_MAX_GROUP:
         return f"group_size={group_size} exceeds {_KERNEL_MAX_GROUP}; use backend='torch'"
     return None
-
-
-def _window_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The window keeps fp16 and bf16 inputs as they are and stores anything else as fp16."""
-    return dtype if dtype in _WINDOW_DTYPES else torch.float16
 
 
 def kivi_quantize(
@@ -62,7 +57,7 @@ def kivi_quantize(
     n_quant = num_tokens - quantizer.dense_tokens(num_tokens)
     lead = x.shape[:-2]
     head = x.reshape(math.prod(lead), num_tokens, quantizer.dim)[:, :n_quant, :]  # [L, T_q, D]
-    dense = x[..., n_quant:, :].to(_window_dtype(x.dtype))  # [..., T - T_q, D]
+    dense = x[..., n_quant:, :].to(window_dtype(x.dtype))  # [..., T - T_q, D]
     args = (quantizer.role, quantizer.group_size, quantizer.bits)
     unsupported = _kernel_unsupported(quantizer.group_size)
     if resolve_backend(backend, x, unsupported=unsupported) == "triton":

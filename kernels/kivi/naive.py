@@ -25,20 +25,12 @@ import torch
 
 from seqkv.quantizers import KiviRole, pack_bits, unpack_bits
 from seqkv.quantizers.base import round_down_fp16, round_up_fp16
+from seqkv.quantizers.kivi import grouped
 
 
 def _lanes(x: torch.Tensor, role: KiviRole) -> torch.Tensor:
     """``[L, T, D]`` to the layout whose last dim is grouped: keys ``[L, D, T]``, values as is."""
     return x.transpose(-1, -2) if role == "key" else x
-
-
-def _grouped(lanes: torch.Tensor, group_size: int, fill: float) -> torch.Tensor:
-    """``[L, A, W]`` to ``[L, A, ceil(W / G), G]``, the last group padded with ``fill``."""
-    n_groups = -(-lanes.shape[-1] // group_size)
-    pad = n_groups * group_size - lanes.shape[-1]
-    if pad:
-        lanes = torch.cat([lanes, lanes.new_full((*lanes.shape[:-1], pad), fill)], dim=-1)
-    return lanes.reshape(*lanes.shape[:-1], n_groups, group_size)  # [L, A, nG, G]
 
 
 def _expand(side: torch.Tensor, group_size: int, width: int) -> torch.Tensor:
@@ -54,8 +46,8 @@ def quantize_head(
     Scales and zero-points: keys ``[L, ceil(T_q / G), D]``, values ``[L, T_q, ceil(D / G)]``.
     """
     lanes = _lanes(head.to(torch.float32), role)  # keys [L, D, T_q]; values [L, T_q, D]
-    lo = _grouped(lanes, group_size, math.inf).amin(dim=-1)  # [L, A, nG]
-    hi = _grouped(lanes, group_size, -math.inf).amax(dim=-1)  # [L, A, nG]
+    lo = grouped(lanes, group_size, math.inf).amin(dim=-1)  # [L, A, nG]
+    hi = grouped(lanes, group_size, -math.inf).amax(dim=-1)  # [L, A, nG]
     levels = torch.tensor(float((1 << bits) - 1), dtype=torch.float32, device=head.device)
     zero = round_down_fp16(lo, "KIVI zero-point")
     scale = round_up_fp16((hi - zero.to(torch.float32)) / levels, "KIVI scale")

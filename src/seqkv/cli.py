@@ -34,6 +34,12 @@ from seqkv.codec import (
     decompress_tokens,
 )
 from seqkv.container import MAGIC, decode_container, write_container_file
+from seqkv.decoding.bench import (
+    forward_costs,
+    render_markdown,
+    run_decode_bench,
+    time_token_by_token,
+)
 from seqkv.errors import EmptyInputError, SeqKVError
 from seqkv.levels import LevelChoice
 from seqkv.models import CausalLM, load_default_model, load_model
@@ -234,9 +240,11 @@ def _cmd_bench_quant(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_decode(args: argparse.Namespace) -> int:
-    from seqkv.decoding.bench import render_markdown, run_decode_bench
-
     model = _load(args.model)
+    if args.forwards_only:
+        costs = asdict(forward_costs(model)) | {"model": model.name}
+        _print(costs, args.json, "seqkv bench decode --forwards-only")
+        return 0
     log = None if args.json else print
     bench = run_decode_bench(model, args.tokens, args.sessions, log=log)
     command = f"seqkv bench decode --tokens {args.tokens} --sessions {args.sessions}"
@@ -266,15 +274,6 @@ class DemoFigures:
     token_by_token_seconds: float
 
 
-def _time_token_by_token(model: CausalLM, tokens: list[int]) -> float:
-    """Plain token-by-token forward steps over ``tokens`` (generation's cost), no coding."""
-    stepper = model.new_stepper()
-    started = time.perf_counter()
-    for token in tokens:
-        stepper.step(token)
-    return time.perf_counter() - started
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     model = _load(args.model)
@@ -294,7 +293,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     ):
         raise SeqKVError("the demo's round trip did not reproduce the tokens")
     with pinned_threads():  # the decoder's thread count, so the two are comparable
-        token_by_token = _time_token_by_token(model, tokens)
+        token_by_token = time_token_by_token(model, tokens)
     demo = DemoFigures(load_seconds, prefill_seconds, token_by_token)
     decode = decompress_figures(decoded)
     figures.update({f"decode_{k}" if k in ("tokens", "max_abs_kv_error") else k: v
@@ -400,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--sessions", type=int, default=16, help="sessions decoded as one batch")
     bd.add_argument("--report", default="reports/decode_levels.md", metavar="PATH",
                     help="markdown Pareto table (default reports/decode_levels.md)")
+    bd.add_argument("--forwards-only", action="store_true",
+                    help="only the cost of one forward (1 row, 4 and 16 rows) and the probe of "
+                         "which row counts give row-invariant matrix products (about a minute)")
     bd.add_argument("--json", action="store_true", help="print one JSON object")
     bd.set_defaults(run=_cmd_bench_decode)
 

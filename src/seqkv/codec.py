@@ -38,7 +38,7 @@ from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import (
     CumulativeTable,
     table_and_log2p,
-    uniform_cumulative,
+    uniform_distribution,
 )
 from seqkv.coding.residual import decode_residual, encode_residual
 from seqkv.container import (
@@ -206,8 +206,7 @@ def _start(
         logits = stepper.step(prefix.tokens[-1])
         return stepper, *table_and_log2p(logits)
     if context is None:
-        table = uniform_cumulative(model.vocab_size)
-        return model.new_stepper(), table, np.full(model.vocab_size, -np.log2(model.vocab_size))
+        return model.new_stepper(), *uniform_distribution(model.vocab_size)
     logits = Stepper(model.model).step(context)
     return model.new_stepper(), *table_and_log2p(logits)
 
@@ -390,7 +389,10 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
         )
 
 
-def _resolve_prefix(header: Header, prefixes: PrefixSource | None) -> ResolvedPrefix | None:
+def _resolve_prefix(header: Header, prefixes: PrefixSource | None,
+                    with_kv: bool = True) -> ResolvedPrefix | None:
+    """The file's shared prefix from ``prefixes``; without ``with_kv`` its tokens only (the
+    tokens checksum then vouches for them)."""
     section = header.prefix
     if section is None:
         return None
@@ -399,9 +401,10 @@ def _resolve_prefix(header: Header, prefixes: PrefixSource | None) -> ResolvedPr
             f"the file codes only the tokens after a shared prefix of {section.tokens} tokens "
             f"(hash {section.prefix_hash[:16]}): pass the PrefixTrie that holds it"
         )
-    prefix = prefixes.resolve(PrefixHash(section.prefix_hash))
-    if (len(prefix.tokens) != section.tokens or prefix.kv is None
-            or _sha256(prefix.kv.to(torch.float32)) != section.kv_sha256):
+    prefix = prefixes.resolve(PrefixHash(section.prefix_hash), with_kv=with_kv)
+    kv_differs = with_kv and (prefix.kv is None
+                              or _sha256(prefix.kv.to(torch.float32)) != section.kv_sha256)
+    if len(prefix.tokens) != section.tokens or kv_differs:
         raise PrefixMismatchError(
             f"the trie's prefix {section.prefix_hash[:16]} is not the one the file was coded "
             "against: its tokens or KV differ"
@@ -490,8 +493,9 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
 def _row_job(model: CausalLM, pending: _Pending) -> DecodeJob:
     header = pending.container.header
     lengths = header.tokens.segments or [header.tokens.count]
-    if sum(lengths) != header.tokens.count:
-        raise CorruptFileError("the file's segment lengths do not add up to its token count")
+    if sum(lengths) != header.tokens.count or min(lengths) < 1:
+        raise CorruptFileError("the file's segment lengths are not positive or do not add up "
+                               "to its token count")
     decoder = ArithmeticDecoder(pending.container.token_code)
     with pinned_threads(schedule_threads("rows")):
         return new_job(row_forward(model), decoder, lengths, header.tokens.first_token_context,
@@ -515,8 +519,13 @@ def decompress(
     A file coded after a shared prefix needs ``prefixes``, the trie that holds that prefix.
     """
     pending = _begin(model, data, allow_environment_mismatch, prefixes)
-    header = pending.container.header
-    level = _level_of(header)
+    _decode_alone(model, pending, progress)
+    return _finish(model, pending)
+
+
+def _decode_alone(model: CausalLM, pending: _Pending, progress: bool = False) -> None:
+    """Decode one file's tokens at its level (and, where the level keeps it, its KV)."""
+    level = _level_of(pending.container.header)
     if level == Level.TOKENS:
         _decode_tokens_level(model, pending, progress)
     elif level.model_coded:
@@ -526,7 +535,6 @@ def decompress(
         _take_job(pending)
     else:
         pending.tail, pending.trace = _decode_portable_tokens(pending.container, pending.prefix)
-    return _finish(model, pending)
 
 
 def decompress_batch(
@@ -542,23 +550,19 @@ def decompress_batch(
     result is verified as by ``decompress``; the first failure raises.
     """
     pendings = [_begin(model, data, allow_environment_mismatch, prefixes) for data in files]
-    batched = [p for p in pendings if _level_of(p.container.header) in (Level.ROWS,
-                                                                        Level.SEGMENTS)]
-    for pending in batched:
-        pending.job = _row_job(model, pending)
-    if batched:
-        jobs = [p.job for p in batched if p.job is not None]
+    for pending in pendings:
+        if _level_of(pending.container.header) in (Level.ROWS, Level.SEGMENTS):
+            pending.job = _row_job(model, pending)
+    jobs = [p.job for p in pendings if p.job is not None]
+    if jobs:
         with pinned_threads(schedule_threads("rows")):
             decode_rows(row_forward(model), jobs)
-    results = []
-    for pending, data in zip(pendings, files, strict=True):
+    for pending in pendings:
         if pending.job is None:
-            results.append(decompress(model, data, allow_environment_mismatch,
-                                      prefixes=prefixes))
-            continue
-        _take_job(pending)
-        results.append(_finish(model, pending))
-    return results
+            _decode_alone(model, pending)
+        else:
+            _take_job(pending)
+    return [_finish(model, pending) for pending in pendings]
 
 
 def _decode_portable_tokens(container: Container,
@@ -591,15 +595,7 @@ def decompress_tokens(
                 "pass the model that coded it"
             )
         return decompress(model, data, prefixes=prefixes).tokens
-    prefix = None
-    section = header.prefix
-    if section is not None:
-        if prefixes is None:
-            raise PrefixUnavailableError(
-                f"the file continues a shared prefix of {section.tokens} tokens (hash "
-                f"{section.prefix_hash[:16]}): pass the PrefixTrie that holds it"
-            )
-        prefix = prefixes.resolve(PrefixHash(section.prefix_hash), with_kv=False)
+    prefix = _resolve_prefix(header, prefixes, with_kv=False)
     tail, _ = _decode_portable_tokens(container, prefix)
     tokens = ([] if prefix is None else list(prefix.tokens)) + tail
     if _tokens_sha256(tokens) != header.tokens.sha256:

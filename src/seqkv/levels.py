@@ -47,7 +47,7 @@ from seqkv.coding.frequencies import (
     CumulativeTable,
     symbol_cost_bits,
     table_and_log2p,
-    uniform_cumulative,
+    uniform_distribution,
 )
 from seqkv.coding.ngram import AdaptiveNgram
 from seqkv.decoding.drafts import PromptLookup
@@ -57,9 +57,9 @@ from seqkv.trie.radix import ResolvedPrefix
 # NOTE: rows per encoder forward: large enough for matrix products to run at prefill speed,
 # small enough that the float32 logit rows (V x 4 bytes each) stay ~50 MB.
 ENCODE_CHUNK_ROWS = 256
-# NOTE: rows per forward a lone stream may fill with guesses. 8 or 12 instead of the 4 a forward
-# computes anyway measured no faster on the shipped code and prose samples (prompt lookup is
-# rarely right on them), so only the otherwise-padded rows carry guesses.
+# NOTE: rows per forward a lone stream may fill with guesses: only the rows the padding to 4
+# computes anyway. Extra rows cost matrix work, and prompt lookup is rarely right on the shipped
+# samples (a one-off try with 8 and 12 rows was no faster on code and prose).
 DRAFT_ROWS = MIN_ROWS
 
 
@@ -164,10 +164,8 @@ def row_start(engine: RowForward, context: int | None,
         sequence = engine.new_sequence(prefix.kv[:, :, :, : len(prefix.tokens) - 1])
         row = engine.forward([(sequence, [prefix.tokens[-1]])])[0][0]
         return sequence, table_and_log2p(row)
-    vocab = engine.model.vocab_size
     if context is None:
-        return engine.new_sequence(), (uniform_cumulative(vocab),
-                                       np.full(vocab, -np.log2(vocab)))
+        return engine.new_sequence(), uniform_distribution(engine.model.vocab_size)
     return engine.new_sequence(), table_and_log2p(engine.start_row(context))
 
 
@@ -380,7 +378,7 @@ def _portable_tables(level: Level, vocab_size: int, prefix_tokens: Sequence[int]
                      tokens: Sequence[int]) -> Iterator[Distribution]:
     """Tables for position 0, 1, ...; position i's table may read ``tokens[:i]``."""
     if level == Level.PLAIN:
-        uniform = (uniform_cumulative(vocab_size), np.full(vocab_size, -np.log2(vocab_size)))
+        uniform = uniform_distribution(vocab_size)
         while True:
             yield uniform
     model = AdaptiveNgram(vocab_size)

@@ -67,15 +67,27 @@ def cumulative_from_probabilities(probabilities: npt.NDArray[np.floating]) -> Cu
         raise ValueError("probabilities must be finite, non-negative and not all zero")
     p = p / p.sum()
     counts = np.floor(p * float(TOTAL_FREQUENCY - vocab)).astype(np.int64) + 1
-    # The floors leave a few counts unassigned (or, after rounding of p's sum, a few too many):
-    # settle them on the most probable symbol, whose count is far larger than the correction.
+    return _settled_cumulative(counts)
+
+
+def _settled_cumulative(counts: npt.NDArray[np.int64]) -> CumulativeTable:
+    """The cumulative table of ``counts`` (each >= 1) after settling their sum on the total.
+
+    The floors leave a few counts unassigned (or, after rounding of a float sum, a few too many):
+    they go to the most frequent symbol, whose count is far larger than the correction.
+    """
     top = int(np.argmax(counts))
     counts[top] += TOTAL_FREQUENCY - int(counts.sum())
     assert counts[top] >= 1
-    cumulative = np.zeros(vocab + 1, dtype=np.int64)
+    cumulative = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=cumulative[1:])
     assert int(cumulative[-1]) == TOTAL_FREQUENCY
     return cumulative
+
+
+def uniform_distribution(vocab: int) -> tuple[CumulativeTable, npt.NDArray[np.float64]]:
+    """The uniform table over ``vocab`` symbols and its log2-probabilities."""
+    return uniform_cumulative(vocab), np.full(vocab, -np.log2(vocab), dtype=np.float64)
 
 
 def uniform_cumulative(vocab: int) -> CumulativeTable:
@@ -103,11 +115,4 @@ def cumulative_from_counts(counts: npt.NDArray[np.integer]) -> CumulativeTable:
     if np.any(weights < 0) or total <= 0 or total >= 1 << 30:
         raise ValueError("counts must be non-negative, not all zero and sum below 2**30")
     # weights * (T - V) < 2**30 * 2**32 fits in int64: exact floor(p * (T - V)).
-    scaled = (weights * (TOTAL_FREQUENCY - vocab)) // total + 1
-    top = int(np.argmax(scaled))
-    scaled[top] += TOTAL_FREQUENCY - int(scaled.sum())
-    assert scaled[top] >= 1
-    cumulative = np.zeros(vocab + 1, dtype=np.int64)
-    np.cumsum(scaled, out=cumulative[1:])
-    assert int(cumulative[-1]) == TOTAL_FREQUENCY
-    return cumulative
+    return _settled_cumulative((weights * (TOTAL_FREQUENCY - vocab)) // total + 1)

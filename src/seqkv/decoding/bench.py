@@ -23,11 +23,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress, decompress_batch
+from seqkv.decoding.forward import cache_length, crop_to
+from seqkv.decoding.probes import linear_row_invariance
 from seqkv.levels import LevelChoice
-from seqkv.models.adapter import CausalLM
-from seqkv.schedule import pinned_threads
+from seqkv.models.adapter import CausalLM, Stepper
+from seqkv.models.rows import row_forward
+from seqkv.schedule import pinned_threads, schedule_threads
 
 DEFAULT_LEVELS = ("tokens", "rows", "segments:4", "segments:8", "segments:16", "ngram", "plain")
 TEXT_KINDS = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
@@ -40,6 +44,7 @@ class LevelRun:
     exact: bool
     bits_per_token: float  # token code only
     total_bits_per_token: float  # token code + KV residual
+    cross_entropy_bits_per_token: float  # of the probabilities this level coded under
     encode_seconds: float
     decode_seconds: float
     decode_tokens_per_second: float
@@ -61,6 +66,7 @@ class LevelSummary:
     exact: bool
     bits_per_token: float
     total_bits_per_token: float
+    encode_tokens_per_second: float
     decode_tokens_per_second: float
     speedup_vs_token_by_token: float
 
@@ -99,6 +105,7 @@ class DecodeBench:
     levels: list[LevelSummary]
     batched_more_sessions: list[BatchRun]  # the same measurement at other batch sizes
     segment_text_tokens: int  # the whole prose sample, for the segment costs
+    segment_base_bits_per_token: float  # the same text in one sequence (rows level)
     segment_costs: list[SegmentCost]
     texts: list[TextRun] = field(default_factory=list)
 
@@ -111,33 +118,89 @@ def kind_tokens(model: CausalLM, kind: str, count: int) -> list[int]:
     return model.encode_text(text)[:count]
 
 
-def _seconds(run: Callable[[], object]) -> float:
+def time_token_by_token(model: CausalLM, tokens: Sequence[int]) -> float:
+    """Seconds of plain token-by-token transformers steps over ``tokens`` (generation's cost,
+    no coding), on the current thread count."""
+    stepper = model.new_stepper()
     started = time.perf_counter()
-    run()
+    for token in tokens:
+        stepper.step(token)
     return time.perf_counter() - started
 
 
 def _token_by_token_seconds(model: CausalLM, tokens: Sequence[int]) -> float:
-    """Generation's cost on these tokens: one transformers step per token, the faster of 1 and
-    2 threads."""
+    """Generation's cost on these tokens, the faster of 1 and 2 threads."""
     best = float("inf")
     for threads in (1, 2):
         with pinned_threads(threads):
-            stepper = model.new_stepper()
-            started = time.perf_counter()
-            for token in tokens:
-                stepper.step(token)
-            best = min(best, time.perf_counter() - started)
+            best = min(best, time_token_by_token(model, tokens))
     return best
 
 
 def _prefill_seconds(model: CausalLM, tokens: list[int]) -> float:
     with pinned_threads(max(2, torch.get_num_threads())):
-        return _seconds(lambda: model.prefill(tokens))
+        started = time.perf_counter()
+        model.prefill(tokens)
+        return time.perf_counter() - started
 
 
-def run_level(model: CausalLM, tokens: list[int], level: str, tolerance: float) -> LevelRun:
-    kv = model.prefill(tokens)
+@dataclass(frozen=True)
+class ForwardCosts:
+    """What one forward costs, and which row counts give row-invariant matrix products."""
+
+    context_tokens: int
+    transformers_step_ms: float  # one token, transformers, 1 thread
+    rows_forward_ms: dict[int, float]  # rows per forward -> ms, row-invariant forward
+    row_counts_tried: int
+    # row counts M (1..row_counts_tried) whose M-row products are not, row for row, the rows of
+    # a larger product, over every linear weight shape of the model, per thread count
+    varying_row_counts: dict[int, list[int]]
+
+
+@torch.inference_mode()
+def forward_costs(model: CausalLM, context: int = 128, rows: Sequence[int] = (4, 16),
+                  row_counts: int = 64, repeats: int = 5) -> ForwardCosts:
+    """Median cost of one forward after ``context`` tokens, and the row-invariance probe."""
+    generator = torch.Generator().manual_seed(0)
+    ids = [int(t) for t in torch.randint(3, model.vocab_size, (context,), generator=generator)]
+    with pinned_threads():
+        stepper = model.new_stepper()
+        for token in ids:
+            stepper.step(token)
+        step = sorted(_step_seconds(stepper) for _ in range(repeats))[repeats // 2]
+    engine = row_forward(model)
+    costs: dict[int, float] = {}
+    with pinned_threads(schedule_threads("rows")):
+        for count in rows:
+            sequences = [engine.new_sequence() for _ in range(count)]
+            engine.forward([(s, ids) for s in sequences])
+            samples = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                engine.forward([(s, [ids[0]]) for s in sequences])
+                samples.append(time.perf_counter() - started)
+                for sequence in sequences:
+                    sequence.crop(context)
+            costs[count] = 1e3 * sorted(samples)[repeats // 2]
+    varying = {}
+    for threads in (1, 2):
+        probe = linear_row_invariance(model, max_rows=row_counts, threads=threads)
+        varying[threads] = sorted({m for shape in probe for m in range(1, row_counts + 1)
+                                   if m not in shape.identical_row_counts})
+    return ForwardCosts(context, 1e3 * step, costs, row_counts, varying)
+
+
+def _step_seconds(stepper: Stepper) -> float:
+    length = cache_length(stepper.cache)
+    started = time.perf_counter()
+    stepper.step(0)
+    seconds = time.perf_counter() - started
+    crop_to(stepper.cache, length)
+    return seconds
+
+
+def run_level(model: CausalLM, tokens: list[int], kv: DynamicCache, level: str,
+              tolerance: float) -> LevelRun:
     result = compress(model, tokens, kv, tolerance=tolerance, level=LevelChoice.parse(level))
     started = time.perf_counter()
     decoded = decompress(model, result.data)
@@ -146,22 +209,24 @@ def run_level(model: CausalLM, tokens: list[int], level: str, tolerance: float) 
     exact = decoded.tokens == tokens and decoded.header.kv.sha256 == committed
     stats = result.stats
     return LevelRun(level, exact, stats.bits_per_token, stats.total_bits_per_token,
-                    stats.encode_seconds, seconds, len(tokens) / seconds)
+                    stats.cross_entropy_bits_per_token, stats.encode_seconds, seconds,
+                    len(tokens) / seconds)
 
 
 def run_text(model: CausalLM, kind: str, count: int, levels: Sequence[str], tolerance: float,
              log: Callable[[str], None] | None = None) -> TextRun:
     tokens = kind_tokens(model, kind, count)
+    kv = model.prefill(tokens)
     runs = []
     for level in levels:
-        runs.append(run_level(model, tokens, level, tolerance))
+        runs.append(run_level(model, tokens, kv, level, tolerance))
         if log is not None:
             run = runs[-1]
             log(f"{kind:10s} {level:12s} {run.bits_per_token:7.3f} bits/token "
                 f"{run.decode_tokens_per_second:7.1f} tokens/s exact={run.exact}")
-    # NOTE: the rows level codes under the same model; its float cross-entropy differs from the
-    # tokens level's only by the forwards' last bits, and it takes 1 s instead of 15.
-    cross_entropy = compress(model, tokens, level="rows").stats.cross_entropy_bits_per_token
+    full_rate = [r for r in runs if r.name in ("tokens", "rows")]
+    cross_entropy = (full_rate[0].cross_entropy_bits_per_token if full_rate else
+                     compress(model, tokens, level="rows").stats.cross_entropy_bits_per_token)
     return TextRun(kind, len(tokens), cross_entropy,
                    len(tokens) / _prefill_seconds(model, tokens),
                    len(tokens) / _token_by_token_seconds(model, tokens), runs)
@@ -189,7 +254,7 @@ def run_batched(model: CausalLM, sessions: int, count: int,
 
 
 def segment_costs(model: CausalLM, counts: Sequence[int] = (2, 4, 8, 16, 32)
-                  ) -> tuple[int, list[SegmentCost]]:
+                  ) -> tuple[int, float, list[SegmentCost]]:
     """Token code of the whole prose sample at the rows level and in N segments (encode only)."""
     tokens = kind_tokens(model, "prose", 1 << 20)
     whole = compress(model, tokens, level="rows").stats.code_bits
@@ -198,7 +263,7 @@ def segment_costs(model: CausalLM, counts: Sequence[int] = (2, 4, 8, 16, 32)
         bits = compress(model, tokens, level=f"segments:{count}").stats.code_bits
         costs.append(SegmentCost(count, len(tokens) / count, bits / len(tokens),
                                  (bits - whole) / (count - 1)))
-    return len(tokens), costs
+    return len(tokens), whole / len(tokens), costs
 
 
 def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int = 16,
@@ -218,7 +283,7 @@ def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int 
             level, all(r.exact for r in runs),
             sum(r.bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True)) / total,
             sum(r.total_bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True))
-            / total, speed, speed / baseline))
+            / total, total / sum(r.encode_seconds for r in runs), speed, speed / baseline))
     batched, batched_exact, batched_baseline = run_batched(model, sessions, tokens_per_text,
                                                            tolerance)
     if log is not None:
@@ -228,12 +293,13 @@ def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int 
         speed, exact, reference = run_batched(model, count, tokens_per_text, tolerance)
         more.append(BatchRun(count, speed, speed / reference, exact))
         batched_exact = batched_exact and exact
-    segment_tokens, costs = segment_costs(model)
+    segment_tokens, segment_base, costs = segment_costs(model)
     machine = (f"{os.cpu_count()} CPU cores ({platform.machine()}, "
                f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
     return DecodeBench(model.name, machine, tokens_per_text, tolerance, prefill, baseline,
                        sessions, tokens_per_text, batched, batched / batched_baseline,
-                       batched_exact, summaries, more, segment_tokens, costs, texts)
+                       batched_exact, summaries, more, segment_tokens, segment_base, costs,
+                       texts)
 
 
 def render_markdown(bench: DecodeBench, command: str) -> str:
@@ -249,15 +315,15 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
         f"tokens/s; token-by-token generation {bench.token_by_token_tokens_per_second:.1f} "
         "tokens/s (transformers, the faster of 1 and 2 threads).",
         "",
-        "| level | exact | token bits/token | + KV residual | decode tokens/s "
-        "| vs token-by-token |",
-        "|---|---|---:|---:|---:|---:|",
+        "| level | exact | token bits/token | + KV residual | encode tokens/s "
+        "| decode tokens/s | vs token-by-token |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for level in bench.levels:
         lines.append(
             f"| {level.name} | {'yes' if level.exact else 'NO'} | {level.bits_per_token:.3f} | "
-            f"{level.total_bits_per_token:.3f} | {level.decode_tokens_per_second:.1f} | "
-            f"{level.speedup_vs_token_by_token:.2f}x |")
+            f"{level.total_bits_per_token:.3f} | {level.encode_tokens_per_second:.1f} | "
+            f"{level.decode_tokens_per_second:.1f} | {level.speedup_vs_token_by_token:.2f}x |")
     lines += [
         "",
         f"Batched: {bench.batched_sessions} sessions of {bench.batched_tokens_per_session} tokens "
@@ -268,8 +334,9 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
                     f"({m.speedup_vs_token_by_token:.2f}x)" for m in bench.batched_more_sessions)
         + ".",
         "",
-        f"Segment cost on the whole prose sample ({bench.segment_text_tokens} tokens): every "
-        "segment after the first restarts without context.",
+        f"Segment cost on the whole prose sample ({bench.segment_text_tokens} tokens, "
+        f"{bench.segment_base_bits_per_token:.3f} bits/token in one sequence): every segment "
+        "after the first restarts without context.",
         "",
         "| segments | tokens per segment | token bits/token | extra bits per added segment |",
         "|---:|---:|---:|---:|",

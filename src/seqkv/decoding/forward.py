@@ -27,9 +27,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from seqkv.coding.frequencies import (
     CumulativeTable,
-    cumulative_from_logits,
-    log_softmax_bits,
-    uniform_cumulative,
+    table_and_log2p,
+    uniform_distribution,
 )
 from seqkv.models.adapter import CausalLM, Stepper
 
@@ -69,10 +68,9 @@ def first_token_distribution(
     session's cache holds the coded tokens only, from position 0.
     """
     if context is None:
-        vocab = model.vocab_size
-        return uniform_cumulative(vocab), np.full(vocab, -np.log2(vocab), dtype=np.float64)
+        return uniform_distribution(model.vocab_size)
     row = Stepper(model.model).step(context)
-    return cumulative_from_logits(row), log_softmax_bits(row)
+    return table_and_log2p(row)
 
 
 def greedy(rows: LogitRows) -> list[int]:

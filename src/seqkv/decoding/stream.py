@@ -30,9 +30,8 @@ from transformers import DynamicCache
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder, BitStream
 from seqkv.coding.frequencies import (
     CumulativeTable,
-    cumulative_from_logits,
-    log_softmax_bits,
     symbol_cost_bits,
+    table_and_log2p,
 )
 from seqkv.decoding.forward import first_token_distribution
 from seqkv.models.adapter import CausalLM
@@ -129,7 +128,7 @@ class TokenCoder:
 
     def code(self, position: int, row: npt.NDArray[np.float32]) -> int:
         """Code ``position`` under one logit row (the row of token ``position - 1``)."""
-        return self.code_table(position, cumulative_from_logits(row), log_softmax_bits(row))
+        return self.code_table(position, *table_and_log2p(row))
 
     def code_first(self, model: CausalLM, context: int | None) -> int:
         """Code position 0 under the start token's distribution (or uniformly)."""

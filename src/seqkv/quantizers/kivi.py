@@ -74,11 +74,12 @@ DEFAULT_RESIDUAL_LENGTH = 128
 _WINDOW_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _window_dtype(dtype: torch.dtype) -> torch.dtype:
+def window_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The window keeps fp16 and bf16 inputs as they are and stores anything else as fp16."""
     return dtype if dtype in _WINDOW_DTYPES else torch.float16
 
 
-def _grouped(x: torch.Tensor, group_size: int, fill: float) -> torch.Tensor:
+def grouped(x: torch.Tensor, group_size: int, fill: float) -> torch.Tensor:
     """Split the last dim into groups ``[..., n_groups, group_size]``, padding with ``fill``."""
     n_groups = -(-x.shape[-1] // group_size)
     pad = n_groups * group_size - x.shape[-1]
@@ -190,11 +191,11 @@ class KIVI:
         num_tokens = x.shape[-2]
         n_quant = num_tokens - self.dense_tokens(num_tokens)
         head = x[..., :n_quant, :].to(torch.float32)  # [..., T_q, D]
-        dense = x[..., n_quant:, :].to(_window_dtype(x.dtype))  # [..., T - T_q, D]
+        dense = x[..., n_quant:, :].to(window_dtype(x.dtype))  # [..., T - T_q, D]
 
         lanes = self._group_axis_last(head)  # keys [..., D, T_q]; values [..., T_q, D]
-        lo = _grouped(lanes, self.group_size, math.inf).amin(dim=-1)  # [..., lanes, n_groups]
-        hi = _grouped(lanes, self.group_size, -math.inf).amax(dim=-1)
+        lo = grouped(lanes, self.group_size, math.inf).amin(dim=-1)  # [..., lanes, n_groups]
+        hi = grouped(lanes, self.group_size, -math.inf).amax(dim=-1)
         levels = (1 << self._bits) - 1
         zero = round_down_fp16(lo, "KIVI zero-point")
         scale = round_up_fp16((hi - zero.to(torch.float32)) / levels, "KIVI scale")
