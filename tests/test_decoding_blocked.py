@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers import DynamicCache
 
+from decoding_cases import greedy_sequence, random_tokens, repetitive_tokens
 from seqkv import compress
 from seqkv.container import decode_container
 from seqkv.decoding import (
@@ -20,33 +19,9 @@ from seqkv.decoding import (
     blocked_encode,
 )
 from seqkv.decoding.blocked import partition
-from seqkv.decoding.forward import forward_rows
 from seqkv.errors import EmptyInputError
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models import CausalLM
-
-VOCAB = 512
-
-random_tokens = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40)
-
-
-@st.composite
-def repetitive_tokens(draw: st.DrawFn) -> list[int]:
-    """A short pattern repeated, with a few substitutions: prompt lookup's good case."""
-    pattern = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6))
-    tokens = (pattern * 40)[: draw(st.integers(1, 48))]
-    for _ in range(draw(st.integers(0, 3))):
-        tokens[draw(st.integers(0, len(tokens) - 1))] = draw(st.integers(0, VOCAB - 1))
-    return tokens
-
-
-def greedy_sequence(model: CausalLM, first: int, length: int) -> list[int]:
-    """The model's own greedy continuation."""
-    cache = DynamicCache()
-    tokens = [first]
-    while len(tokens) < length:
-        tokens.append(int(np.argmax(forward_rows(model.model, cache, tokens[-1:])[-1])))
-    return tokens
 
 policies = st.sampled_from([
     NoDraft(), PromptLookup(max_draft=3), JacobiDraft(max_draft=16),

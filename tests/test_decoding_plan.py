@@ -8,24 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from decoding_cases import random_tokens, repetitive_tokens
 from seqkv.decoding import NoDraft, PromptLookup, blocked_decode, blocked_encode
 from seqkv.decoding.blocked import bounds
 from seqkv.decoding.plan import block_forwards, plan_blocks, table_cost
 from seqkv.models import CausalLM
-
-VOCAB = 512
-
-random_tokens = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40)
-
-
-@st.composite
-def repetitive_tokens(draw: st.DrawFn) -> list[int]:
-    """A short pattern repeated, with a few substitutions: prompt lookup's good case."""
-    pattern = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6))
-    tokens = (pattern * 40)[: draw(st.integers(1, 48))]
-    for _ in range(draw(st.integers(0, 3))):
-        tokens[draw(st.integers(0, len(tokens) - 1))] = draw(st.integers(0, VOCAB - 1))
-    return tokens
 
 LENGTHS = (1, 2, 4, 8)
 

@@ -38,7 +38,8 @@ LogitRows = npt.NDArray[np.float32]  # [positions, vocab]
 @torch.inference_mode()
 def forward_rows(model: PreTrainedModel, cache: DynamicCache, ids: Sequence[int]) -> LogitRows:
     """Append ``ids`` to ``cache`` in one forward; return their logit rows ``[len(ids), V]``."""
-    assert len(ids) > 0, "a forward needs at least one position"
+    if len(ids) == 0:
+        raise ValueError("a forward needs at least one position: the token list is empty")
     x = torch.tensor([list(ids)], dtype=torch.long, device=model.device)  # [1, L]
     output = model(input_ids=x, cache=cache, use_cache=True)
     rows: LogitRows = output.logits[0].float().cpu().numpy()  # [L, V]

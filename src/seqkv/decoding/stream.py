@@ -20,7 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,10 +52,6 @@ class ScheduleStats:
     accepted: int  # guesses the decoded tokens confirmed
     forward_lengths: tuple[int, ...] = ()  # positions of each forward, in order
 
-    def modelled_seconds(self, seconds_per_forward: Callable[[int], float]) -> float:
-        """The schedule's time under a cost model: the sum of each forward's modelled cost."""
-        return sum(seconds_per_forward(length) for length in self.forward_lengths)
-
     @property
     def tokens_per_forward(self) -> float:
         return self.tokens / self.forwards if self.forwards else 0.0
@@ -82,10 +78,6 @@ class CodedStream:
     stats: ScheduleStats
     cache: DynamicCache
     blocks: tuple[int, ...] = ()
-
-    @property
-    def bits_per_token(self) -> float:
-        return self.code.num_bits / self.count
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,11 @@ def kv_mse(original: torch.Tensor, decoded: torch.Tensor) -> float:
     return float((decoded.double() - original.double()).square().mean())
 
 
-def kv_nmse(original: torch.Tensor, decoded: torch.Tensor) -> float:
-    """:func:`kv_mse` divided by the mean squared KV component."""
-    return kv_mse(original, decoded) / max(float(original.double().square().mean()), 1e-300)
+def kv_nmse(original: torch.Tensor, decoded: torch.Tensor, mse: float | None = None) -> float:
+    """:func:`kv_mse` (or ``mse``, when already computed) divided by the mean squared KV
+    component."""
+    error = kv_mse(original, decoded) if mse is None else mse
+    return error / max(float(original.double().square().mean()), 1e-300)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -222,9 +224,10 @@ def measure(model: CausalLM, reference: ContinuationReference,
         errors.append(float((out - ref).square().sum() / ref.square().sum().clamp_min(1e-300)))
     log_probs = _continue(model, decoded, reference.continuation)
     kl_nats = (reference.log_probs.exp() * (reference.log_probs - log_probs)).sum(dim=-1)  # [C]
+    mse = kv_mse(original, decoded)
     return Distortion(
-        kv_mse=kv_mse(original, decoded),
-        kv_nmse=kv_nmse(original, decoded),
+        kv_mse=mse,
+        kv_nmse=kv_nmse(original, decoded, mse),
         attention_nmse=float(sum(errors) / len(errors)),
         kl_bits=float(kl_nats.mean()) / math.log(2.0),
         perplexity_original=reference.perplexity,
