@@ -87,11 +87,9 @@ def kivi_dequantize(
     if q.codes is None or q.scales is None or q.zero_points is None or q.dense is None:
         raise ValueError("a KIVI tensor holds codes, scales, zero-points and a window")
     *lead, n_quant, dim = q.codes.shape
-    expected = (*lead, -(-n_quant // quantizer.group_size), dim) if quantizer.role == "key" else (
-        *lead, n_quant, -(-dim // quantizer.group_size))
     if q.shape[-2] - n_quant != quantizer.dense_tokens(q.shape[-2]) or tuple(
         q.scales.shape
-    ) != expected:
+    ) != quantizer.side_shape(q.codes.shape):
         raise ValueError(
             f"tensor was quantized with another KIVI role, group_size, residual_length or "
             f"window (scales {tuple(q.scales.shape)}, {q.shape[-2] - n_quant} dense tokens)"

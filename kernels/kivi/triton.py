@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from seqkv.quantizers import KiviRole
-from seqkv.quantizers.base import FP16_MAX
+from seqkv.quantizers.base import check_fp16_range
 
 from .._jit import ENABLE_FP_FUSION, cdiv, kernel, next_power_of_2, tl
 from ..common.triton import (
@@ -181,11 +181,7 @@ def _decode_kernel(
 def _check_side_range(scales: torch.Tensor, zeros: torch.Tensor) -> None:
     """The statistics kernel marks fp16 overflow with inf; raise what the quantizer raises."""
     for values, what in ((zeros, "KIVI zero-point"), (scales, "KIVI scale")):
-        if values.numel() and not bool(torch.isfinite(values).all()):
-            raise ValueError(
-                f"{what} exceeds the float16 range ({FP16_MAX}); rescale the input before "
-                "quantizing"
-            )
+        check_fp16_range(values, what)
 
 
 def _side_shape(shape: tuple[int, int, int], role: KiviRole, group_size: int) -> tuple[int, ...]:

@@ -218,12 +218,17 @@ def check_code_bits(codes: PackedCodes | None, bits: int | None, what: str) -> N
         )
 
 
-def to_side(values: torch.Tensor, what: str) -> torch.Tensor:
-    """Round ``values`` to fp16 side information, refusing values fp16 cannot hold."""
-    if values.numel() and float(values.abs().max()) > FP16_MAX:
+def check_fp16_range(values: torch.Tensor, what: str) -> None:
+    """Raise unless every value is finite and within fp16's range (side information)."""
+    if values.numel() and not float(values.abs().max()) <= FP16_MAX:
         raise ValueError(
             f"{what} exceeds the float16 range ({FP16_MAX}); rescale the input before quantizing"
         )
+
+
+def to_side(values: torch.Tensor, what: str) -> torch.Tensor:
+    """Round ``values`` to fp16 side information, refusing values fp16 cannot hold."""
+    check_fp16_range(values, what)
     return values.to(SIDE_DTYPE)
 
 

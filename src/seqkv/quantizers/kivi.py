@@ -171,7 +171,7 @@ class KIVI:
             return num_tokens % self.residual_length
         return min(num_tokens, self.residual_length)
 
-    def _side_shape(self, codes_shape: tuple[int, ...]) -> tuple[int, ...]:
+    def side_shape(self, codes_shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of scales and zero-points for codes ``[..., T_q, D]``."""
         *lead, n_quant, dim = codes_shape
         if self.role == "key":
@@ -230,7 +230,7 @@ class KIVI:
         assert q.dense is not None
         n_quant = q.codes.shape[-2]
         if q.shape[-2] - n_quant != self.dense_tokens(q.shape[-2]) or q.scales.shape != (
-            self._side_shape(q.codes.shape)
+            self.side_shape(q.codes.shape)
         ):
             raise ValueError(
                 f"tensor was quantized with another KIVI role, group_size, residual_length or "
