@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRITON_INTERPRET=1
+# The derandomized hypothesis profile: every run of this script draws the same examples, whatever
+# the environment (a fresh clone has no CI variable set).
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=ci
 .venv/bin/ruff check src proofs kernels tests benchmarks conftest.py
 .venv/bin/mypy
 # Benchmarks run once each here (pytest-benchmark disabled): they must work, not be timed.

@@ -51,16 +51,12 @@ from seqkv.coding.frequencies import (
 )
 from seqkv.coding.ngram import AdaptiveNgram
 from seqkv.decoding.drafts import PromptLookup
-from seqkv.models.rows import MIN_ROWS, RowForward, RowSequence, gather
+from seqkv.models.rows import RowForward, RowSequence, gather
 from seqkv.trie.radix import ResolvedPrefix
 
 # NOTE: rows per encoder forward: large enough for matrix products to run at prefill speed,
 # small enough that the float32 logit rows (V x 4 bytes each) stay ~50 MB.
 ENCODE_CHUNK_ROWS = 256
-# NOTE: rows per forward a lone stream may fill with guesses: only the rows the padding to 4
-# computes anyway. Extra rows cost matrix work, and prompt lookup is rarely right on the shipped
-# samples (a one-off try with 8 and 12 rows was no faster on code and prose).
-DRAFT_ROWS = MIN_ROWS
 
 
 class Level(StrEnum):
@@ -306,7 +302,7 @@ def decode_rows(engine: RowForward, jobs: Sequence[DecodeJob],
     """Decode every job's streams together, one forward per round; return the forwards run.
 
     Each round forwards every active stream's last decoded token (plus, while the forward has
-    fewer than ``MIN_ROWS`` rows, prompt-lookup guesses in the spare rows) and decodes the next
+    fewer than the engine's row block, prompt-lookup guesses in the spare rows) and decodes the next
     tokens from the rows. Rows are row-invariant, so a guessed row's distribution is the
     encoder's whenever the guesses before it were right.
     """
@@ -316,7 +312,7 @@ def decode_rows(engine: RowForward, jobs: Sequence[DecodeJob],
     if not order:
         return 0
     # One pool for every stream: a forward then stores all its keys in one write per layer.
-    capacity = max(stream.start + stream.length for _, stream in order) + DRAFT_ROWS
+    capacity = max(stream.start + stream.length for _, stream in order) + engine.row_block
     pooled = gather([stream.sequence for _, stream in order], capacity)
     for (_, stream), sequence in zip(order, pooled, strict=True):
         stream.sequence = sequence
@@ -326,7 +322,8 @@ def decode_rows(engine: RowForward, jobs: Sequence[DecodeJob],
         active = [(job, stream) for job, stream in order if not stream.complete]
         if not active:
             return forwards
-        spare = max(0, DRAFT_ROWS // len(active) - 1)
+        # NOTE: guesses fill only the rows the padding to the row block computes anyway.
+        spare = max(0, engine.row_block // len(active) - 1)
         guesses = [[] if stream.done else policy.draft(stream.context, [], spare)
                    for _, stream in active]
         calls = [(stream.sequence, [stream.tokens[-1], *guess])

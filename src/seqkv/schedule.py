@@ -10,7 +10,7 @@ schedule and the thread count, and records the rest. Two schedules exist:
   (single-token steps are bound by weight traffic; 1 thread measured as fast as 2 here);
 * ``rows``: seqkv's row-invariant forward (``seqkv.models.rows``), whose rows are bit-identical
   however they are chunked or batched, so encoders may run in large chunks and decoders may
-  speculate and batch; 2 threads.
+  speculate and batch; 1 thread (its row invariance does not hold on 2 threads on every CPU).
 
 Invariants:
 1. Encoder and decoder run every model forward inside ``pinned_threads`` (enforced).
@@ -35,9 +35,10 @@ import transformers
 
 Schedule = Literal["token-by-token", "rows"]
 CODING_THREADS = 1
-# NOTE: the row-invariant forward (``seqkv.models.rows``) gives bit-identical rows on 1 and 2
-# threads (measured); 2 makes its batched matrix products ~1.3x faster on this 2-core machine.
-ROW_THREADS = 2
+# NOTE: the row-invariant forward (``seqkv.models.rows``) gave bit-identical rows on 1 and 2
+# threads on one Xeon, but on another (AVX-512, MKL 2024.2) 2-thread products of 57-101 rows
+# changed bits; 1 thread is invariant on both.
+ROW_THREADS = 1
 
 
 def schedule_threads(schedule: Schedule) -> int:

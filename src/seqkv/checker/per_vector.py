@@ -4,9 +4,9 @@ The paper compares its sequential bound with per-vector quantization at b bits p
 A b-bit code spends b bits, but the symbols it emits may carry less information. This module
 measures that information: it quantizes the real KV with TurboQuant (MSE variant, Lloyd-Max
 codebook, orthogonal rotation) at b bits and estimates the entropy of the codes, per (layer,
-key/value) group, with the Miller-Madow estimator. The estimate treats the codes as i.i.d. within
-a group, so it ignores dependence across components and positions and overstates what a
-per-vector entropy coder could reach.
+key/value) group, with the Dirichlet-posterior estimator over the 2**b codes. The estimate
+treats the codes as i.i.d. within a group, so it ignores dependence across components and
+positions and overstates what a per-vector entropy coder could reach.
 
 Invariants:
 1. The KV tensor is read, never modified (enforced: the quantizer works on a reshaped copy).
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seqkv.checker.estimators import Interval, miller_madow_entropy
+from seqkv.checker.estimators import Interval, dirichlet_entropy
 from seqkv.quantizers import TurboQuantMSE
 
 
@@ -43,7 +43,8 @@ def per_vector_entropy(kv: torch.Tensor, bits: int = 3, seed: int = 0) -> PerVec
             vectors = kv[layer, kind].reshape(heads * tokens, dim)  # [H * T, D]
             quantized = quantizer.quantize(vectors.float())
             assert quantized.codes is not None
-            per_group.append(miller_madow_entropy(quantized.codes.unpack().reshape(-1).numpy()))
+            codes = quantized.codes.unpack().reshape(-1).numpy()
+            per_group.append(dirichlet_entropy(codes, 1 << bits, seed=seed))
     per_token_components = heads * dim  # components of one group for one token
     total = sum(g.estimate for g in per_group) * per_token_components
     low = sum(g.low for g in per_group) * per_token_components
@@ -54,10 +55,11 @@ def per_vector_entropy(kv: torch.Tensor, bits: int = 3, seed: int = 0) -> PerVec
         bits=bits,
         entropy_per_component=Interval(mean, low / (groups * per_token_components),
                                        high / (groups * per_token_components), 0.95,
-                                       "mean over (layer, K/V) groups of Miller-Madow entropies"),
+                                       "mean over (layer, K/V) groups of Dirichlet-posterior "
+                                       "entropies"),
         entropy_bits_per_token=Interval(total, low, high, 0.95,
-                                        "sum of per-group Miller-Madow entropies x components "
-                                        "(group intervals added: conservative)"),
+                                        "sum of per-group Dirichlet-posterior entropies x "
+                                        "components (group intervals added: conservative)"),
         norm_bits_per_token=16 * groups * heads,
         components_per_token=groups * per_token_components,
     )

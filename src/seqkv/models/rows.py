@@ -2,14 +2,17 @@
 
 The codec's probabilities must be reproduced bit for bit by the decoder. With transformers'
 forward that pins the schedule: one prefill, token-by-token steps and chunks of any size give
-logits that differ by up to ~1e-4 (measured, ``seqkv.decoding.probes``). Measured on the same CPU
-(SmolLM2-135M and the tiny test Llama, torch 2.13): a matrix product gives each row the same
-bits for every row count M that is a multiple of 4, in every slot, on 1 or 2 threads; rows that
-fall in a partial block of 1-3 rows take other code paths (on 1 thread only when M < 4, on 2
-threads also for M = 5-7 and 9-11). So this forward computes the model as
+logits that differ by up to ~1e-4 (measured, ``seqkv.decoding.probes``). A CPU matrix product
+gives a row the same bits in products of different row counts M only from some M on, and that
+threshold depends on the machine: measured with torch 2.13 (MKL), one Xeon gave every row the
+bits of a larger product from M = 4 on one thread, another (this project's CI kind, an AVX-512
+Xeon with the same torch) only from M = 16; on two threads the second changed the bits of the
+1536 -> 576 product for M = 57 to 101. So the forward runs on one thread and measures its row
+block once per model on the machine it runs on (``calibrate_row_block``), and computes the model
+as
 
-* every linear layer on all rows of the call at once, padded with zero rows to a multiple of
-  ``MIN_ROWS`` (4);
+* every linear layer on all rows of the call at once, padded with zero rows to at least the
+  calibrated row block;
 * norms, rotary embeddings, activations: elementwise or per-row reductions (row-invariant);
 * attention for each row on its own, against its sequence's keys and values up to and including
   its position, with a call whose shape depends on that position only;
@@ -25,14 +28,16 @@ Invariants:
    with UnsupportedModelError (enforced).
 2. ``RowForward.forward`` appends each sequence's ids at its next positions and returns one logit
    row per id; ``RowSequence.crop`` only shortens (enforced).
-3. Row invariance holds on the profiles measured (assumed elsewhere; checked by
-   ``tests/test_rows.py`` on every run and recorded per file as the ``rows`` schedule).
+3. Row invariance holds for every product of at least ``row_block`` rows on this machine
+   (checked: ``calibrate_row_block`` probes every linear shape of the model with random inputs
+   at construction and refuses a machine where no block up to ``PROBE_ROWS`` works; the decoder
+   verifies checksums in any case; ``tests/test_rows.py`` checks the property on every run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +50,15 @@ from seqkv.errors import InvalidTokensError, UnsupportedModelError
 from seqkv.models.adapter import CausalLM
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
-# NOTE: the CPU matrix product computes rows in blocks of 4; a block of 1-3 rows takes other code
-# paths (matrix-vector for 1 row), on 2 threads even inside larger products (rows 5-7 of a
-# 7-row product differ from the same rows of an 8-row one). Padding every product to a multiple
-# of 4 rows keeps each row in a full block. Measured, see the module docstring.
-MIN_ROWS = 4
+# NOTE: the largest row block the calibration accepts: a forward pads every product to at least
+# this many rows, so a larger block would make single-row decoding too slow to be worth it.
+PROBE_ROWS = 64
+# NOTE: products of up to 256 rows (the encoder's chunk) are checked against the block; the LM
+# head's 49,152 outputs are probed on their first 4,096 (the kernel's path depends on the row
+# count, not on how many output columns follow).
+_PROBE_REFERENCE_ROWS = 256
+_PROBE_MAX_OUTPUTS = 4096
+ROW_THREADS = 1
 _INITIAL_CAPACITY = 64
 
 
@@ -158,6 +167,43 @@ class _Span:
     position: int  # position of the first row
 
 
+@torch.inference_mode()
+def calibrate_row_block(model: CausalLM, seed: int = 0) -> int:
+    """The fewest rows from which every linear product of ``model`` is row-invariant here.
+
+    For each distinct linear shape, random inputs go through products of every row count from 1
+    to ``PROBE_ROWS`` and a few larger ones (and at a few row offsets); the block is the
+    smallest count from which every product gives each row the bits it has in a 256-row product.
+    Runs on one thread, the forward's schedule.
+    """
+    shapes = sorted({(min(int(m.out_features), _PROBE_MAX_OUTPUTS), int(m.in_features))
+                     for m in model.model.modules() if isinstance(m, torch.nn.Linear)})
+    generator = torch.Generator().manual_seed(seed)
+    counts = [*range(1, PROBE_ROWS + 1), 96, 128, 192, _PROBE_REFERENCE_ROWS]
+    block = 1
+    with _threads(ROW_THREADS):
+        for out_features, in_features in shapes:
+            weight = torch.randn(out_features, in_features, generator=generator,
+                                 dtype=model.dtype).to(model.device)  # [out, in]
+            x = torch.randn(_PROBE_REFERENCE_ROWS + 32, in_features, generator=generator,
+                            dtype=model.dtype).to(model.device)  # [R + 32, in]
+            full = F.linear(x, weight)  # [R + 32, out]
+            varying = [m for m in counts
+                       if not torch.equal(F.linear(x[:m], weight), full[:m])]
+            varying += [m for m in range(1, PROBE_ROWS + 1) for offset in (1, 7, 29)
+                        if not torch.equal(F.linear(x[offset : offset + m], weight),
+                                           full[offset : offset + m])]
+            first = max(varying, default=0) + 1
+            if first > PROBE_ROWS:
+                raise UnsupportedModelError(
+                    f"on this machine a {in_features} -> {out_features} matrix product changes "
+                    f"the bits of its rows with the row count up to {max(varying)} rows: the "
+                    "rows-based levels cannot be exact here; use the 'tokens' level"
+                )
+            block = max(block, first)
+    return block
+
+
 class RowForward:
     """The row-invariant forward of one Llama-family ``CausalLM`` (see the module docstring)."""
 
@@ -182,6 +228,7 @@ class RowForward:
             cos, sin = self._backbone.rotary_emb(probe, positions)
         self._cos, self._sin = cos[0], sin[0]  # [P, head_dim]
         self._start_rows: dict[int, npt.NDArray[np.float32]] = {}
+        self.row_block = calibrate_row_block(model)
 
     def start_row(self, token: int) -> npt.NDArray[np.float32]:
         """The row after ``token`` alone at position 0 (the start token), computed once.
@@ -212,8 +259,15 @@ class RowForward:
         """Append each sequence's ids in one forward; return their logit rows ``[len(ids), V]``.
 
         A sequence may appear once per call. Row ``j`` of a sequence is its next-token
-        distribution after ``ids[j]``, bit-identical to what any other grouping computes.
+        distribution after ``ids[j]``, bit-identical to what any other grouping computes. The
+        forward runs on ``ROW_THREADS`` threads whatever the caller's setting.
         """
+        with _threads(ROW_THREADS):
+            return self._forward(calls)
+
+    def _forward(
+        self, calls: Sequence[tuple[RowSequence, Sequence[int]]]
+    ) -> list[npt.NDArray[np.float32]]:
         spans: list[_Span] = []
         ids: list[int] = []
         positions_list: list[int] = []
@@ -235,7 +289,7 @@ class RowForward:
         if not spans:
             return [np.zeros((0, self.model.vocab_size), dtype=np.float32) for _ in calls]
         count = len(ids)
-        padded = -(-count // MIN_ROWS) * MIN_ROWS
+        padded = max(count, self.row_block)
         device = self.model.device
         token_ids = torch.zeros(padded, dtype=torch.long, device=device)
         token_ids[:count] = torch.tensor(ids, dtype=torch.long, device=device)
@@ -308,18 +362,23 @@ def row_forward(model: CausalLM) -> RowForward:
 
 
 @contextmanager
-def _single_thread() -> Iterator[None]:
-    """Run attention on one thread: torch's CPU attention splits long key ranges across threads,
-    which changes the reduction order (measured: 2 vs 1 threads differ from 40 keys on)."""
-    threads = torch.get_num_threads()
-    if threads == 1:
+def _threads(count: int) -> Iterator[None]:
+    """Run the block on ``count`` intra-op threads, restoring torch's setting afterwards."""
+    previous = torch.get_num_threads()
+    if previous == count:
         yield
         return
-    torch.set_num_threads(1)
+    torch.set_num_threads(count)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(previous)
+
+
+def _single_thread() -> AbstractContextManager[None]:
+    """Attention on one thread: torch's CPU attention splits long key ranges across threads,
+    which changes the reduction order (measured: 2 vs 1 threads differ from 40 keys on)."""
+    return _threads(1)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
