@@ -258,6 +258,30 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_figures(args: argparse.Namespace) -> int:
+    from seqkv.bench import figures as gate
+
+    model = _load(args.model)
+    key = gate.profile_key(model)
+    path = gate.baseline_path(key, Path(args.baselines))
+    current = gate.measure_figures(model)
+    if args.record:
+        gate.write_baseline(path, key, model, current)
+        print(f"recorded {len(current)} rows of deterministic figures for profile {key} "
+              f"in {path}")
+        return 0
+    changes = gate.compare_figures(gate.read_baseline(path), current)
+    if args.json:
+        print(json.dumps({"profile": key, "baseline": str(path), "passed": not changes,
+                          "figures": [asdict(f) for f in current],
+                          "changes": [asdict(c) for c in changes]}))
+    elif changes:
+        print(gate.render_changes(changes, key))
+    else:
+        print(f"seqkv bench figures: {len(current)} rows equal the baseline of profile {key}")
+    return 1 if changes else 0
+
+
 def _level_argument(text: str) -> LevelChoice:
     try:
         return LevelChoice.parse(text)
@@ -404,6 +428,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "which row counts give row-invariant matrix products (about a minute)")
     bd.add_argument("--json", action="store_true", help="print one JSON object")
     bd.set_defaults(run=_cmd_bench_decode)
+
+    bf = benches.add_parser("figures", help="deterministic figures of every level (code bits, "
+                            "file bytes, residual bits, forwards) against the committed baseline "
+                            "of this execution profile; exit 1 on any difference")
+    model_option(bf)
+    bf.add_argument("--record", action="store_true",
+                    help="write this profile's baseline instead of comparing with it")
+    bf.add_argument("--baselines", default=str(Path("benchmarks") / "baselines" / "figures"),
+                    metavar="DIR", help="folder of the baselines (default "
+                    "benchmarks/baselines/figures)")
+    bf.add_argument("--json", action="store_true", help="print one JSON object")
+    bf.set_defaults(run=_cmd_bench_figures)
 
     demo = commands.add_parser("demo", help="round trip of the shipped sample text, with figures")
     model_option(demo)

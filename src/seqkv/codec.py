@@ -126,6 +126,8 @@ class CompressStats:
     kv_components_per_token: int
     encode_seconds: float
     max_abs_kv_error: float | None
+    # Model forwards the encoder ran (a cached start row counts as one): deterministic per level.
+    forwards: int = 0
 
     @property
     def bits_per_token(self) -> float:
@@ -163,6 +165,8 @@ class DecompressStats:
     decode_seconds: float
     max_abs_kv_error: float | None  # measured at encode; the KV checksum guarantees it here
     verified: bool
+    # Model forwards the decode ran; files decoded together share theirs (each reports the total).
+    forwards: int = 0
 
 
 @dataclass(frozen=True)
@@ -262,7 +266,9 @@ def compress(
     started = time.perf_counter()
     encoder = ArithmeticEncoder()
     lengths = [len(tail)]
+    forwards = 0
     if choice.level == Level.TOKENS:
+        forwards = len(tail) + (0 if prefix is None and context is None else 1)
         schedule: Schedule = "token-by-token"
         recorder = TraceColumns()
         with pinned_threads():
@@ -278,6 +284,7 @@ def compress(
     else:
         schedule = "rows"
         engine = row_forward(model)
+        before = engine.forwards
         with pinned_threads(schedule_threads(schedule)):
             kv_rows = None
             if choice.level.model_coded:
@@ -288,6 +295,7 @@ def compress(
                 recorder = encode_portable(choice.level, encoder, tail, model.vocab_size,
                                            prefix_tokens)
             recomputed = kv_rows if kv_rows is not None else recompute_kv(engine, tail, prefix)
+        forwards = engine.forwards - before
     token_code = encoder.finish()
     residual = None
     residual_section = None
@@ -344,6 +352,7 @@ def compress(
         kv_components_per_token=model.kv_components_per_token,
         encode_seconds=encode_seconds,
         max_abs_kv_error=max_error,
+        forwards=forwards,
     )
     return CompressResult(data, header, stats, trace)
 
@@ -423,6 +432,7 @@ class _Pending:
     trace: TraceColumns = dataclass_field(default_factory=TraceColumns)
     recomputed: torch.Tensor | None = None
     job: DecodeJob | None = None
+    forwards: int = 0
 
 
 def _begin(model: CausalLM, data: bytes, allow_environment_mismatch: bool,
@@ -449,6 +459,8 @@ def _decode_tokens_level(model: CausalLM, pending: _Pending, progress: bool) -> 
             if position + 1 < count:
                 table, log2p = table_and_log2p(logits)
     pending.recomputed = model.kv_tensor(stepper.cache)
+    start = header.tokens.first_token_context is not None or pending.prefix is not None
+    pending.forwards = count + (1 if start else 0)
 
 
 def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
@@ -466,8 +478,11 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
         if pending.job is not None and len(pending.job.streams) == 1:
             recomputed = pending.job.kv()
         else:
+            engine = row_forward(model)
+            before = engine.forwards
             with pinned_threads(schedule_threads("rows")):
-                recomputed = recompute_kv(row_forward(model), pending.tail, prefix)
+                recomputed = recompute_kv(engine, pending.tail, prefix)
+            pending.forwards += engine.forwards - before
     if list(recomputed.shape) != header.kv.shape:
         raise InvalidKVError(
             f"recomputed KV has shape {list(recomputed.shape)}, the file {header.kv.shape}"
@@ -485,6 +500,7 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
         decode_seconds=time.perf_counter() - pending.started,
         max_abs_kv_error=residual.max_abs_error if residual is not None else None,
         verified=True,
+        forwards=pending.forwards,
     )
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
     return DecompressResult(tokens, cache, kv, header, stats, _trace(pending.trace))
@@ -529,10 +545,13 @@ def _decode_alone(model: CausalLM, pending: _Pending, progress: bool = False) ->
     if level == Level.TOKENS:
         _decode_tokens_level(model, pending, progress)
     elif level.model_coded:
+        engine = row_forward(model)
+        before = engine.forwards
         pending.job = _row_job(model, pending)
         with pinned_threads(schedule_threads("rows")):
-            decode_rows(row_forward(model), [pending.job])
+            decode_rows(engine, [pending.job])
         _take_job(pending)
+        pending.forwards += engine.forwards - before
     else:
         pending.tail, pending.trace = _decode_portable_tokens(pending.container, pending.prefix)
 
@@ -550,13 +569,20 @@ def decompress_batch(
     result is verified as by ``decompress``; the first failure raises.
     """
     pendings = [_begin(model, data, allow_environment_mismatch, prefixes) for data in files]
+    engine = row_forward(model) if any(
+        _level_of(p.container.header) in (Level.ROWS, Level.SEGMENTS) for p in pendings) else None
+    before = 0 if engine is None else engine.forwards
     for pending in pendings:
         if _level_of(pending.container.header) in (Level.ROWS, Level.SEGMENTS):
             pending.job = _row_job(model, pending)
     jobs = [p.job for p in pendings if p.job is not None]
-    if jobs:
+    if engine is not None:
         with pinned_threads(schedule_threads("rows")):
-            decode_rows(row_forward(model), jobs)
+            decode_rows(engine, jobs)
+        shared = engine.forwards - before
+        for pending in pendings:
+            if pending.job is not None:
+                pending.forwards = shared
     for pending in pendings:
         if pending.job is None:
             _decode_alone(model, pending)

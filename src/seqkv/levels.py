@@ -322,10 +322,13 @@ def decode_rows(engine: RowForward, jobs: Sequence[DecodeJob],
         active = [(job, stream) for job, stream in order if not stream.complete]
         if not active:
             return forwards
-        # NOTE: guesses fill only the rows the padding to the row block computes anyway.
+        # NOTE: guesses fill only the rows the padding to the row block computes anyway, and
+        # only for a job of one stream: the streams of one job share an arithmetic code whose
+        # symbols interleave round by round, so a stream may not decode ahead of its siblings.
         spare = max(0, engine.row_block // len(active) - 1)
-        guesses = [[] if stream.done else policy.draft(stream.context, [], spare)
-                   for _, stream in active]
+        guesses = [[] if stream.done or len(job.streams) > 1
+                   else policy.draft(stream.context, [], spare)
+                   for job, stream in active]
         calls = [(stream.sequence, [stream.tokens[-1], *guess])
                  for (_, stream), guess in zip(active, guesses, strict=True)]
         rows = engine.forward(calls)

@@ -229,6 +229,9 @@ class RowForward:
         self._cos, self._sin = cos[0], sin[0]  # [P, head_dim]
         self._start_rows: dict[int, npt.NDArray[np.float32]] = {}
         self.row_block = calibrate_row_block(model)
+        # Forwards this engine has run, counting a start row served from its cache as one: the
+        # schedule's logical cost, the same whether or not the row was computed before.
+        self.forwards = 0
 
     def start_row(self, token: int) -> npt.NDArray[np.float32]:
         """The row after ``token`` alone at position 0 (the start token), computed once.
@@ -240,6 +243,8 @@ class RowForward:
             row = self.forward([(self.new_sequence(), [token])])[0][0]
             row.setflags(write=False)
             self._start_rows[token] = row
+        else:
+            self.forwards += 1
         return row
 
     def new_sequence(self, kv: torch.Tensor | None = None) -> RowSequence:
@@ -262,6 +267,7 @@ class RowForward:
         distribution after ``ids[j]``, bit-identical to what any other grouping computes. The
         forward runs on ``ROW_THREADS`` threads whatever the caller's setting.
         """
+        self.forwards += 1
         with _threads(ROW_THREADS):
             return self._forward(calls)
 

@@ -1,0 +1,1 @@
+"""Benchmarks and deterministic figures: what ``seqkv bench ...`` runs and CI gates."""
