@@ -27,7 +27,7 @@ Invariants:
 2. (checked) Each derived number is a substitution into the module's sympy expression.
 """
 
-from .claims import Claim, paper_claims
+from .claims import Claim, Measurements, paper_claims
 from .information import (
     conditional_entropy_bits,
     cross_entropy_bits,
@@ -101,6 +101,7 @@ __all__ = [
     "PAPER_70B",
     "SMOLLM2_135M",
     "Claim",
+    "Measurements",
     "KVGeometry",
     "KVMemoryFigure",
     "MemoryClaimCheck",

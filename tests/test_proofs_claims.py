@@ -11,7 +11,7 @@ import types
 import pytest
 
 import seqkv.proofs
-from seqkv.proofs import Claim, paper_claims
+from seqkv.proofs import Claim, Measurements, paper_claims
 
 MODULES = (
     "_exact",
@@ -25,8 +25,15 @@ MODULES = (
 )
 
 
-def _claims() -> dict[str, Claim]:
-    return {claim.name: claim for claim in paper_claims()}
+# What a CPU run measures: each schedule repeats exactly, schedules differ, Theorem 1's
+# inequality holds but a few tokens merge, and code length does not fall with position.
+CPU_RUN = Measurements(deterministic_per_schedule=True, schedule_invariant=False,
+                       kv_entropy_within_token_entropy=True,
+                       kv_entropy_equals_token_entropy=False, entropy_falls_with_context=False)
+
+
+def _claims(measured: Measurements = CPU_RUN) -> dict[str, Claim]:
+    return {claim.name: claim for claim in paper_claims(measured)}
 
 
 def test_claim_names() -> None:
@@ -84,9 +91,27 @@ def test_perplexity_claims_hold() -> None:
     assert "cross-entropy" in claims["bits_at_perplexity_20"].note
 
 
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Measurements)])
+def test_premise_bound_verdicts_follow_the_measurements(field: str) -> None:
+    """No verdict is a literal: flipping one measurement flips the claims resting on it."""
+    dependents = {
+        "deterministic_per_schedule": {"lemma1_determinism"},
+        "schedule_invariant": {"lemma1_determinism"},
+        "kv_entropy_within_token_entropy": {"theorem1"},
+        "kv_entropy_equals_token_entropy": {"theorem1_equality"},
+        "entropy_falls_with_context": {"ratio_grows_with_context"},
+    }[field]
+    everything = Measurements(True, True, True, True, True)
+    flipped = dataclasses.replace(everything, **{field: False})
+    before, after = _claims(everything), _claims(flipped)
+    assert all(before[name].holds for name in dependents)
+    assert {name for name in before if before[name].holds != after[name].holds} == dependents
+
+
 def test_theorem_and_storage_claims() -> None:
     claims = _claims()
-    assert claims["theorem1"].holds
+    assert claims["theorem1"].holds and not claims["theorem1_equality"].holds
+    assert not claims["lemma1_determinism"].holds
     assert "INJECTIVITY" in claims["theorem1"].note
     assert "schedule" in claims["lemma1_determinism"].note
     assert claims["prefix_storage_corollary"].holds
@@ -94,7 +119,7 @@ def test_theorem_and_storage_claims() -> None:
 
 
 def test_every_claim_names_its_module() -> None:
-    for claim in paper_claims():
+    for claim in paper_claims(CPU_RUN):
         assert claim.checked_by.startswith("seqkv.proofs.")
         importlib.import_module(claim.checked_by)
         assert claim.note
@@ -102,7 +127,7 @@ def test_every_claim_names_its_module() -> None:
 
 
 def test_claims_are_frozen_and_fresh() -> None:
-    first, second = paper_claims(), paper_claims()
+    first, second = paper_claims(CPU_RUN), paper_claims(CPU_RUN)
     assert first == second
     assert first is not second
     assert not hasattr(first[0], "__dict__")

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 from safetensors.torch import save_file
 
+from seqkv.checker.run import CheckOptions
 from seqkv.codec import (
     DEFAULT_TOLERANCE,
     CompressResult,
@@ -102,6 +103,9 @@ def compress_figures(
         "encode_seconds": stats.encode_seconds,
         "verify_seconds": verify_seconds,
         "verified": verified,
+        "sections": result.sections,
+        "bounds": [{"name": b.name, "bound": b.bound, "measured": b.measured, "holds": b.holds}
+                   for b in result.bounds],
     }
 
 
@@ -112,7 +116,11 @@ def decompress_figures(result: DecompressResult) -> dict[str, object]:
         "tokens": stats.tokens,
         "decode_seconds": stats.decode_seconds,
         "decode_tokens_per_second": stats.tokens / stats.decode_seconds,
-        "max_abs_kv_error": stats.max_abs_kv_error,
+        "max_abs_residual": stats.max_abs_residual,
+        "tolerance": None if result.header.kv.residual is None
+        else result.header.kv.residual.tolerance,
+        "tokens_verified": stats.tokens_verified,
+        "kv_verified": stats.kv_verified,
         "verified": stats.verified,
     }
 
@@ -189,18 +197,20 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     # NOTE: imported here, not at the top: the checker is an optional reader of the core.
-    from seqkv.checker import CheckOptions, check_skv, check_text_tokens, render_markdown
+    from seqkv.checker import check_skv, check_text_tokens, render_markdown
 
     source = Path(args.input)
-    options = CheckOptions(seed=args.seed)
+    options = CheckOptions(seed=args.seed, kv_positions=args.kv_positions,
+                           entropy_contexts=args.entropy_contexts)
     data = _read_bytes(args.input)
     model = _load(args.model)
+    baselines = Path(args.baselines)
     if data.startswith(MAGIC):
-        report = check_skv(model, data, args.input, options, progress=True)
+        report = check_skv(model, data, args.input, options, progress=True, baselines=baselines)
     else:
         tokens = model.encode_text(_read_text(args.input))
         report = check_text_tokens(model, tokens, args.input, args.tolerance, options,
-                                   progress=True)
+                                   progress=True, baselines=baselines)
     target = Path(args.report) if args.report else Path("reports") / f"check-{source.stem}.md"
     target.parent.mkdir(parents=True, exist_ok=True)
     _write_text(str(target), render_markdown(report))
@@ -320,7 +330,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         token_by_token = time_token_by_token(model, tokens)
     demo = DemoFigures(load_seconds, prefill_seconds, token_by_token)
     decode = decompress_figures(decoded)
-    figures.update({f"decode_{k}" if k in ("tokens", "max_abs_kv_error") else k: v
+    figures.update({f"decode_{k}" if k in ("tokens", "tolerance") else k: v
                     for k, v in decode.items()})
     figures["verified"] = decoded.stats.verified
     figures.update(asdict(demo))
@@ -396,6 +406,15 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--report", metavar="PATH", help="report file (default reports/check-NAME.md)")
     k.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
     k.add_argument("--seed", type=int, default=0, help="seed of the Monte-Carlo estimates")
+    k.add_argument("--kv-positions", type=int, default=CheckOptions.kv_positions, metavar="N",
+                   help="prefixes drawn from the data for H(KV | prefix) vs H(t | prefix) "
+                        f"(default {CheckOptions.kv_positions})")
+    k.add_argument("--entropy-contexts", type=int, default=CheckOptions.entropy_contexts,
+                   metavar="N", help="contexts drawn from the data for the model's entropy "
+                   f"rate (default {CheckOptions.entropy_contexts}, 2 or more)")
+    k.add_argument("--baselines", default=str(Path("benchmarks") / "baselines" / "figures"),
+                   metavar="DIR", help="committed deterministic figures: a text found there has "
+                   "its code length gated exactly (default benchmarks/baselines/figures)")
     k.add_argument("--json", action="store_true", help="print one JSON object")
     k.set_defaults(run=_cmd_check)
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Protocol, get_args
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -34,13 +34,23 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
+from seqkv.bounds import (
+    Bound,
+    code_within_reference_cross_entropy,
+    code_within_table_cost,
+    code_within_uniform,
+    file_bytes_accounted,
+    raise_unless_all_hold,
+    reference_surprisal,
+    residual_within_tolerance,
+)
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import (
     CumulativeTable,
     table_and_log2p,
     uniform_distribution,
 )
-from seqkv.coding.residual import decode_residual, encode_residual
+from seqkv.coding.residual import ResidualCode, decode_residual, encode_residual
 from seqkv.container import (
     FORMAT_VERSION,
     Container,
@@ -50,7 +60,7 @@ from seqkv.container import (
     ResidualSection,
     TokenSection,
     decode_container,
-    encode_container,
+    encode_container_with_sections,
 )
 from seqkv.errors import (
     CorruptFileError,
@@ -157,16 +167,32 @@ class CompressResult:
     header: Header
     stats: CompressStats
     trace: CodingTrace
+    bounds: tuple[Bound, ...]  # all hold unless compress was told to return violations
+    sections: dict[str, int]  # the file's bytes, section by section
 
 
 @dataclass(frozen=True)
 class DecompressStats:
+    """What the decoder measured; nothing here is read from the file's header.
+
+    ``verified`` is the conjunction of the two checksum comparisons the decoder made (a failed
+    one raises, so a returned result has it true). The decoder cannot measure the error against
+    the caller's original KV, which it never saw: ``max_abs_residual`` is how far the stored
+    residual moved the recomputed KV, and the file's tolerance is the encoder's promise, kept
+    by construction and checked by the encoder's ``residual_within_tolerance`` bound.
+    """
+
     tokens: int
     decode_seconds: float
-    max_abs_kv_error: float | None  # measured at encode; the KV checksum guarantees it here
-    verified: bool
+    max_abs_residual: float  # max |decoded KV - recomputed KV|
+    tokens_verified: bool
+    kv_verified: bool
     # Model forwards the decode ran; files decoded together share theirs (each reports the total).
     forwards: int = 0
+
+    @property
+    def verified(self) -> bool:
+        return self.tokens_verified and self.kv_verified
 
 
 @dataclass(frozen=True)
@@ -238,6 +264,8 @@ def compress(
     progress: bool = False,
     prefix: ResolvedPrefix | None = None,
     level: LevelChoice | str = "tokens",
+    *,
+    on_violation: Literal["raise", "return"] = "raise",
 ) -> CompressResult:
     """Code ``tokens`` (and the residual of ``kv``, a cache those tokens produced) into .skv bytes.
 
@@ -245,6 +273,10 @@ def compress(
     references it by hash and codes only the tokens after it; ``kv`` still covers all tokens.
     ``level`` sets the rate-compute dial (``seqkv.levels``): ``tokens`` (default), ``rows``,
     ``segments:N``, ``ngram`` or ``plain``.
+
+    Every run evaluates the bounds of ``seqkv.bounds`` on what it coded and raises
+    ``BoundViolationError`` when one fails; ``on_violation="return"`` returns the result with its
+    failed bounds instead (``seqkv check`` reports them).
 
     >>> from seqkv.models import tiny_random_llama
     >>> model = tiny_random_llama()
@@ -338,8 +370,12 @@ def compress(
             residual=residual_section,
         ),
     )
-    data = encode_container(Container(header, token_code, residual))
+    data, sections = encode_container_with_sections(Container(header, token_code, residual))
     trace = _trace(recorder)
+    bounds = _bounds(model, choice, tail, lengths, context, prefix, token_code.num_bits, trace,
+                     residual, max_error, tolerance, len(data), sections)
+    if on_violation == "raise":
+        raise_unless_all_hold(bounds)
     stats = CompressStats(
         tokens=len(tail),
         prefix_tokens=len(token_list) - len(tail),
@@ -354,7 +390,31 @@ def compress(
         max_abs_kv_error=max_error,
         forwards=forwards,
     )
-    return CompressResult(data, header, stats, trace)
+    return CompressResult(data, header, stats, trace, bounds, sections)
+
+
+def _bounds(model: CausalLM, choice: LevelChoice, tail: list[int], lengths: list[int],
+            context: int | None, prefix: ResolvedPrefix | None, code_bits: int,
+            trace: CodingTrace, residual: ResidualCode | None, max_error: float | None,
+            tolerance: float, file_bytes: int, sections: dict[str, int]) -> tuple[Bound, ...]:
+    """The cheap bounds of ``seqkv.bounds`` on what ``compress`` has just coded."""
+    bounds = [code_within_table_cost(code_bits, float(trace.code_cost_bits.sum()))]
+    if choice.level.model_coded:
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+        segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths))]
+        reference = reference_surprisal(model, segments, context,
+                                        prefix.tokens if prefix is not None else ())
+        bounds.append(code_within_reference_cross_entropy(
+            code_bits, float(reference.sum()), len(tail), model.vocab_size))
+    elif choice.level == Level.PLAIN:
+        bounds.append(code_within_uniform(code_bits, len(tail), model.vocab_size))
+    # NOTE: the ngram level has no independent reference: its adaptive model is exact integer
+    # arithmetic, so a recount would rerun the same code; its table-cost bound still holds.
+    if residual is not None and max_error is not None:
+        bounds.append(residual_within_tolerance(max_error, tolerance, residual.num_bits,
+                                                residual.num_escapes))
+    bounds.append(file_bytes_accounted(file_bytes, sections))
+    return tuple(bounds)
 
 
 def _level_of(header: Header) -> Level:
@@ -468,7 +528,8 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
     header = pending.container.header
     prefix = pending.prefix
     tokens = ([] if prefix is None else list(prefix.tokens)) + pending.tail
-    if _tokens_sha256(tokens) != header.tokens.sha256:
+    tokens_verified = _tokens_sha256(tokens) == header.tokens.sha256
+    if not tokens_verified:
         raise DecodeVerificationError(
             "the decoded tokens do not match the file's checksum: this machine did not "
             "reproduce the encoder's probabilities bit for bit"
@@ -489,17 +550,18 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
         )
     residual_code = pending.container.residual
     kv = recomputed if residual_code is None else decode_residual(residual_code, recomputed)
-    if _sha256(kv) != header.kv.sha256:
+    kv_verified = _sha256(kv) == header.kv.sha256
+    if not kv_verified:
         raise DecodeVerificationError(
             "the rebuilt KV cache does not match the file's checksum: the recomputation on this "
             "machine differs from the encoder's"
         )
-    residual = header.kv.residual
     stats = DecompressStats(
         tokens=header.tokens.count,
         decode_seconds=time.perf_counter() - pending.started,
-        max_abs_kv_error=residual.max_abs_error if residual is not None else None,
-        verified=True,
+        max_abs_residual=float((kv - recomputed).abs().max()) if kv.numel() else 0.0,
+        tokens_verified=tokens_verified,
+        kv_verified=kv_verified,
         forwards=pending.forwards,
     )
     cache = cache_from_tensor(kv.to(model.device, model.dtype))

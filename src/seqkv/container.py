@@ -113,10 +113,23 @@ class Container:
 
 
 def encode_container(container: Container) -> bytes:
+    return encode_container_with_sections(container)[0]
+
+
+def encode_container_with_sections(container: Container) -> tuple[bytes, dict[str, int]]:
+    """The file's bytes and the size of each of its sections, in file order."""
     header = json.dumps(asdict(container.header), sort_keys=True).encode()
     residual = container.residual
     words = residual.words if residual is not None else b""
     escapes = residual.escapes if residual is not None else b""
+    sections = {
+        "framing": _PREFIX.size,
+        "header": len(header),
+        "token_code": len(container.token_code.data),
+        "residual_code": len(words),
+        "residual_escapes": len(escapes),
+        "checksum": _DIGEST_BYTES,
+    }
     body = b"".join([
         _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(header), len(container.token_code.data),
                      len(words), len(escapes)),
@@ -125,7 +138,7 @@ def encode_container(container: Container) -> bytes:
         words,
         escapes,
     ])
-    return body + hashlib.sha256(body).digest()
+    return body + hashlib.sha256(body).digest(), sections
 
 
 def decode_container(data: bytes) -> Container:

@@ -40,13 +40,14 @@ def tensor_from_cache(cache: DynamicCache) -> torch.Tensor:
     return torch.stack(stacked)  # [L, 2, H, T, D]
 
 
-def cache_from_tensor(kv: torch.Tensor) -> DynamicCache:
-    """A ``DynamicCache`` holding ``kv`` (``[layers, 2, kv_heads, tokens, head_dim]``)."""
+def cache_from_tensor(kv: torch.Tensor, batch: int = 1) -> DynamicCache:
+    """A ``DynamicCache`` holding ``kv`` (``[layers, 2, kv_heads, tokens, head_dim]``) for each
+    of ``batch`` sequences (copies: a step appends to every row)."""
     if kv.dim() != 5 or kv.shape[1] != 2:
         raise InvalidKVError(f"expected a [layers, 2, heads, tokens, dim] tensor, got {kv.shape}")
     cache = DynamicCache()
     for layer in range(kv.shape[0]):
-        keys = kv[layer, 0].unsqueeze(0).contiguous()  # [1, H, T, D]
-        values = kv[layer, 1].unsqueeze(0).contiguous()  # [1, H, T, D]
+        keys = kv[layer, 0].unsqueeze(0).expand(batch, -1, -1, -1).contiguous()  # [B, H, T, D]
+        values = kv[layer, 1].unsqueeze(0).expand(batch, -1, -1, -1).contiguous()  # [B, H, T, D]
         cache.update(keys, values, layer)
     return cache

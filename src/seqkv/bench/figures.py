@@ -36,13 +36,32 @@ from seqkv.errors import DecodeVerificationError, SeqKVError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.rows import row_forward
 
-# NOTE: 96 tokens of each kind keep the whole gate (every level coded and decoded) near two
+# NOTE: 96 tokens of each kind keep the whole gate (every level coded and decoded) near three
 # minutes on a 2-core CPU, long enough for every level to reach its steady state (the rows
 # level's drafts, four segments of 24 tokens).
 GATE_TOKENS = 96
 GATE_LEVELS = ("tokens", "rows", "segments:4", "ngram", "plain")
 TEXT_FILES = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
               "technical": "kinds/technical.txt"}
+
+
+@dataclass(frozen=True)
+class GateCase:
+    """One text (its first ``tokens`` tokens, or all of it) coded at one level."""
+
+    kind: str
+    tokens: int | None
+    level: str
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.tokens is not None else f"{self.kind}-full"
+
+
+# Every level on 96 tokens of every kind, and the whole prose sample at the default level: the
+# text ``scripts/test.sh`` runs ``seqkv check`` on, whose code length the check gates too.
+GATE_CASES = (*(GateCase(kind, GATE_TOKENS, level) for kind in TEXT_FILES
+                for level in GATE_LEVELS), GateCase("prose", None, "tokens"))
 BASELINE_DIR = Path("benchmarks") / "baselines" / "figures"
 RECORD_COMMAND = "seqkv bench figures --record"
 
@@ -89,26 +108,26 @@ def _sha256_tokens(tokens: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
 
 
-def measure_figures(model: CausalLM, tokens_per_text: int = GATE_TOKENS,
-                    levels: Sequence[str] = GATE_LEVELS,
+def measure_figures(model: CausalLM, cases: Sequence[GateCase] = GATE_CASES,
                     tolerance: float = DEFAULT_TOLERANCE) -> list[LevelFigures]:
-    """Code the first ``tokens_per_text`` tokens of every shipped text at every level, with the
-    KV of one prefill, decode each file, and return the figures."""
+    """Code every case's tokens with the KV of one prefill, decode each file, and return the
+    figures."""
     figures = []
-    for kind in TEXT_FILES:
-        tokens = model.encode_text(shipped_text(kind))[:tokens_per_text]
-        kv = model.prefill(tokens)
-        for level in levels:
-            result = compress(model, tokens, kv=kv, tolerance=tolerance, level=level)
-            decoded = decompress(model, result.data)
-            if decoded.tokens != tokens:
-                raise DecodeVerificationError(f"{kind} at {level} did not decode exactly")
-            stats = result.stats
-            figures.append(LevelFigures(
-                text=kind, level=level, tokens=len(tokens), tokens_sha256=_sha256_tokens(tokens),
-                code_bits=stats.code_bits, residual_bits=stats.residual_bits,
-                residual_escapes=stats.residual_escapes, file_bytes=stats.file_bytes,
-                encode_forwards=stats.forwards, decode_forwards=decoded.stats.forwards))
+    for case in cases:
+        tokens = model.encode_text(shipped_text(case.kind))
+        tokens = tokens if case.tokens is None else tokens[: case.tokens]
+        result = compress(model, tokens, kv=model.prefill(tokens), tolerance=tolerance,
+                          level=case.level)
+        decoded = decompress(model, result.data)
+        if decoded.tokens != tokens:
+            raise DecodeVerificationError(f"{case.label} at {case.level} did not decode exactly")
+        stats = result.stats
+        figures.append(LevelFigures(
+            text=case.label, level=case.level, tokens=len(tokens),
+            tokens_sha256=_sha256_tokens(tokens), code_bits=stats.code_bits,
+            residual_bits=stats.residual_bits, residual_escapes=stats.residual_escapes,
+            file_bytes=stats.file_bytes, encode_forwards=stats.forwards,
+            decode_forwards=decoded.stats.forwards))
     return figures
 
 
@@ -159,6 +178,17 @@ def read_baseline(path: Path) -> list[LevelFigures]:
         )
     lines = path.read_text().splitlines()
     return [LevelFigures(**json.loads(line)) for line in lines[1:] if line.strip()]
+
+
+def baseline_row(model: CausalLM, tokens: Sequence[int], level: str,
+                 root: Path = BASELINE_DIR) -> LevelFigures | None:
+    """The committed figures of exactly these tokens at ``level`` on this profile, if any."""
+    path = baseline_path(profile_key(model), root)
+    if not path.is_file():
+        return None
+    digest = _sha256_tokens(tokens)
+    return next((row for row in read_baseline(path)
+                 if row.tokens_sha256 == digest and row.level == level), None)
 
 
 def compare_figures(baseline: Sequence[LevelFigures],

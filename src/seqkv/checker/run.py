@@ -2,37 +2,53 @@
 
 The checker reads; it never mutates the model, the data or a .skv file. The core package never
 imports it.
+
+Monte-Carlo sizes (``CheckOptions``): Theorem 1 is measured at 32 prefixes drawn from the data;
+the model's entropy rate from 16 contexts drawn from the data, 4 sampled continuations of 32
+tokens each (64 sequences; the interval is a t-interval over the 16 contexts); the ratio's
+Monte-Carlo range over the same 64 sequences.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 
-from seqkv.checker.checks import Check, CheckInputs, CodeLengths, evaluate
+from seqkv.bench.figures import BASELINE_DIR, baseline_row
+from seqkv.bounds import (
+    Bound,
+    code_within_table_cost,
+    reference_surprisal,
+)
+from seqkv.checker.checks import Check, CheckInputs, CodeLengths, context_trend, evaluate
 from seqkv.checker.estimators import Interval, percentile_interval
+from seqkv.checker.kv_entropy import KVEntropyEstimate, estimate_kv_entropy
 from seqkv.checker.per_vector import per_vector_entropy
 from seqkv.checker.premises import measure_determinism, measure_injectivity
-from seqkv.checker.sampling import EntropyRateEstimate, ModelSource, estimate_entropy_rate
+from seqkv.checker.sampling import EntropyRateEstimate, estimate_entropy_rate_from_data
 from seqkv.codec import DEFAULT_TOLERANCE, CodingTrace, compress, decompress
 from seqkv.container import decode_container
 from seqkv.models.adapter import CausalLM, ModelIdentity
-from seqkv.proofs.claims import Claim, paper_claims
+from seqkv.proofs.claims import Claim, Measurements, paper_claims
 from seqkv.proofs.ratios import KVGeometry, per_vector_bits_per_token, per_vector_over_sequential
 from seqkv.schedule import ExecutionProfile
 
 
 @dataclass(frozen=True)
 class CheckOptions:
-    """How much to measure. Defaults keep a run on SmolLM2-135M near a minute on 2 cores."""
+    """How much to measure; see the module docstring for what the defaults buy."""
 
     determinism_tokens: int = 48  # the schedules are compared on the first 48 tokens
-    entropy_sequences: int = 8  # sampled sequences for the model's entropy rate
-    entropy_length: int = 48  # tokens per sampled sequence
+    kv_positions: int = 32  # prefixes drawn from the data for H(KV | prefix) vs H(t | prefix)
+    kv_top_k: int = 32  # most probable next tokens stepped at each of them
+    entropy_contexts: int = 16  # contexts drawn from the data for the model's entropy rate
+    entropy_sequences: int = 4  # sampled continuations per context
+    entropy_length: int = 32  # tokens per continuation
     per_vector_bits: int = 3  # the per-vector quantizer the paper compares against
     seed: int = 0
 
@@ -42,7 +58,7 @@ class DataFingerprint:
     source: str
     kind: Literal["text", "skv"]
     sha256: str
-    tokens: int
+    tokens: int  # positions the token code covers
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,7 @@ class CheckReport:
     cross_entropy_bits: float
     ideal_code_bits: float
     checks: tuple[Check, ...]
+    kv_entropy: KVEntropyEstimate
     ratios: RatioSummary
     paper_claims: tuple[Claim, ...]
 
@@ -85,12 +102,21 @@ class CheckReport:
             "tokens": self.lengths.tokens,
             "code_bits": self.lengths.code_bits,
             "residual_bits": self.lengths.residual_bits,
+            "residual_escapes": self.lengths.residual_escapes,
             "cross_entropy_bits": self.cross_entropy_bits,
             "checks": [
                 {"name": c.name, "kind": c.kind, "bound": c.bound,
                  "bound_expression": c.bound_expression, "measured": c.measured,
+                 "interval": None if c.interval is None else asdict(c.interval),
                  "holds": c.holds, "method": c.method}
                 for c in self.checks
+            ],
+            "kv_entropy_positions": [
+                {"position": p.position, "token_entropy": p.token_entropy,
+                 "kv_entropy": p.kv_entropy, "gap": p.gap, "tested_mass": p.tested_mass,
+                 "merged": [list(g) for g in p.merged],
+                 "nondeterministic": list(p.nondeterministic)}
+                for p in self.kv_entropy.positions
             ],
             "ratios": {
                 "symbolic_ratio_vs_per_vector": self.ratios.symbolic_ratio,
@@ -99,81 +125,133 @@ class CheckReport:
                                             self.ratios.monte_carlo_ratio.high],
                 "ratio_vs_fp16": self.ratios.ratio_vs_fp16,
             },
+            "paper_claims": [{"name": c.name, "holds": c.holds} for c in self.paper_claims],
         }
+
+
+@dataclass(frozen=True)
+class _Coded:
+    """What the checks need of one coded session, however it was obtained."""
+
+    tokens: list[int]  # every token, the shared prefix included
+    segments: list[list[int]]  # the coded tokens, as the level split them
+    prefix: list[int]
+    kv: torch.Tensor  # [layers, 2, kv_heads, tokens, head_dim]
+    trace: CodingTrace
+    lengths: CodeLengths
+    run_bounds: tuple[Bound, ...]
+    level: str
 
 
 def check_text_tokens(
     model: CausalLM, tokens: list[int], source: str, tolerance: float = DEFAULT_TOLERANCE,
     options: CheckOptions | None = None, progress: bool = False,
+    baselines: Path | None = BASELINE_DIR,
 ) -> CheckReport:
-    """Compress ``tokens`` with their prefill KV, then check every bound on the result."""
+    """Compress ``tokens`` with their prefill KV, then check every bound on the result.
+
+    The encoder's own bounds are reported, not raised, so a violation shows in the report.
+    """
     kv = model.prefill(tokens)
-    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=progress)
-    lengths = CodeLengths(result.stats.tokens, result.stats.code_bits,
-                          result.stats.residual_bits, _groups(result.header.kv.shape))
+    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=progress,
+                      on_violation="return")
+    stats = result.stats
+    coded = _Coded(tokens, [tokens], [], model.kv_tensor(kv), result.trace,
+                   CodeLengths(stats.tokens, stats.code_bits, stats.residual_bits,
+                               stats.residual_escapes),
+                   result.bounds, result.header.tokens.level)
     data = DataFingerprint(source, "text", _tokens_sha256(tokens), len(tokens))
-    return _report(model, tokens, model.kv_tensor(kv), result.trace, lengths, data,
-                   options or CheckOptions())
+    return _report(model, coded, data, options or CheckOptions(), baselines)
 
 
 def check_skv(
     model: CausalLM, skv: bytes, source: str, options: CheckOptions | None = None,
-    progress: bool = False,
+    progress: bool = False, baselines: Path | None = BASELINE_DIR,
 ) -> CheckReport:
-    """Decode a .skv file, then check every bound on its recorded sizes."""
+    """Decode a .skv file, then check every bound on what it codes (per coded token)."""
     container = decode_container(skv)
     decoded = decompress(model, skv, progress=progress)
-    residual_bits = 0 if container.residual is None else container.residual.num_bits
-    lengths = CodeLengths(len(decoded.tokens), container.token_code.num_bits, residual_bits,
-                          _groups(container.header.kv.shape))
-    data = DataFingerprint(source, "skv", hashlib.sha256(skv).hexdigest(), len(decoded.tokens))
-    return _report(model, decoded.tokens, decoded.kv, decoded.trace, lengths, data,
-                   options or CheckOptions())
-
-
-def _groups(shape: list[int]) -> int:
-    return shape[0] * shape[1]
+    header = container.header
+    count = header.tokens.count
+    prefix = decoded.tokens[: len(decoded.tokens) - count]
+    tail = decoded.tokens[len(prefix):]
+    lengths_list = header.tokens.segments or [count]
+    offsets = np.concatenate([[0], np.cumsum(lengths_list)]).astype(int)
+    segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths_list))]
+    residual = container.residual
+    lengths = CodeLengths(count, container.token_code.num_bits,
+                          0 if residual is None else residual.num_bits,
+                          0 if residual is None else residual.num_escapes)
+    bounds = (code_within_table_cost(lengths.code_bits, float(decoded.trace.code_cost_bits.sum())),)
+    coded = _Coded(decoded.tokens, segments, prefix, decoded.kv, decoded.trace, lengths, bounds,
+                   header.tokens.level)
+    data = DataFingerprint(source, "skv", hashlib.sha256(skv).hexdigest(), count)
+    return _report(model, coded, data, options or CheckOptions(), baselines)
 
 
 def _tokens_sha256(tokens: list[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()
 
 
-def _report(
-    model: CausalLM, tokens: list[int], kv: torch.Tensor, trace: CodingTrace,
-    lengths: CodeLengths, data: DataFingerprint, options: CheckOptions,
-) -> CheckReport:
-    entropy_rate = estimate_entropy_rate(ModelSource(model), options.entropy_sequences,
-                                         options.entropy_length, options.seed)
+def _report(model: CausalLM, coded: _Coded, data: DataFingerprint, options: CheckOptions,
+            baselines: Path | None) -> CheckReport:
+    tokens = coded.tokens
+    entropy_rate = estimate_entropy_rate_from_data(
+        model, tokens, options.entropy_contexts, options.entropy_sequences,
+        options.entropy_length, options.seed)
+    reference = reference_surprisal(model, coded.segments, model.start_token_id, coded.prefix,
+                                    dtype=torch.float64)
+    baseline = None
+    if baselines is not None and not coded.prefix:
+        row = baseline_row(model, coded.tokens, coded.level, baselines)
+        baseline = None if row is None else row.code_bits
+    kv_entropy = estimate_kv_entropy(model, tokens, options.kv_positions, options.kv_top_k,
+                                     options.seed)
     inputs = CheckInputs(
         geometry=model.geometry,
         vocab_size=model.vocab_size,
-        lengths=lengths,
-        trace=trace,
-        per_vector=per_vector_entropy(kv, options.per_vector_bits, options.seed),
+        lengths=coded.lengths,
+        trace=coded.trace,
+        run_bounds=coded.run_bounds,
+        reference_float64_bits=float(reference.sum()),
+        baseline_code_bits=baseline,
+        kv_entropy=kv_entropy,
+        per_vector=per_vector_entropy(coded.kv, options.per_vector_bits, options.seed),
         determinism=measure_determinism(model, tokens[: options.determinism_tokens]),
         injectivity=measure_injectivity(model),
         entropy_rate=entropy_rate,
+    )
+    checks = evaluate(inputs)
+    by_name = {c.name: c for c in checks}
+    measured = Measurements(
+        deterministic_per_schedule=by_name["deterministic_per_schedule"].holds,
+        schedule_invariant=by_name["schedule_invariant"].holds,
+        kv_entropy_within_token_entropy=by_name["kv_entropy_within_token_entropy"].holds,
+        kv_entropy_equals_token_entropy=all(not p.merged and not p.nondeterministic
+                                            for p in kv_entropy.positions),
+        entropy_falls_with_context=context_trend(inputs).decreasing(),
     )
     return CheckReport(
         model=model.identity,
         profile=model.profile(),
         data=data,
         options=options,
-        lengths=lengths,
-        cross_entropy_bits=float(trace.surprisal_bits.sum()),
-        ideal_code_bits=float(trace.code_cost_bits.sum()),
-        checks=evaluate(inputs),
-        ratios=_ratios(model.geometry, options.per_vector_bits, lengths, entropy_rate),
-        paper_claims=paper_claims(),
+        lengths=coded.lengths,
+        cross_entropy_bits=float(coded.trace.surprisal_bits.sum()),
+        ideal_code_bits=float(coded.trace.code_cost_bits.sum()),
+        checks=checks,
+        kv_entropy=kv_entropy,
+        ratios=ratio_summary(model.geometry, options.per_vector_bits, coded.lengths,
+                             entropy_rate),
+        paper_claims=paper_claims(measured),
     )
 
 
-def _ratios(
+def ratio_summary(
     geometry: KVGeometry, bits: int, lengths: CodeLengths, entropy_rate: EntropyRateEstimate
 ) -> RatioSummary:
     per_vector = float(per_vector_bits_per_token(geometry, bits))
-    measured = lengths.total_bits_per_token
+    measured = lengths.bits_per_token
     symbolic = per_vector_over_sequential(geometry, bits, round(measured, 6)).ratio_float
     samples = per_vector / entropy_rate.per_sequence_surprisal
     fp16 = 16 * 2 * geometry.layers * geometry.kv_heads * geometry.head_dim

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ class CausalLM:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
+        self._twins: dict[torch.dtype, PreTrainedModel] = {}
 
     @property
     def config(self) -> Any:
@@ -166,6 +168,20 @@ class CausalLM:
                 json.dumps([vocab, special]).encode()
             ).hexdigest()
         return ModelIdentity(self.name, config_hash, weights.hexdigest(), tokenizer_hash)
+
+    def twin(self, dtype: torch.dtype) -> PreTrainedModel:
+        """The network copied to ``dtype`` (kept for later calls): an independent reference,
+        e.g. float64 for recomputing a cross-entropy. The model's own dtype returns itself."""
+        if dtype == self.dtype:
+            return self.model
+        twin = self._twins.get(dtype)
+        if twin is None:
+            twin = copy.deepcopy(self.model)
+            torch.nn.Module.to(twin, dtype)  # in place (transformers' typed wrapper of .to
+            # does not accept a dtype argument for mypy)
+            twin.train(False)
+            self._twins[dtype] = twin
+        return twin
 
     def new_stepper(self, kv: torch.Tensor | None = None) -> Stepper:
         """A stepper whose cache starts empty, or holding ``kv`` ``[L, 2, H, T, D]``."""
