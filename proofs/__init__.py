@@ -27,6 +27,8 @@ Invariants:
 2. (checked) Each derived number is a substitution into the module's sympy expression.
 """
 
+from seqkv.types import KVGeometry
+
 from .claims import Claim, Measurements, paper_claims
 from .information import (
     conditional_entropy_bits,
@@ -57,7 +59,6 @@ from .ratios import (
     LLAMA_70B_GQA,
     PAPER_70B,
     SMOLLM2_135M,
-    KVGeometry,
     RatioResult,
     components_per_token,
     components_per_token_expr,

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import sympy
 
+from seqkv.types import KVGeometry
+
 from ._exact import as_int, as_rational, instantiate, positive_int
 from .ratios import (
     HEAD_DIM,
@@ -38,7 +40,6 @@ from .ratios import (
     LAYERS,
     LLAMA_70B_GQA,
     PAPER_70B,
-    KVGeometry,
     components_per_token_expr,
 )
 

@@ -44,6 +44,8 @@ from fractions import Fraction
 
 import sympy
 
+from seqkv.types import KVGeometry
+
 from ._exact import (
     ExactLike,
     as_float,
@@ -51,7 +53,6 @@ from ._exact import (
     as_rational,
     exact_positive,
     instantiate,
-    positive_int,
 )
 
 LAYERS = sympy.Symbol("L", integer=True, positive=True)
@@ -71,24 +72,6 @@ PAPER_OVERHEAD = 1000
 """The paper's "even 1000x above the entropy floor"."""
 PAPER_RATIO = 914_000
 PAPER_RATIO_WITH_OVERHEAD = 914
-
-
-@dataclass(frozen=True, slots=True)
-class KVGeometry:
-    """The KV-cache shape of a decoder-only transformer, per token position.
-
-    >>> KVGeometry(layers=30, kv_heads=3, head_dim=64)
-    KVGeometry(layers=30, kv_heads=3, head_dim=64)
-    """
-
-    layers: int
-    kv_heads: int  # key/value heads, not query heads: a GQA model stores fewer than it attends
-    head_dim: int
-
-    def __post_init__(self) -> None:
-        positive_int(self.layers, name="KVGeometry.layers")
-        positive_int(self.kv_heads, name="KVGeometry.kv_heads")
-        positive_int(self.head_dim, name="KVGeometry.head_dim")
 
 
 PAPER_70B = KVGeometry(layers=80, kv_heads=64, head_dim=128)

@@ -30,8 +30,7 @@ from seqkv.codec import CodingTrace
 from seqkv.coding.frequencies import cumulative_from_logits, log_softmax_bits
 from seqkv.models import CausalLM, ModelIdentity, tiny_random_llama
 from seqkv.proofs.claims import Measurements, paper_claims
-from seqkv.proofs.ratios import KVGeometry
-from seqkv.schedule import ExecutionProfile
+from seqkv.types import ExecutionProfile, KVGeometry
 
 GOLDEN = Path(__file__).parent / "data" / "check_report_golden.md"
 FAST = CheckOptions(determinism_tokens=16, kv_positions=6, kv_top_k=8, entropy_contexts=3,

@@ -90,9 +90,10 @@ from seqkv.levels import (
 )
 from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.models.rows import row_forward
-from seqkv.schedule import Schedule, pinned_threads, schedule_threads
+from seqkv.schedule import pinned_threads, schedule_threads
 from seqkv.trie.keys import PrefixHash
 from seqkv.trie.radix import ResolvedPrefix
+from seqkv.types import Schedule
 from seqkv.version import __version__
 
 # NOTE: 1e-4 is below fp16's resolution for any KV component above 0.2 in magnitude, and above

@@ -38,8 +38,7 @@ from seqkv.errors import (
     UnsupportedVersionError,
 )
 from seqkv.files import write_atomically
-from seqkv.models.adapter import ModelIdentity
-from seqkv.schedule import ExecutionProfile
+from seqkv.types import ExecutionProfile, ModelIdentity
 
 MAGIC = b"\x89SKV\r\n\x1a\n"
 FORMAT_VERSION = 2

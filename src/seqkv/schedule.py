@@ -27,13 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Literal
 
 import torch
 import transformers
 
-Schedule = Literal["token-by-token", "rows"]
+from seqkv.types import ExecutionProfile, Schedule
+
 CODING_THREADS = 1
 # NOTE: the row-invariant forward (``seqkv.models.rows``) gave bit-identical rows on 1 and 2
 # threads on one Xeon, but on another (AVX-512, MKL 2024.2) 2-thread products of 57-101 rows
@@ -46,52 +45,22 @@ def schedule_threads(schedule: Schedule) -> int:
     return ROW_THREADS if schedule == "rows" else CODING_THREADS
 
 
-@dataclass(frozen=True)
-class ExecutionProfile:
-    """Everything that decides the bits of the logits, as recorded in a .skv file."""
-
-    schedule: Schedule
-    dtype: str
-    device_class: str
-    cpu_capability: str
-    num_threads: int
-    torch_version: str
-    transformers_version: str
-
-    @classmethod
-    def current(cls, dtype: torch.dtype, device: torch.device,
-                schedule: Schedule = "token-by-token") -> ExecutionProfile:
-        """The profile this process runs ``schedule`` under for a model of ``dtype`` on
-        ``device``."""
-        if device.type == "cuda":
-            device_class = f"cuda:{torch.cuda.get_device_name(device)}"
-        else:
-            device_class = device.type
-        return cls(
-            schedule=schedule,
-            dtype=str(dtype).removeprefix("torch."),
-            device_class=device_class,
-            cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
-            num_threads=schedule_threads(schedule),
-            torch_version=torch.__version__,
-            transformers_version=transformers.__version__,
-        )
-
-    def hard_mismatches(self, other: ExecutionProfile) -> list[str]:
-        """Differences that make exact decoding impossible."""
-        return _differences(self, other, ("schedule", "dtype", "device_class", "num_threads"))
-
-    def soft_mismatches(self, other: ExecutionProfile) -> list[str]:
-        """Differences under which exact decoding is unlikely but can be attempted and verified."""
-        return _differences(
-            self, other, ("cpu_capability", "torch_version", "transformers_version")
-        )
-
-
-def _differences(a: ExecutionProfile, b: ExecutionProfile, fields: tuple[str, ...]) -> list[str]:
-    left, right = asdict(a), asdict(b)
-    return [f"{name}: file has {left[name]!r}, this machine {right[name]!r}"
-            for name in fields if left[name] != right[name]]
+def current_profile(dtype: torch.dtype, device: torch.device,
+                    schedule: Schedule = "token-by-token") -> ExecutionProfile:
+    """The profile this process runs ``schedule`` under for a model of ``dtype`` on ``device``."""
+    if device.type == "cuda":
+        device_class = f"cuda:{torch.cuda.get_device_name(device)}"
+    else:
+        device_class = device.type
+    return ExecutionProfile(
+        schedule=schedule,
+        dtype=str(dtype).removeprefix("torch."),
+        device_class=device_class,
+        cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
+        num_threads=schedule_threads(schedule),
+        torch_version=torch.__version__,
+        transformers_version=transformers.__version__,
+    )
 
 
 @contextmanager

@@ -34,7 +34,8 @@ from seqkv.checker.premises import DeterminismMeasurement, InjectivityMeasuremen
 from seqkv.checker.sampling import EntropyRateEstimate
 from seqkv.codec import CodingTrace
 from seqkv.proofs.perplexity import PAPER_BITS_AT_PERPLEXITY
-from seqkv.proofs.ratios import KVGeometry, per_vector_bits_per_token
+from seqkv.proofs.ratios import per_vector_bits_per_token
+from seqkv.types import KVGeometry
 
 CheckKind = Literal["bound", "premise", "claim"]
 # NOTE: the entropies of a position are sums of ~1e5 float64 terms; a gap of -1e-9 bits is

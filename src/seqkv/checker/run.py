@@ -33,10 +33,10 @@ from seqkv.checker.premises import measure_determinism, measure_injectivity
 from seqkv.checker.sampling import EntropyRateEstimate, estimate_entropy_rate_from_data
 from seqkv.codec import DEFAULT_TOLERANCE, CodingTrace, compress, decompress
 from seqkv.container import decode_container
-from seqkv.models.adapter import CausalLM, ModelIdentity
+from seqkv.models.adapter import CausalLM
 from seqkv.proofs.claims import Claim, Measurements, paper_claims
-from seqkv.proofs.ratios import KVGeometry, per_vector_bits_per_token, per_vector_over_sequential
-from seqkv.schedule import ExecutionProfile
+from seqkv.proofs.ratios import per_vector_bits_per_token, per_vector_over_sequential
+from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -34,8 +33,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from seqkv.errors import EmptyInputError, InvalidTokensError
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
-from seqkv.proofs.ratios import KVGeometry
-from seqkv.schedule import ExecutionProfile, Schedule
+from seqkv.schedule import current_profile
+from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity, Schedule
 
 _ALIGNMENT = 64  # bytes; what torch's CPU allocator guarantees for fresh tensors
 # Config keys that name or date a checkpoint without changing what it computes. ``save_pretrained``
@@ -45,22 +44,6 @@ _VOLATILE_CONFIG_KEYS = frozenset({
     "_name_or_path", "transformers_version", "_commit_hash", "architectures", "dtype",
     "torch_dtype",
 })
-
-
-@dataclass(frozen=True)
-class ModelIdentity:
-    """What a .skv file records about the model and tokenizer that coded it."""
-
-    name: str
-    config_sha256: str
-    weights_sha256: str
-    tokenizer_sha256: str | None
-
-    def same_model(self, other: ModelIdentity) -> bool:
-        return (self.config_sha256, self.weights_sha256) == (
-            other.config_sha256,
-            other.weights_sha256,
-        )
 
 
 class Stepper:
@@ -123,7 +106,7 @@ class CausalLM:
     @property
     def kv_components_per_token(self) -> int:
         """Keys and values of all layers and heads for one token position."""
-        return 2 * self.num_layers * self.kv_heads * self.head_dim
+        return self.geometry.components_per_token
 
     @property
     def dtype(self) -> torch.dtype:
@@ -142,7 +125,7 @@ class CausalLM:
         return int(bos) if isinstance(bos, int) and 0 <= bos < self.vocab_size else None
 
     def profile(self, schedule: Schedule = "token-by-token") -> ExecutionProfile:
-        return ExecutionProfile.current(self.dtype, self.device, schedule)
+        return current_profile(self.dtype, self.device, schedule)
 
     @cached_property
     def identity(self) -> ModelIdentity:
