@@ -11,8 +11,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-import seqkv.codec
-import seqkv.levels
+import seqkv.levels.base
 from seqkv.bounds import Bound
 from seqkv.checker import CheckOptions, CodeLengths, check_text_tokens, render_markdown
 from seqkv.checker.checks import CheckInputs, evaluate, kv_entropy_check
@@ -67,7 +66,7 @@ def test_the_real_coder_passes_every_bound(tiny_model: CausalLM) -> None:
 def test_a_sharpened_model_fails_the_gate_its_own_accounting_passes(
     tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(seqkv.codec, "table_and_log2p", _sharpened)
+    monkeypatch.setattr(seqkv.levels.base, "model_distribution", _sharpened)
     report = check_text_tokens(tiny_model, TOKENS, "random-tokens", options=FAST)
     failed = {c.name for c in report.checks if c.kind == "bound" and not c.holds}
     assert failed == {"code_within_reference_cross_entropy", "code_within_float64_cross_entropy"}

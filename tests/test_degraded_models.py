@@ -11,8 +11,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-import seqkv.codec
-import seqkv.levels
+import seqkv.levels.base
 from seqkv import cli, compress
 from seqkv.bench.figures import shipped_text
 from seqkv.bounds import BoundViolationError
@@ -39,9 +38,8 @@ DEGRADED: dict[str, Callable[[npt.NDArray[np.floating]], Tables]] = {
 
 @pytest.fixture(params=sorted(DEGRADED))
 def degraded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every model-coded level builds its tables through these two names."""
-    monkeypatch.setattr(seqkv.codec, "table_and_log2p", DEGRADED[request.param])
-    monkeypatch.setattr(seqkv.levels, "table_and_log2p", DEGRADED[request.param])
+    """Every model-coded level builds its tables through this one function."""
+    monkeypatch.setattr(seqkv.levels.base, "model_distribution", DEGRADED[request.param])
     return str(request.param)
 
 
@@ -82,7 +80,7 @@ def test_the_cli_check_exits_1_naming_the_bounds(
     real_model: CausalLM, text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(seqkv.codec, "table_and_log2p", _sharpened)
+    monkeypatch.setattr(seqkv.levels.base, "model_distribution", _sharpened)
     monkeypatch.setattr(cli, "_load", lambda path: real_model)
     status = cli.main(["check", str(text), "--report", str(tmp_path / "r.md"), "--json",
                        "--kv-positions", "2", "--entropy-contexts", "2"])

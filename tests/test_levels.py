@@ -19,10 +19,20 @@ from seqkv.container import Container, decode_container, encode_container
 from seqkv.errors import (
     CorruptFileError,
     EnvironmentMismatchError,
+    InvalidLevelError,
     UnsupportedVersionError,
 )
 from seqkv.kvcache import tensor_from_cache
-from seqkv.levels import Level, LevelChoice, segment_order, split_lengths
+from seqkv.levels import LEVELS as REGISTRY
+from seqkv.levels import (
+    PlainLevel,
+    SegmentsLevel,
+    TokensLevel,
+    family,
+    parse_level,
+    segment_order,
+    split_lengths,
+)
 from seqkv.models import CausalLM
 
 VOCAB = 512
@@ -39,7 +49,7 @@ def test_every_level_round_trips_tokens_and_kv(tiny_model: CausalLM, tokens: lis
     decoded = decompress(tiny_model, result.data)
     assert decoded.tokens == tokens
     assert (decoded.kv - tensor_from_cache(kv)).abs().max().item() <= tolerance
-    assert decoded.header.tokens.level == LevelChoice.parse(level).level.value
+    assert decoded.header.tokens.level == family(parse_level(level))
     assert np.array_equal(decoded.trace.surprisal_bits, result.trace.surprisal_bits)
     assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2 + 2e-5 * len(tokens)
 
@@ -115,19 +125,26 @@ def test_split_lengths_and_order() -> None:
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("tokens", LevelChoice(Level.TOKENS)),
-    ("segments:16", LevelChoice(Level.SEGMENTS, 16)),
-    ("plain", LevelChoice(Level.PLAIN)),
+    ("tokens", TokensLevel()),
+    ("segments:16", SegmentsLevel(16)),
+    ("plain", PlainLevel()),
 ])
-def test_level_names_parse(text: str, expected: LevelChoice) -> None:
-    assert LevelChoice.parse(text) == expected
-    assert LevelChoice.parse(expected.name) == expected
+def test_level_names_parse(text: str, expected: object) -> None:
+    assert parse_level(text) == expected
+    assert parse_level(parse_level(text).spec.name) == expected
 
 
-@pytest.mark.parametrize("text", ["fast", "segments", "segments:1", "segments:x", "rows:4"])
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_registered_level_names_itself(name: str) -> None:
+    level = parse_level("segments:3" if name == "segments" else name)
+    assert parse_level(level.spec.name) == level and family(level) == name
+
+
+@pytest.mark.parametrize("text", ["fast", "segments", "segments:1", "segments:x", "rows:4",
+                                  "segments:65", "segments:-2"])
 def test_bad_level_names_are_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="level"):
-        LevelChoice.parse(text)
+    with pytest.raises(InvalidLevelError, match=r"level|segments"):
+        parse_level(text)
 
 
 def _rewrite_header(data: bytes, **tokens_fields: object) -> bytes:

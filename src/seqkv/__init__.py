@@ -2,7 +2,8 @@
 
 Implements and measures arXiv 2604.15356 ("Sequential KV Cache Compression via Probabilistic
 Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``; ``level=`` picks the
-rate-compute dial (``seqkv.levels``), ``seqkv.decompress_batch`` decodes many files together.
+rate-compute dial (``seqkv.levels``, ``seqkv.parse_level``), ``seqkv.decompress_batch`` decodes
+many files together.
 """
 
 from seqkv.codec import (
@@ -18,22 +19,23 @@ from seqkv.codec import (
     decompress_tokens,
 )
 from seqkv.errors import SeqKVError
-from seqkv.levels import Level, LevelChoice
+from seqkv.levels import CodingLevel, LevelSpec, parse_level
 from seqkv.version import __version__
 
 __all__ = [
     "DEFAULT_TOLERANCE",
+    "CodingLevel",
     "CodingTrace",
     "CompressResult",
     "CompressStats",
     "DecompressResult",
     "DecompressStats",
-    "Level",
-    "LevelChoice",
+    "LevelSpec",
     "SeqKVError",
     "__version__",
     "compress",
     "decompress",
     "decompress_batch",
     "decompress_tokens",
+    "parse_level",
 ]

@@ -25,6 +25,12 @@ from rich.console import Console
 from rich.table import Table
 from safetensors.torch import save_file
 
+from seqkv.bench.decode import (
+    forward_costs,
+    render_markdown,
+    run_decode_bench,
+    time_token_by_token,
+)
 from seqkv.checker.run import CheckOptions
 from seqkv.codec import (
     DEFAULT_TOLERANCE,
@@ -35,14 +41,8 @@ from seqkv.codec import (
     decompress_tokens,
 )
 from seqkv.container import MAGIC, decode_container, write_container_file
-from seqkv.decoding.bench import (
-    forward_costs,
-    render_markdown,
-    run_decode_bench,
-    time_token_by_token,
-)
 from seqkv.errors import EmptyInputError, SeqKVError
-from seqkv.levels import LevelChoice
+from seqkv.levels import DEFAULT_LEVEL, CodingLevel, parse_level
 from seqkv.models import CausalLM, load_default_model, load_model
 from seqkv.proofs.ratios import per_vector_bits_per_token
 from seqkv.schedule import pinned_threads
@@ -127,11 +127,11 @@ def decompress_figures(result: DecompressResult) -> dict[str, object]:
 
 def _compress_and_verify(
     model: CausalLM, tokens: list[int], kv_mode: str, tolerance: float, verify: bool,
-    level: LevelChoice | None = None,
+    level: CodingLevel | None = None,
 ) -> tuple[CompressResult, dict[str, object]]:
     kv = model.prefill(tokens) if kv_mode == "prefill" else None
     result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=True,
-                      level=level or LevelChoice())
+                      level=level or parse_level(DEFAULT_LEVEL))
     verify_seconds = None
     if verify:
         started = time.perf_counter()
@@ -139,7 +139,7 @@ def _compress_and_verify(
         verify_seconds = time.perf_counter() - started
         assert decoded.tokens == tokens  # decompress already checked both checksums
     figures = compress_figures(model, result, verify, verify_seconds)
-    figures["level"] = (level or LevelChoice()).name
+    figures["level"] = result.header.tokens.level if level is None else level.spec.name
     return result, figures
 
 
@@ -292,9 +292,9 @@ def _cmd_bench_figures(args: argparse.Namespace) -> int:
     return 1 if changes else 0
 
 
-def _level_argument(text: str) -> LevelChoice:
+def _level_argument(text: str) -> CodingLevel:
     try:
-        return LevelChoice.parse(text)
+        return parse_level(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="store the KV of one prefill over the text (default) or tokens only")
     c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help=f"max abs KV error (default {DEFAULT_TOLERANCE}; 0 = bit-exact)")
-    c.add_argument("--level", type=_level_argument, default=LevelChoice(),
+    c.add_argument("--level", type=_level_argument, default=parse_level(DEFAULT_LEVEL),
                    metavar="LEVEL", help="rate-compute dial: tokens (default: fewest bits), rows "
                    "(same bits, fast encode, batched decoding), segments:N (N segments decoded "
                    "in parallel, more bits), ngram, plain (no model per token)")

@@ -25,13 +25,11 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Literal, Protocol, get_args
 
 import numpy as np
 import numpy.typing as npt
 import torch
-from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from seqkv.bounds import (
@@ -45,11 +43,6 @@ from seqkv.bounds import (
     residual_within_tolerance,
 )
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
-from seqkv.coding.frequencies import (
-    CumulativeTable,
-    table_and_log2p,
-    uniform_distribution,
-)
 from seqkv.coding.residual import ResidualCode, decode_residual, encode_residual
 from seqkv.container import (
     FORMAT_VERSION,
@@ -67,6 +60,7 @@ from seqkv.errors import (
     DecodeVerificationError,
     EnvironmentMismatchError,
     InvalidKVError,
+    InvalidLevelError,
     InvalidTokensError,
     ModelMismatchError,
     PrefixMismatchError,
@@ -75,22 +69,17 @@ from seqkv.errors import (
 )
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.levels import (
-    DecodeJob,
-    Level,
-    LevelChoice,
+    DEFAULT_LEVEL,
+    CodingLevel,
+    DecodeOutput,
+    DecodeRequest,
+    EncodeRequest,
     TraceColumns,
-    decode_portable,
-    decode_rows,
-    encode_portable,
-    encode_rows,
-    job_tokens,
-    new_job,
-    recompute_kv,
-    split_lengths,
+    family,
+    parse_level,
 )
-from seqkv.models.adapter import CausalLM, Stepper
-from seqkv.models.rows import row_forward
-from seqkv.schedule import pinned_threads, schedule_threads
+from seqkv.levels.segments import MAX_SEGMENTS, SegmentsLevel
+from seqkv.models.adapter import CausalLM
 from seqkv.trie.keys import PrefixHash
 from seqkv.trie.radix import ResolvedPrefix
 from seqkv.types import Schedule
@@ -221,27 +210,6 @@ class PrefixSource(Protocol):
     def resolve(self, prefix_hash: PrefixHash, *, with_kv: bool = True) -> ResolvedPrefix: ...
 
 
-def _start(
-    model: CausalLM, context: int | None, prefix: ResolvedPrefix | None
-) -> tuple[Stepper, CumulativeTable, npt.NDArray[np.float64]]:
-    """The stepper and the first coded token's table, log2-probabilities.
-
-    Without a prefix, the first token is coded under the model's distribution after ``context``
-    (its BOS token), or uniformly. With one, the stepper starts from the prefix's stored KV
-    without its last position, and steps the prefix's last token: encoder and decoder both start
-    from the same stored bits, so their probabilities agree.
-    """
-    if prefix is not None:
-        assert prefix.kv is not None
-        stepper = model.new_stepper(prefix.kv[:, :, :, : len(prefix.tokens) - 1])
-        logits = stepper.step(prefix.tokens[-1])
-        return stepper, *table_and_log2p(logits)
-    if context is None:
-        return model.new_stepper(), *uniform_distribution(model.vocab_size)
-    logits = Stepper(model.model).step(context)
-    return model.new_stepper(), *table_and_log2p(logits)
-
-
 def _check_prefix(model: CausalLM, tokens: list[int], prefix: ResolvedPrefix) -> None:
     length = len(prefix.tokens)
     if not 1 <= length < len(tokens) or list(prefix.tokens) != tokens[:length]:
@@ -264,7 +232,7 @@ def compress(
     tolerance: float = DEFAULT_TOLERANCE,
     progress: bool = False,
     prefix: ResolvedPrefix | None = None,
-    level: LevelChoice | str = "tokens",
+    level: CodingLevel | str = DEFAULT_LEVEL,
     *,
     on_violation: Literal["raise", "return"] = "raise",
 ) -> CompressResult:
@@ -273,7 +241,7 @@ def compress(
     With ``prefix`` (a shared prefix resolved from a ``seqkv.trie.PrefixTrie``), the file
     references it by hash and codes only the tokens after it; ``kv`` still covers all tokens.
     ``level`` sets the rate-compute dial (``seqkv.levels``): ``tokens`` (default), ``rows``,
-    ``segments:N``, ``ngram`` or ``plain``.
+    ``segments:N``, ``ngram`` or ``plain``, or a ``CodingLevel``.
 
     Every run evaluates the bounds of ``seqkv.bounds`` on what it coded and raises
     ``BoundViolationError`` when one fails; ``on_violation="return"`` returns the result with its
@@ -294,48 +262,18 @@ def compress(
     if kv is not None:
         target = (tensor_from_cache(kv) if isinstance(kv, DynamicCache) else kv).detach()
         target = target.to("cpu", torch.float32)
-    choice = LevelChoice.parse(level) if isinstance(level, str) else level
+    coding_level = parse_level(level) if isinstance(level, str) else level
     context = model.start_token_id
     started = time.perf_counter()
     encoder = ArithmeticEncoder()
-    lengths = [len(tail)]
-    forwards = 0
-    if choice.level == Level.TOKENS:
-        forwards = len(tail) + (0 if prefix is None and context is None else 1)
-        schedule: Schedule = "token-by-token"
-        recorder = TraceColumns()
-        with pinned_threads():
-            stepper, table, log2p = _start(model, context, prefix)
-            for position, token in enumerate(tqdm(tail, desc="encoding", unit="tok",
-                                                  disable=None if progress else True)):
-                encoder.encode(table, token)
-                recorder.record(log2p, table, token)
-                logits = stepper.step(token)
-                if position + 1 < len(tail):
-                    table, log2p = table_and_log2p(logits)
-        recomputed = model.kv_tensor(stepper.cache)
-    else:
-        schedule = "rows"
-        engine = row_forward(model)
-        before = engine.forwards
-        with pinned_threads(schedule_threads(schedule)):
-            kv_rows = None
-            if choice.level.model_coded:
-                lengths = split_lengths(len(tail), choice.segments)
-                recorder, kv_rows = encode_rows(engine, encoder, tail, lengths, context, prefix)
-            else:
-                prefix_tokens = list(prefix.tokens) if prefix is not None else []
-                recorder = encode_portable(choice.level, encoder, tail, model.vocab_size,
-                                           prefix_tokens)
-            recomputed = kv_rows if kv_rows is not None else recompute_kv(engine, tail, prefix)
-        forwards = engine.forwards - before
+    encoded = coding_level.encode(EncodeRequest(model, tail, prefix, context, encoder, progress))
     token_code = encoder.finish()
     residual = None
     residual_section = None
-    rebuilt = recomputed
+    rebuilt = encoded.kv
     max_error = None
     if target is not None:
-        residual, rebuilt = encode_residual(target, recomputed, tolerance)
+        residual, rebuilt = encode_residual(target, encoded.kv, tolerance)
         max_error = float((rebuilt - target).abs().max())
         residual_section = ResidualSection(
             mode=residual.mode.value,
@@ -349,7 +287,7 @@ def compress(
         format_version=FORMAT_VERSION,
         writer=f"seqkv {__version__}",
         model=model.identity,
-        profile=model.profile(schedule),
+        profile=model.profile(coding_level.spec.schedule),
         prefix=None if prefix is None else PrefixSection(
             prefix_hash=str(prefix.prefix_hash),
             tokens=len(prefix.tokens),
@@ -360,8 +298,8 @@ def compress(
             num_bits=token_code.num_bits,
             first_token_context=context,
             sha256=_tokens_sha256(token_list),
-            level=choice.level.value,
-            segments=lengths,
+            level=family(coding_level),
+            segments=encoded.segments,
             vocab_size=model.vocab_size,
         ),
         kv=KVSection(
@@ -372,9 +310,10 @@ def compress(
         ),
     )
     data, sections = encode_container_with_sections(Container(header, token_code, residual))
-    trace = _trace(recorder)
-    bounds = _bounds(model, choice, tail, lengths, context, prefix, token_code.num_bits, trace,
-                     residual, max_error, tolerance, len(data), sections)
+    trace = _trace(encoded.trace)
+    bounds = _bounds(model, coding_level, tail, encoded.segments, context, prefix,
+                     token_code.num_bits, trace, residual, max_error, tolerance, len(data),
+                     sections)
     if on_violation == "raise":
         raise_unless_all_hold(bounds)
     stats = CompressStats(
@@ -389,28 +328,26 @@ def compress(
         kv_components_per_token=model.kv_components_per_token,
         encode_seconds=encode_seconds,
         max_abs_kv_error=max_error,
-        forwards=forwards,
+        forwards=encoded.forwards,
     )
     return CompressResult(data, header, stats, trace, bounds, sections)
 
 
-def _bounds(model: CausalLM, choice: LevelChoice, tail: list[int], lengths: list[int],
+def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[int],
             context: int | None, prefix: ResolvedPrefix | None, code_bits: int,
             trace: CodingTrace, residual: ResidualCode | None, max_error: float | None,
             tolerance: float, file_bytes: int, sections: dict[str, int]) -> tuple[Bound, ...]:
     """The cheap bounds of ``seqkv.bounds`` on what ``compress`` has just coded."""
     bounds = [code_within_table_cost(code_bits, float(trace.code_cost_bits.sum()))]
-    if choice.level.model_coded:
+    if level.spec.reference == "model":
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
         segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths))]
         reference = reference_surprisal(model, segments, context,
                                         prefix.tokens if prefix is not None else ())
         bounds.append(code_within_reference_cross_entropy(
             code_bits, float(reference.sum()), len(tail), model.vocab_size))
-    elif choice.level == Level.PLAIN:
+    elif level.spec.reference == "uniform":
         bounds.append(code_within_uniform(code_bits, len(tail), model.vocab_size))
-    # NOTE: the ngram level has no independent reference: its adaptive model is exact integer
-    # arithmetic, so a recount would rerun the same code; its table-cost bound still holds.
     if residual is not None and max_error is not None:
         bounds.append(residual_within_tolerance(max_error, tolerance, residual.num_bits,
                                                 residual.num_escapes))
@@ -418,13 +355,18 @@ def _bounds(model: CausalLM, choice: LevelChoice, tail: list[int], lengths: list
     return tuple(bounds)
 
 
-def _level_of(header: Header) -> Level:
+def level_of(header: Header) -> CodingLevel:
+    """The coding level a file records, or UnsupportedVersionError for one unknown here."""
+    name = header.tokens.level
+    if name == "segments":
+        # A version-2 file records the segment lengths; the count is how many it has.
+        return SegmentsLevel(max(2, min(len(header.tokens.segments or []), MAX_SEGMENTS)))
     try:
-        return Level(header.tokens.level)
-    except ValueError:
+        return parse_level(name)
+    except InvalidLevelError:
         raise UnsupportedVersionError(
-            f"the file was coded at level {header.tokens.level!r}, which this seqkv does not "
-            "know: use the seqkv release that wrote it"
+            f"the file was coded at level {name!r}, which this seqkv does not know: use the "
+            "seqkv release that wrote it"
         ) from None
 
 
@@ -440,7 +382,7 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
     if schedule not in get_args(Schedule):
         raise EnvironmentMismatchError(f"the file's schedule {schedule!r} is unknown here")
     profile = model.profile(schedule)
-    portable = "" if _level_of(header).model_coded else (
+    portable = "" if level_of(header).spec.model_coded else (
         "; its tokens are portable: seqkv.decompress_tokens (CLI: --tokens-only) decodes them "
         "on any machine")
     hard = header.profile.hard_mismatches(profile)
@@ -484,16 +426,26 @@ def _resolve_prefix(header: Header, prefixes: PrefixSource | None,
 
 @dataclass
 class _Pending:
-    """A file between token decoding and KV verification."""
+    """A file between parsing and verification."""
 
     container: Container
+    level: CodingLevel
     prefix: ResolvedPrefix | None
     started: float
-    tail: list[int] = dataclass_field(default_factory=list)
-    trace: TraceColumns = dataclass_field(default_factory=TraceColumns)
-    recomputed: torch.Tensor | None = None
-    job: DecodeJob | None = None
-    forwards: int = 0
+    output: DecodeOutput | None = None
+
+    def request(self, with_kv: bool, progress: bool = False) -> DecodeRequest:
+        tokens = self.container.header.tokens
+        lengths = tokens.segments or [tokens.count]
+        if sum(lengths) != tokens.count or min(lengths) < 1:
+            raise CorruptFileError("the file's segment lengths are not positive or do not add "
+                                   "up to its token count")
+        if tokens.vocab_size is None and not self.level.spec.model_coded:
+            raise CorruptFileError("the file's model-free level does not record the vocabulary "
+                                   "size")
+        return DecodeRequest(ArithmeticDecoder(self.container.token_code), tokens.count,
+                             list(lengths), tokens.first_token_context, tokens.vocab_size or 0,
+                             self.prefix, with_kv, progress)
 
 
 def _begin(model: CausalLM, data: bytes, allow_environment_mismatch: bool,
@@ -501,50 +453,37 @@ def _begin(model: CausalLM, data: bytes, allow_environment_mismatch: bool,
     container = decode_container(data)
     check_decodable(model, container.header, allow_environment_mismatch)
     prefix = _resolve_prefix(container.header, prefixes)
-    return _Pending(container, prefix, time.perf_counter())
+    return _Pending(container, level_of(container.header), prefix, time.perf_counter())
 
 
-def _decode_tokens_level(model: CausalLM, pending: _Pending, progress: bool) -> None:
-    """The ``tokens`` level: transformers' forward, one step per token."""
-    header = pending.container.header
-    count = header.tokens.count
-    decoder = ArithmeticDecoder(pending.container.token_code)
-    with pinned_threads():
-        stepper, table, log2p = _start(model, header.tokens.first_token_context, pending.prefix)
-        for position in tqdm(range(count), desc="decoding", unit="tok",
-                             disable=None if progress else True):
-            token = decoder.decode(table)
-            pending.tail.append(token)
-            pending.trace.record(log2p, table, token)
-            logits = stepper.step(token)
-            if position + 1 < count:
-                table, log2p = table_and_log2p(logits)
-    pending.recomputed = model.kv_tensor(stepper.cache)
-    start = header.tokens.first_token_context is not None or pending.prefix is not None
-    pending.forwards = count + (1 if start else 0)
+def _decode(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
+            progress: bool = False) -> None:
+    """Decode every pending file at its level; files whose levels share a batch group decode
+    in one call, sharing its forwards."""
+    groups: dict[object, list[_Pending]] = {}
+    for index, pending in enumerate(pendings):
+        key = pending.level.spec.batch_group or ("alone", index)
+        groups.setdefault(key, []).append(pending)
+    for group in groups.values():
+        outputs = group[0].level.decode(model, [p.request(with_kv, progress) for p in group])
+        for pending, output in zip(group, outputs, strict=True):
+            pending.output = output
 
 
 def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
     """Verify the tokens, rebuild and verify the KV."""
     header = pending.container.header
     prefix = pending.prefix
-    tokens = ([] if prefix is None else list(prefix.tokens)) + pending.tail
+    output = pending.output
+    assert output is not None and output.kv is not None
+    tokens = ([] if prefix is None else list(prefix.tokens)) + output.tail
     tokens_verified = _tokens_sha256(tokens) == header.tokens.sha256
     if not tokens_verified:
         raise DecodeVerificationError(
             "the decoded tokens do not match the file's checksum: this machine did not "
             "reproduce the encoder's probabilities bit for bit"
         )
-    recomputed = pending.recomputed
-    if recomputed is None:
-        if pending.job is not None and len(pending.job.streams) == 1:
-            recomputed = pending.job.kv()
-        else:
-            engine = row_forward(model)
-            before = engine.forwards
-            with pinned_threads(schedule_threads("rows")):
-                recomputed = recompute_kv(engine, pending.tail, prefix)
-            pending.forwards += engine.forwards - before
+    recomputed = output.kv
     if list(recomputed.shape) != header.kv.shape:
         raise InvalidKVError(
             f"recomputed KV has shape {list(recomputed.shape)}, the file {header.kv.shape}"
@@ -563,27 +502,10 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
         max_abs_residual=float((kv - recomputed).abs().max()) if kv.numel() else 0.0,
         tokens_verified=tokens_verified,
         kv_verified=kv_verified,
-        forwards=pending.forwards,
+        forwards=output.forwards,
     )
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
-    return DecompressResult(tokens, cache, kv, header, stats, _trace(pending.trace))
-
-
-def _row_job(model: CausalLM, pending: _Pending) -> DecodeJob:
-    header = pending.container.header
-    lengths = header.tokens.segments or [header.tokens.count]
-    if sum(lengths) != header.tokens.count or min(lengths) < 1:
-        raise CorruptFileError("the file's segment lengths are not positive or do not add up "
-                               "to its token count")
-    decoder = ArithmeticDecoder(pending.container.token_code)
-    with pinned_threads(schedule_threads("rows")):
-        return new_job(row_forward(model), decoder, lengths, header.tokens.first_token_context,
-                       pending.prefix)
-
-
-def _take_job(pending: _Pending) -> None:
-    assert pending.job is not None
-    pending.tail, pending.trace = job_tokens(pending.job)
+    return DecompressResult(tokens, cache, kv, header, stats, _trace(output.trace))
 
 
 def decompress(
@@ -598,25 +520,8 @@ def decompress(
     A file coded after a shared prefix needs ``prefixes``, the trie that holds that prefix.
     """
     pending = _begin(model, data, allow_environment_mismatch, prefixes)
-    _decode_alone(model, pending, progress)
+    _decode(model, [pending], with_kv=True, progress=progress)
     return _finish(model, pending)
-
-
-def _decode_alone(model: CausalLM, pending: _Pending, progress: bool = False) -> None:
-    """Decode one file's tokens at its level (and, where the level keeps it, its KV)."""
-    level = _level_of(pending.container.header)
-    if level == Level.TOKENS:
-        _decode_tokens_level(model, pending, progress)
-    elif level.model_coded:
-        engine = row_forward(model)
-        before = engine.forwards
-        pending.job = _row_job(model, pending)
-        with pinned_threads(schedule_threads("rows")):
-            decode_rows(engine, [pending.job])
-        _take_job(pending)
-        pending.forwards += engine.forwards - before
-    else:
-        pending.tail, pending.trace = _decode_portable_tokens(pending.container, pending.prefix)
 
 
 def decompress_batch(
@@ -625,44 +530,16 @@ def decompress_batch(
     allow_environment_mismatch: bool = False,
     prefixes: PrefixSource | None = None,
 ) -> list[DecompressResult]:
-    """Decode many .skv files, sharing each forward among all ``rows``/``segments`` files.
+    """Decode many .skv files, sharing forwards among files whose levels allow it.
 
-    Every stream of every such file adds one row to a round's forward, so N sessions decode in
-    about the rounds of the longest one. Files at other levels are decoded one by one. Each
-    result is verified as by ``decompress``; the first failure raises.
+    At the ``rows`` and ``segments`` levels every stream of every file adds one row to a round's
+    forward, so N sessions decode in about the rounds of the longest one; files at other levels
+    are decoded one by one. Each result is verified as by ``decompress``; the first failure
+    raises.
     """
     pendings = [_begin(model, data, allow_environment_mismatch, prefixes) for data in files]
-    engine = row_forward(model) if any(
-        _level_of(p.container.header) in (Level.ROWS, Level.SEGMENTS) for p in pendings) else None
-    before = 0 if engine is None else engine.forwards
-    for pending in pendings:
-        if _level_of(pending.container.header) in (Level.ROWS, Level.SEGMENTS):
-            pending.job = _row_job(model, pending)
-    jobs = [p.job for p in pendings if p.job is not None]
-    if engine is not None:
-        with pinned_threads(schedule_threads("rows")):
-            decode_rows(engine, jobs)
-        shared = engine.forwards - before
-        for pending in pendings:
-            if pending.job is not None:
-                pending.forwards = shared
-    for pending in pendings:
-        if pending.job is None:
-            _decode_alone(model, pending)
-        else:
-            _take_job(pending)
+    _decode(model, pendings, with_kv=True)
     return [_finish(model, pending) for pending in pendings]
-
-
-def _decode_portable_tokens(container: Container,
-                            prefix: ResolvedPrefix | None) -> tuple[list[int], TraceColumns]:
-    header = container.header
-    vocab = header.tokens.vocab_size
-    if vocab is None:
-        raise CorruptFileError("the file's portable level does not record the vocabulary size")
-    decoder = ArithmeticDecoder(container.token_code)
-    prefix_tokens = list(prefix.tokens) if prefix is not None else []
-    return decode_portable(_level_of(header), decoder, header.tokens.count, vocab, prefix_tokens)
 
 
 def decompress_tokens(
@@ -677,7 +554,8 @@ def decompress_tokens(
     """
     container = decode_container(data)
     header = container.header
-    if _level_of(header).model_coded:
+    level = level_of(header)
+    if level.spec.model_coded:
         if model is None:
             raise EnvironmentMismatchError(
                 f"the file's tokens are coded under the model (level {header.tokens.level!r}): "
@@ -685,8 +563,10 @@ def decompress_tokens(
             )
         return decompress(model, data, prefixes=prefixes).tokens
     prefix = _resolve_prefix(header, prefixes, with_kv=False)
-    tail, _ = _decode_portable_tokens(container, prefix)
-    tokens = ([] if prefix is None else list(prefix.tokens)) + tail
+    pending = _Pending(container, level, prefix, time.perf_counter())
+    _decode(None, [pending], with_kv=False)
+    assert pending.output is not None
+    tokens = ([] if prefix is None else list(prefix.tokens)) + pending.output.tail
     if _tokens_sha256(tokens) != header.tokens.sha256:
         raise DecodeVerificationError("the decoded tokens do not match the file's checksum")
     return tokens

@@ -74,3 +74,7 @@ class PrefixMismatchError(SeqKVError):
 
 class UnsupportedModelError(SeqKVError, ValueError):
     """The model's architecture is not supported by the requested coding level."""
+
+
+class InvalidLevelError(SeqKVError, ValueError):
+    """A coding level name that does not parse, or a level parameter out of range."""

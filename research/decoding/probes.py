@@ -10,7 +10,7 @@ several sessions per forward (batching). This module measures, on the model and 
 - ``linear_row_invariance``: for which matmul row counts a linear layer's rows are the same
   (where chunk and batch differences come from);
 - ``later_token_independence``: whether a row depends on the tokens *after* it in its forward
-  (same shape, other later tokens); this is what ``seqkv.decoding.blocked`` relies on;
+  (same shape, other later tokens); this is what ``research.decoding.blocked`` relies on;
 - ``batch_invariance``: whether a session's step rows change when it is one row of a batch,
   with equal lengths or left padding and an attention mask;
 - ``chunk_timings`` / ``batch_timings``: forward seconds per chunk length and batch size on a
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from seqkv.decoding.forward import LogitRows, crop_to, forward_rows
+from research.decoding.forward import LogitRows, crop_to, forward_rows
 from seqkv.models.adapter import CausalLM
 from seqkv.schedule import pinned_threads
 

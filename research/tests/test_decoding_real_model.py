@@ -6,7 +6,7 @@ import importlib.resources
 
 import pytest
 
-from seqkv.decoding import (
+from research.decoding import (
     Fallback,
     JacobiDraft,
     NoDraft,
@@ -16,7 +16,7 @@ from seqkv.decoding import (
     speculative_decode,
     speculative_encode,
 )
-from seqkv.decoding.probes import later_token_independence
+from research.decoding.probes import later_token_independence
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models import CausalLM
 

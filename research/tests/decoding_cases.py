@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from seqkv.decoding.forward import forward_rows, greedy
+from research.decoding.forward import forward_rows, greedy
 from seqkv.models import CausalLM
 
 VOCAB = 512  # the tiny test model's vocabulary

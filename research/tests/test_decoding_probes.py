@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seqkv.decoding import probes
+from research.decoding import probes
 from seqkv.models import CausalLM, Stepper
 from seqkv.models.rows import row_forward
 from seqkv.schedule import pinned_threads
@@ -33,7 +33,7 @@ def test_single_position_chunks_are_the_codecs_steps(tiny_model: CausalLM) -> No
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 8, 24])
 def test_rows_do_not_depend_on_later_tokens(tiny_model: CausalLM, chunk: int) -> None:
-    # The premise of seqkv.decoding.blocked, on this backend.
+    # The premise of research.decoding.blocked, on this backend.
     result = probes.later_token_independence(tiny_model, TOKENS, chunk, seed=chunk)
     assert result.chunks == -(-len(TOKENS) // chunk)
     assert result.bit_identical

@@ -1,6 +1,6 @@
 """Block partitions planned by the encoder: long blocks only where the decoder's guesses hold.
 
-A blocked stream (``seqkv.decoding.blocked``) is exact for *any* partition, so the partition is
+A blocked stream (``research.decoding.blocked``) is exact for *any* partition, so the partition is
 a pure cost choice, and the encoder, which knows every token, can make it. For a draft policy
 that reads only tokens (``PromptLookup``, ``NoDraft``; no Jacobi hints), the forwards a decoder
 spends on a block are a function of the tokens alone: ``block_forwards`` replays the decoder's
@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from seqkv.decoding.blocked import fill_block
-from seqkv.decoding.drafts import DraftPolicy
+from research.decoding.blocked import fill_block
+from seqkv.levels.drafts import DraftPolicy
 
 CostModel = Callable[[int], float]  # relative time of one forward of that many positions
 
@@ -38,7 +38,7 @@ CostModel = Callable[[int], float]  # relative time of one forward of that many 
 def block_forwards(tokens: Sequence[int], s: int, e: int, policy: DraftPolicy) -> int:
     """Forwards a blocked decoder with tokens-only ``policy`` spends on block ``[s, e)``.
 
-    >>> from seqkv.decoding.drafts import NoDraft, PromptLookup
+    >>> from seqkv.levels.drafts import NoDraft, PromptLookup
     >>> block_forwards([1, 2, 1, 2, 1, 2, 1], 0, 4, NoDraft())
     4
     >>> block_forwards([1, 2, 1, 2, 1, 2, 1], 2, 6, PromptLookup())
@@ -61,7 +61,7 @@ def plan_blocks(tokens: Sequence[int], policy: DraftPolicy, cost: CostModel,
                 lengths: Sequence[int] = (1, 4, 8, 16, 32)) -> tuple[int, ...]:
     """The partition of ``tokens`` with the least modelled decode time under ``policy``.
 
-    >>> from seqkv.decoding.drafts import PromptLookup
+    >>> from seqkv.levels.drafts import PromptLookup
     >>> plan_blocks([7, 8, 9, 3, 7, 8, 9, 3, 7, 8, 9, 3], PromptLookup(), lambda n: 1 + n / 8,
     ...             lengths=(1, 4, 8))
     (1, 1, 1, 1, 8)

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = tuple(f"seqkv.decoding.{name}" for name in (
+MODULES = tuple(f"research.decoding.{name}" for name in (
     "blocked", "drafts", "plan", "probes", "speculative"))
 
 

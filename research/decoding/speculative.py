@@ -4,7 +4,7 @@ The token codec decodes one forward per token because the decoder needs ``P(t_i 
 it can read ``t_i``. Speculation forwards the last decoded token together with ``d`` guessed
 tokens in one chunk: if the decoded token equals the first guess, the chunk's next row is the
 distribution of the position after it, and so on, so one forward can yield up to ``d + 1``
-tokens. On CPU, logits depend on the chunk shape (``seqkv.decoding.probes``: a row computed in
+tokens. On CPU, logits depend on the chunk shape (``research.decoding.probes``: a row computed in
 a chunk differs from the same row computed alone by up to ~1e-4), so the encoder cannot use a
 prefill's probabilities. Instead the schedule (chunk contents, lengths and cache crops) is a
 deterministic function of the already-coded tokens and a ``DraftPolicy``, and the encoder
@@ -31,7 +31,7 @@ Invariants:
    it in the chunk were accepted (enforced by step 3).
 3. With ``NoDraft`` the schedule is exactly ``seqkv.codec``'s (one single-position forward per
    token), so the code equals the codec's token code bit for bit (checked by the tests).
-4. Same profile and same calls give the same bits (assumed, ``seqkv.decoding.forward``).
+4. Same profile and same calls give the same bits (assumed, ``research.decoding.forward``).
 5. The bits cost the cross-entropy of the rows used plus the coder's allowance; those rows
    differ from the token-by-token rows only in rounding (checked by the tests and the
    benchmark).
@@ -41,7 +41,7 @@ but not the bits of a token-by-token run: positions accepted inside a chunk were
 chunk. The coded stream says which policy decodes it; another policy decodes garbage.
 
 >>> from seqkv.models import tiny_random_llama
->>> from seqkv.decoding.drafts import PromptLookup
+>>> from seqkv.levels.drafts import PromptLookup
 >>> model = tiny_random_llama()
 >>> coded = speculative_encode(model, [5, 6, 7, 5, 6, 7, 5, 6], PromptLookup())
 >>> speculative_decode(model, coded, PromptLookup()).tokens
@@ -54,9 +54,8 @@ from collections.abc import Sequence
 
 from transformers import DynamicCache
 
-from seqkv.decoding.drafts import DraftPolicy
-from seqkv.decoding.forward import cache_length, crop_to, forward_rows, greedy
-from seqkv.decoding.stream import (
+from research.decoding.forward import cache_length, crop_to, forward_rows, greedy
+from research.decoding.stream import (
     CodedStream,
     DecodedStream,
     DecodingCoder,
@@ -64,6 +63,7 @@ from seqkv.decoding.stream import (
     ScheduleStats,
     TokenCoder,
 )
+from seqkv.levels.drafts import DraftPolicy
 from seqkv.models.adapter import CausalLM
 from seqkv.schedule import pinned_threads
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seqkv.decoding.stream import DecodingCoder, EncodingCoder
+from research.decoding.stream import DecodingCoder, EncodingCoder
 from seqkv.models import CausalLM
 
 ROW = np.linspace(-3.0, 3.0, 512, dtype=np.float32)

@@ -19,11 +19,11 @@ The row-invariant forward removed that constraint, and batching sessions or segm
 speculation, is what makes decoding fast here (``reports/decode_levels.md``).
 """
 
-from seqkv.decoding.blocked import DEFAULT_BLOCK, blocked_decode, blocked_encode
-from seqkv.decoding.drafts import DraftPolicy, Fallback, JacobiDraft, NoDraft, PromptLookup
-from seqkv.decoding.plan import plan_blocks
-from seqkv.decoding.speculative import speculative_decode, speculative_encode
-from seqkv.decoding.stream import CodedStream, DecodedStream, ScheduleStats
+from research.decoding.blocked import DEFAULT_BLOCK, blocked_decode, blocked_encode
+from research.decoding.plan import plan_blocks
+from research.decoding.speculative import speculative_decode, speculative_encode
+from research.decoding.stream import CodedStream, DecodedStream, ScheduleStats
+from seqkv.levels.drafts import DraftPolicy, Fallback, JacobiDraft, NoDraft, PromptLookup
 
 __all__ = [
     "DEFAULT_BLOCK",

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from seqkv.decoding import bench
+from seqkv.bench import decode as bench
 from seqkv.models import CausalLM
 
 

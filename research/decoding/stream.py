@@ -27,13 +27,13 @@ import numpy as np
 import numpy.typing as npt
 from transformers import DynamicCache
 
+from research.decoding.forward import first_token_distribution
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder, BitStream
 from seqkv.coding.frequencies import (
     CumulativeTable,
     symbol_cost_bits,
     table_and_log2p,
 )
-from seqkv.decoding.forward import first_token_distribution
 from seqkv.models.adapter import CausalLM
 
 

@@ -8,14 +8,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from decoding_cases import VOCAB, greedy_sequence, random_tokens, repetitive_tokens
 from hypothesis import given
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from decoding_cases import VOCAB, greedy_sequence, random_tokens, repetitive_tokens
-from seqkv import compress
-from seqkv.container import decode_container
-from seqkv.decoding import (
+from research.decoding import (
     DraftPolicy,
     Fallback,
     JacobiDraft,
@@ -24,7 +22,9 @@ from seqkv.decoding import (
     speculative_decode,
     speculative_encode,
 )
-from seqkv.decoding.forward import forward_rows, greedy
+from research.decoding.forward import forward_rows, greedy
+from seqkv import compress
+from seqkv.container import decode_container
 from seqkv.errors import EmptyInputError, InvalidTokensError
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models import CausalLM

@@ -4,8 +4,8 @@ Measures, on SmolLM2-135M, CPU, one intra-op thread:
 (a) chunk-boundary invariance and later-token independence of the logit rows,
 (b) batch invariance of a session's step rows (equal lengths, and left padding with a mask),
 (c) forward seconds per chunk length and per batch size, against the weight-traffic floor,
-and runs the two speculative prototypes (``seqkv.decoding.speculative``, replayed by the encoder;
-``seqkv.decoding.blocked``, verified against a blocked prefill) next to the plain codec on prose
+and runs the two speculative prototypes (``research.decoding.speculative``, replayed by the encoder;
+``research.decoding.blocked``, verified against a blocked prefill) next to the plain codec on prose
 and on code. Every prototype run is decoded and compared with its input; the script stops
 before writing the report if one is not exact.
 
@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from seqkv import compress, decompress
-from seqkv.decoding import (
+from research.decoding import (
     DraftPolicy,
     Fallback,
     JacobiDraft,
@@ -44,8 +43,9 @@ from seqkv.decoding import (
     speculative_decode,
     speculative_encode,
 )
-from seqkv.decoding.forward import LogitRows
-from seqkv.decoding.plan import plan_blocks, table_cost
+from research.decoding.forward import LogitRows
+from research.decoding.plan import plan_blocks, table_cost
+from seqkv import compress, decompress
 from seqkv.models import CausalLM, load_default_model
 
 # About 130 tokens of ordinary Python: the code-like text (repeated identifiers and idioms).
@@ -617,8 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         "Both prototypes decode every token exactly (checked against the input; the script "
         "stops otherwise) and end with the encoder's cache, bit for bit. *replay*: "
-        "`seqkv.decoding.speculative`, the encoder runs the decoder's forwards, guesses "
-        "included. *blocked B*: `seqkv.decoding.blocked`, the encoder is a prefill in aligned "
+        "`research.decoding.speculative`, the encoder runs the decoder's forwards, guesses "
+        "included. *blocked B*: `research.decoding.blocked`, the encoder is a prefill in aligned "
         "blocks of B, the decoder re-forwards whole blocks with guesses. 'tokens / forward' "
         "excludes the start token's forward. 'x codec, measured': decode speed relative to "
         "`seqkv.decompress` on the same tokens (the faster of two codec decodes, one before "
@@ -628,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         prototype_section(runs, costs),
         "",
-        "*blocked, planned*: the encoder chose the partition (`seqkv.decoding.plan`, lengths "
+        "*blocked, planned*: the encoder chose the partition (`research.decoding.plan`, lengths "
         f"{list(PLAN_LENGTHS)}, the measured forward costs of (c), prompt lookup of up to 32 "
         "tokens as the decoder's policy). Blocks per length: "
         + "; ".join(f"{name} " + ", ".join(f"{n}x{length}" for length, n in sorted(

@@ -1,6 +1,6 @@
 """Exact speculative decoding against a blocked prefill: the encoder never runs the drafts.
 
-``seqkv.decoding.probes`` measures two facts on the CPU backend: a logit row depends on the
+``research.decoding.probes`` measures two facts on the CPU backend: a logit row depends on the
 shape of the forward that computed it (chunk length, where the chunk starts), but *not* on the
 tokens after it in that forward. So fix the shapes and let the contents vary: the stream is coded
 under a prefill in blocks (a partition of the positions into consecutive ``[s, e)``, stored with
@@ -22,7 +22,7 @@ Decoder, with the cache holding the ``s`` positions before block ``[s, e)``:
 Each forward of a block yields at least one token: a block of ``L`` costs at most ``L`` forwards
 of ``L`` positions, and one with good guesses. Blocks of one position are exactly the codec's
 token-by-token schedule, so ``(1, 1, ..., 1)`` is today's format as a special case, and
-``seqkv.decoding.plan`` lets the encoder pick long blocks only where guesses will hold.
+``research.decoding.plan`` lets the encoder pick long blocks only where guesses will hold.
 
 Invariants:
 1. The encoder's rows come from forwards of the partition's blocks on a cache holding exactly the
@@ -30,14 +30,14 @@ Invariants:
    cache states (enforced, ``blocked_decode``).
 2. A row depends only on the cache, the forward's shape, and the ids at and before its own
    position in the forward (assumed; measured bit-exact on SmolLM2-135M / CPU by
-   ``seqkv.decoding.probes.later_token_independence`` and checked by the round-trip tests).
+   ``research.decoding.probes.later_token_independence`` and checked by the round-trip tests).
    Under 2 the decoder reproduces the encoder's rows and its final cache bit for bit.
 3. The draft policy is the decoder's own choice and is not part of the stream: any policy, or
    none, decodes the same bits (checked by the tests); the partition is part of the stream.
 4. The bits cost the cross-entropy of the blocked prefill's rows plus the coder's allowance.
 
 >>> from seqkv.models import tiny_random_llama
->>> from seqkv.decoding.drafts import JacobiDraft, NoDraft
+>>> from seqkv.levels.drafts import JacobiDraft, NoDraft
 >>> model = tiny_random_llama()
 >>> coded = blocked_encode(model, [5, 6, 7, 5, 6, 7, 5, 6, 9], blocks=4)
 >>> coded.blocks
@@ -55,15 +55,15 @@ from itertools import accumulate
 
 from transformers import DynamicCache
 
-from seqkv.decoding.drafts import DraftPolicy, NoDraft
-from seqkv.decoding.forward import cache_length, crop_to, forward_rows, greedy
-from seqkv.decoding.stream import (
+from research.decoding.forward import cache_length, crop_to, forward_rows, greedy
+from research.decoding.stream import (
     CodedStream,
     DecodedStream,
     DecodingCoder,
     EncodingCoder,
     ScheduleStats,
 )
+from seqkv.levels.drafts import DraftPolicy, NoDraft
 from seqkv.models.adapter import CausalLM
 from seqkv.schedule import pinned_threads
 

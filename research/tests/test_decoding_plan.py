@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from decoding_cases import random_tokens, repetitive_tokens
 from hypothesis import given
 from hypothesis import strategies as st
 
-from decoding_cases import random_tokens, repetitive_tokens
-from seqkv.decoding import NoDraft, PromptLookup, blocked_decode, blocked_encode
-from seqkv.decoding.blocked import bounds
-from seqkv.decoding.plan import block_forwards, plan_blocks, table_cost
+from research.decoding import NoDraft, PromptLookup, blocked_decode, blocked_encode
+from research.decoding.blocked import bounds
+from research.decoding.plan import block_forwards, plan_blocks, table_cost
 from seqkv.models import CausalLM
 
 LENGTHS = (1, 2, 4, 8)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqkv.decoding import Fallback, JacobiDraft, NoDraft, PromptLookup
+from seqkv.levels.drafts import Fallback, JacobiDraft, NoDraft, PromptLookup
 
 small_tokens = st.lists(st.integers(0, 5), min_size=1, max_size=30)
 

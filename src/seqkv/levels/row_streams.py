@@ -1,150 +1,45 @@
-"""The rate-compute dial: how a session's tokens are coded, from fewest bits to fastest decoding.
+"""Coding and decoding token streams on the row-invariant forward: what ``rows`` and
+``segments`` share.
 
-Every level is exact: the decoder returns the encoder's tokens and KV bit for bit, or raises.
-
-=============  ==============================================  ====================================
-level          tokens coded under                              decoding
-=============  ==============================================  ====================================
-``tokens``     the model, transformers' forward, token by      one forward per token, 1 thread
-               token (``seqkv.codec``)
-``rows``       the model, row-invariant forward                one forward per token or fewer: the
-               (``seqkv.models.rows``)                         spare rows of each forward verify
-                                                               prompt-lookup guesses; sessions can
-                                                               share forwards (``decompress_batch``)
-``segments``   the model, in N independent segments, each      the N segments step together, one
-               started after the start token (or prefix)       forward per N tokens; more bits
-``ngram``      an adaptive count model (``seqkv.coding.        no model forward per token; one
-               ngram``), integer arithmetic                    chunked forward for the KV
-``plain``      the uniform distribution over the vocabulary    as ``ngram``
-=============  ==============================================  ====================================
-
-The ``rows``, ``segments``, ``ngram`` and ``plain`` levels recompute the KV with the row-invariant
-forward in chunks; ``ngram`` and ``plain`` tokens need no model at all (``decompress_tokens``),
-so they decode on any machine even where the KV cannot be reproduced.
+A file's tail is coded as one or more segments ("streams"), each a sequence of its own that
+starts after the start token or after the shared prefix. The encoder forwards every segment's
+tokens in large windows (each row of the row-invariant forward is independent of how rows are
+grouped, ``seqkv.models.rows``) and codes their symbols into ONE arithmetic code, round by round
+(``segment_order``). The decoder steps every stream of every file it was given together, one
+forward per round, and fills the rows the forward's padding computes anyway with prompt-lookup
+guesses for streams that are alone in their file.
 
 Invariants:
-1. At the ``rows`` and ``segments`` levels the encoder computes each row in large chunks and the
-   decoder in single rows or small batches; both get the same bits because every row of the
-   row-invariant forward is independent of the grouping (``seqkv.models.rows``; tested).
+1. The encoder computes each row in large chunks and the decoder in single rows or small
+   batches; both get the same bits because of row invariance (assumed of the engine; the engine
+   calibrates it on the machine and the decoder verifies checksums).
 2. Symbols enter the single arithmetic code in the decoder's order: round by round, segment by
-   segment within a round (enforced by both sides using ``segment_order``).
+   segment within a round (enforced: both sides follow ``segment_order``; a stream of a
+   multi-stream file never decodes a guessed token ahead of its siblings).
 3. A segment's first token is coded under the distribution after the start token, or after the
-   shared prefix when there is one, as at the ``tokens`` level.
+   shared prefix when there is one, as at the ``tokens`` level (enforced).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
-from seqkv.coding.frequencies import (
-    CumulativeTable,
-    symbol_cost_bits,
-    table_and_log2p,
-    uniform_distribution,
-)
-from seqkv.coding.ngram import AdaptiveNgram
-from seqkv.decoding.drafts import PromptLookup
+from seqkv.coding.frequencies import CumulativeTable, uniform_distribution
+from seqkv.levels import base
+from seqkv.levels.base import Distribution, TraceColumns
+from seqkv.levels.drafts import PromptLookup
 from seqkv.models.rows import RowForward, RowSequence, gather
 from seqkv.trie.radix import ResolvedPrefix
 
 # NOTE: rows per encoder forward: large enough for matrix products to run at prefill speed,
 # small enough that the float32 logit rows (V x 4 bytes each) stay ~50 MB.
 ENCODE_CHUNK_ROWS = 256
-
-
-class Level(StrEnum):
-    TOKENS = "tokens"
-    ROWS = "rows"
-    SEGMENTS = "segments"
-    NGRAM = "ngram"
-    PLAIN = "plain"
-
-    @property
-    def model_coded(self) -> bool:
-        """Whether decoding the tokens needs the model's probabilities."""
-        return self in (Level.TOKENS, Level.ROWS, Level.SEGMENTS)
-
-
-@dataclass(frozen=True)
-class LevelChoice:
-    """A level and, for ``segments``, how many segments."""
-
-    level: Level = Level.TOKENS
-    segments: int = 1
-
-    def __post_init__(self) -> None:
-        if self.segments < 1:
-            raise ValueError(f"a session needs at least one segment, not {self.segments}")
-        if (self.level == Level.SEGMENTS) != (self.segments > 1):
-            raise ValueError("the segments level takes 2 or more segments, every other level 1")
-
-    @classmethod
-    def parse(cls, text: str) -> LevelChoice:
-        """``tokens``, ``rows``, ``segments:N``, ``ngram`` or ``plain``."""
-        name, _, count = text.partition(":")
-        try:
-            level = Level(name)
-        except ValueError:
-            names = ", ".join(level.value for level in Level)
-            raise ValueError(
-                f"unknown level {text!r}: choose one of {names} (segments:N)") from None
-        if level == Level.SEGMENTS:
-            if not count.isdigit() or int(count) < 2:
-                raise ValueError(
-                    f"write the segments level as segments:N with N >= 2, not {text!r}")
-            return cls(level, int(count))
-        if count:
-            raise ValueError(f"level {name!r} takes no count")
-        return cls(level)
-
-    @property
-    def name(self) -> str:
-        return f"segments:{self.segments}" if self.level == Level.SEGMENTS else self.level.value
-
-
-def split_lengths(count: int, segments: int) -> list[int]:
-    """``count`` tokens in ``segments`` consecutive parts, the first ones longer by at most 1."""
-    segments = max(1, min(segments, count))
-    base, extra = divmod(count, segments)
-    return [base + (1 if j < extra else 0) for j in range(segments)]
-
-
-def segment_order(lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
-    """(segment, index in segment) in coding order: round by round, segment by segment."""
-    for step in range(max(lengths, default=0)):
-        for segment, length in enumerate(lengths):
-            if step < length:
-                yield segment, step
-
-
-@dataclass
-class TraceColumns:
-    """Per-position figures (see ``seqkv.codec.CodingTrace``), filled in any order."""
-
-    surprisal: list[float] = field(default_factory=list)
-    cost: list[float] = field(default_factory=list)
-    entropy: list[float] = field(default_factory=list)
-
-    def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int) -> None:
-        self.surprisal.append(-float(log2p[token]))
-        self.cost.append(symbol_cost_bits(table, token))
-        # NOTE: not np.dot: it wakes OpenBLAS threads that slow the pinned torch thread 2x.
-        self.entropy.append(-float((np.exp2(log2p) * log2p).sum()))
-
-    def extend(self, other: TraceColumns) -> None:
-        self.surprisal += other.surprisal
-        self.cost += other.cost
-        self.entropy += other.entropy
-
-
-Distribution = tuple[CumulativeTable, npt.NDArray[np.float64]]
 
 
 def row_start(engine: RowForward, context: int | None,
@@ -159,10 +54,10 @@ def row_start(engine: RowForward, context: int | None,
         assert prefix.kv is not None
         sequence = engine.new_sequence(prefix.kv[:, :, :, : len(prefix.tokens) - 1])
         row = engine.forward([(sequence, [prefix.tokens[-1]])])[0][0]
-        return sequence, table_and_log2p(row)
+        return sequence, base.model_distribution(row)
     if context is None:
         return engine.new_sequence(), uniform_distribution(engine.model.vocab_size)
-    return engine.new_sequence(), table_and_log2p(engine.start_row(context))
+    return engine.new_sequence(), base.model_distribution(engine.start_row(context))
 
 
 def recompute_kv(engine: RowForward, tail: Sequence[int],
@@ -211,7 +106,7 @@ def encode_rows(engine: RowForward, encoder: ArithmeticEncoder, tail: Sequence[i
                 encoder.encode(table, token)
                 traces[j].record(log2p, table, token)
                 if step + 1 < len(segment):
-                    pending[j] = table_and_log2p(rows[j][step - begin])
+                    pending[j] = base.model_distribution(rows[j][step - begin])
     merged = TraceColumns()
     for trace in traces:
         merged.extend(trace)
@@ -244,7 +139,7 @@ class _Stream:
 
 @dataclass
 class DecodeJob:
-    """One file's segments at the ``rows``/``segments`` level, as ``decode_rows`` steps them."""
+    """One file's segments, as ``decode_rows`` steps them."""
 
     decoder: ArithmeticDecoder
     streams: list[_Stream]
@@ -264,7 +159,7 @@ class DecodeJob:
             return 1  # the forward only appended the last token's KV
         kept = 0
         for r in range(len(rows)):
-            stream.distribution = table_and_log2p(rows[r])
+            stream.distribution = base.model_distribution(rows[r])
             kept = r + 1
             token = self._decode(stream, *stream.distribution)
             if stream.done or r >= len(guesses) or guesses[r] != token:
@@ -285,6 +180,15 @@ class DecodeJob:
         assert stream.keep_kv and stream.complete
         return stream.sequence.kv().to("cpu", torch.float32)
 
+    def tokens(self) -> tuple[list[int], TraceColumns]:
+        """The decoded tail and its trace, in token order."""
+        tokens: list[int] = []
+        trace = TraceColumns()
+        for stream in self.streams:
+            tokens += stream.tokens
+            trace.extend(stream.trace)
+        return tokens, trace
+
 
 def new_job(engine: RowForward, decoder: ArithmeticDecoder, lengths: Sequence[int],
             context: int | None, prefix: ResolvedPrefix | None) -> DecodeJob:
@@ -302,8 +206,8 @@ def decode_rows(engine: RowForward, jobs: Sequence[DecodeJob],
     """Decode every job's streams together, one forward per round; return the forwards run.
 
     Each round forwards every active stream's last decoded token (plus, while the forward has
-    fewer than the engine's row block, prompt-lookup guesses in the spare rows) and decodes the next
-    tokens from the rows. Rows are row-invariant, so a guessed row's distribution is the
+    fewer than the engine's row block, prompt-lookup guesses in the spare rows) and decodes the
+    next tokens from the rows. Rows are row-invariant, so a guessed row's distribution is the
     encoder's whenever the guesses before it were right.
     """
     policy = drafts if drafts is not None else PromptLookup()
@@ -337,55 +241,3 @@ def decode_rows(engine: RowForward, jobs: Sequence[DecodeJob],
             before = stream.sequence.length - len(stream_rows)
             kept = job.decode_round(stream, stream_rows, guess)
             stream.sequence.crop(before + kept)
-
-
-def job_tokens(job: DecodeJob) -> tuple[list[int], TraceColumns]:
-    """The job's decoded tail and its trace, in token order."""
-    tokens: list[int] = []
-    trace = TraceColumns()
-    for stream in job.streams:
-        tokens += stream.tokens
-        trace.extend(stream.trace)
-    return tokens, trace
-
-
-def encode_portable(level: Level, encoder: ArithmeticEncoder, tail: Sequence[int],
-                    vocab_size: int, prefix_tokens: Sequence[int]) -> TraceColumns:
-    """Code ``tail`` at the ``ngram`` or ``plain`` level."""
-    trace = TraceColumns()
-    for token, (table, log2p) in zip(tail, _portable_tables(level, vocab_size, prefix_tokens,
-                                                            tail), strict=False):
-        encoder.encode(table, token)
-        trace.record(log2p, table, token)
-    return trace
-
-
-def decode_portable(level: Level, decoder: ArithmeticDecoder, count: int, vocab_size: int,
-                    prefix_tokens: Sequence[int]) -> tuple[list[int], TraceColumns]:
-    """Decode ``count`` tokens coded at the ``ngram`` or ``plain`` level."""
-    tokens: list[int] = []
-    trace = TraceColumns()
-    tables = _portable_tables(level, vocab_size, prefix_tokens, tokens)
-    for _ in range(count):
-        table, log2p = next(tables)
-        token = decoder.decode(table)
-        tokens.append(token)
-        trace.record(log2p, table, token)
-    return tokens, trace
-
-
-def _portable_tables(level: Level, vocab_size: int, prefix_tokens: Sequence[int],
-                     tokens: Sequence[int]) -> Iterator[Distribution]:
-    """Tables for position 0, 1, ...; position i's table may read ``tokens[:i]``."""
-    if level == Level.PLAIN:
-        uniform = uniform_distribution(vocab_size)
-        while True:
-            yield uniform
-    model = AdaptiveNgram(vocab_size)
-    for token in prefix_tokens:
-        model.update(token)
-    position = 0
-    while True:
-        yield model.table()
-        model.update(tokens[position])
-        position += 1

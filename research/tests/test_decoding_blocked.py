@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from decoding_cases import greedy_sequence, random_tokens, repetitive_tokens
 from hypothesis import given
 from hypothesis import strategies as st
 
-from decoding_cases import greedy_sequence, random_tokens, repetitive_tokens
-from seqkv import compress
-from seqkv.container import decode_container
-from seqkv.decoding import (
+from research.decoding import (
     DraftPolicy,
     Fallback,
     JacobiDraft,
@@ -18,7 +16,9 @@ from seqkv.decoding import (
     blocked_decode,
     blocked_encode,
 )
-from seqkv.decoding.blocked import partition
+from research.decoding.blocked import partition
+from seqkv import compress
+from seqkv.container import decode_container
 from seqkv.errors import EmptyInputError
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models import CausalLM

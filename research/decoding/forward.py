@@ -13,7 +13,7 @@ Invariants:
 2. ``forward_rows`` mutates only ``cache`` (it appends); ``crop_to`` only shortens it
    (enforced).
 3. A forward is deterministic given the cache's bits, the ids and the shape of the call, on one
-   execution profile (assumed, as in ``seqkv.schedule``; measured by ``seqkv.decoding.probes``).
+   execution profile (assumed, as in ``seqkv.schedule``; measured by ``research.decoding.probes``).
 """
 
 from __future__ import annotations

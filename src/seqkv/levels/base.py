@@ -1,0 +1,152 @@
+"""What a coding level is: the Protocol every level implements, and what passes through it.
+
+A level decides how a session's tokens become arithmetic-code symbols and back: under which
+distributions (the model's, an adaptive count model's, the uniform one), computed along which
+schedule, and how the decoder rebuilds the KV the residual is coded against. The codec
+(``seqkv.codec``) orchestrates any level the same way: it hands the level an arithmetic encoder
+and the tokens (``EncodeRequest``), stores what comes back (``EncodeOutput``), and on decode hands
+every file of that level to ``decode`` at once, so a level that can share forwards between files
+does.
+
+Invariants:
+1. ``decode`` returns, for each request, the tokens the encoder coded, with the same per-position
+   trace, or tokens that the codec's checksum then refuses (enforced by the codec).
+2. ``EncodeOutput.kv`` is bit for bit the KV a decode of the same file with ``with_kv`` rebuilds
+   on the same execution profile (enforced per level; tested for every level).
+3. A level's name, as ``spec.name``, is what the file records; ``seqkv.levels.parse_level`` turns
+   it back into the level (enforced: tested for every registered level).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
+from seqkv.coding.frequencies import CumulativeTable, symbol_cost_bits, table_and_log2p
+from seqkv.models.adapter import CausalLM
+from seqkv.trie.radix import ResolvedPrefix
+from seqkv.types import Schedule
+
+Distribution = tuple[CumulativeTable, npt.NDArray[np.float64]]
+"""The coder's table for one position and the float log2-probabilities it was built from."""
+
+
+def model_distribution(logits: npt.NDArray[np.floating]) -> Distribution:
+    """The coder's table and log2-probabilities of one row of the model's logits: the one place
+    where every model-coded level turns the model's output into what it codes under."""
+    return table_and_log2p(logits)
+
+
+@dataclass(frozen=True)
+class LevelSpec:
+    """What a level is, for users choosing one and for the codec dispatching to it."""
+
+    name: str  # as written on the command line and in the file: "tokens", "segments:8", ...
+    model_coded: bool  # decoding the tokens needs the model's probabilities
+    schedule: Schedule  # the profile its probabilities (or its KV recomputation) depend on
+    decoding: str  # what decoding costs, in words
+    # What every run checks the code length against, besides the coder's own tables
+    # (``seqkv.bounds``): the model's cross-entropy recomputed by one prefill per segment, the
+    # uniform code, or nothing independent (an adaptive integer model a recount would only rerun).
+    reference: Literal["model", "uniform", "none"] = "model"
+    # Levels with the same batch group decode each other's files together in shared forwards
+    # (any of them takes the whole group's requests); None: files decode one by one.
+    batch_group: str | None = None
+
+
+@dataclass
+class TraceColumns:
+    """Per-position figures (see ``seqkv.codec.CodingTrace``), filled in any order."""
+
+    surprisal: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
+
+    def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int) -> None:
+        self.surprisal.append(-float(log2p[token]))
+        self.cost.append(symbol_cost_bits(table, token))
+        # NOTE: not np.dot: it wakes OpenBLAS threads that slow the pinned torch thread 2x.
+        self.entropy.append(-float((np.exp2(log2p) * log2p).sum()))
+
+    def extend(self, other: TraceColumns) -> None:
+        self.surprisal += other.surprisal
+        self.cost += other.cost
+        self.entropy += other.entropy
+
+
+@dataclass
+class EncodeRequest:
+    """One session's tail to code after its shared prefix (if any)."""
+
+    model: CausalLM
+    tail: list[int]
+    prefix: ResolvedPrefix | None
+    context: int | None  # the start token the first token is coded after (no prefix)
+    encoder: ArithmeticEncoder
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class EncodeOutput:
+    trace: TraceColumns
+    kv: torch.Tensor  # [layers, 2, kv_heads, prefix + tail, head_dim]: what the decoder rebuilds
+    segments: list[int]  # segment lengths, in coding order
+    forwards: int  # model forwards run (a start row served from a cache counts as one)
+
+
+@dataclass
+class DecodeRequest:
+    """One file's token code and what the level needs to decode it."""
+
+    decoder: ArithmeticDecoder
+    count: int
+    segments: list[int]
+    context: int | None
+    vocab_size: int
+    prefix: ResolvedPrefix | None
+    with_kv: bool = True  # also rebuild the KV (False: tokens only)
+    progress: bool = False
+
+
+@dataclass(frozen=True)
+class DecodeOutput:
+    tail: list[int]
+    trace: TraceColumns
+    kv: torch.Tensor | None  # None when the request did not ask for it
+    forwards: int  # files decoded together share their forwards; each reports the total
+
+
+class CodingLevel(Protocol):
+    """One point of the rate-compute dial (see ``seqkv.levels``)."""
+
+    @property
+    def spec(self) -> LevelSpec: ...
+
+    def encode(self, request: EncodeRequest) -> EncodeOutput: ...
+
+    def decode(self, model: CausalLM | None,
+               requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
+        """Decode every request; ``model`` may be None only for a level that is not
+        model-coded and requests without ``with_kv``."""
+        ...
+
+
+def split_lengths(count: int, segments: int) -> list[int]:
+    """``count`` tokens in ``segments`` consecutive parts, the first ones longer by at most 1."""
+    segments = max(1, min(segments, count))
+    base, extra = divmod(count, segments)
+    return [base + (1 if j < extra else 0) for j in range(segments)]
+
+
+def segment_order(lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """(segment, index in segment) in coding order: round by round, segment by segment."""
+    for step in range(max(lengths, default=0)):
+        for segment, length in enumerate(lengths):
+            if step < length:
+                yield segment, step

@@ -1,0 +1,92 @@
+"""What ``ngram`` and ``plain`` share: tokens coded without the model, KV by one chunked pass.
+
+These levels code tokens under distributions computed in integer arithmetic from the tokens
+alone, so their tokens decode identically on any machine with no model at all
+(``seqkv.decompress_tokens``); the KV the residual is coded against comes from one chunked pass
+of the row-invariant forward over the tokens (``seqkv.levels.row_streams.recompute_kv``).
+
+Invariants:
+1. ``tables`` yields the distribution of position i before it reads ``tokens[i]``, and depends
+   only on the tokens before it (enforced: the decoder appends each decoded token before asking
+   for the next table).
+2. Without ``with_kv`` a decode runs no model forward (enforced: ``model`` may be None).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+
+from seqkv.levels.base import (
+    DecodeOutput,
+    DecodeRequest,
+    Distribution,
+    EncodeOutput,
+    EncodeRequest,
+    LevelSpec,
+    TraceColumns,
+)
+from seqkv.levels.row_streams import recompute_kv
+from seqkv.models.adapter import CausalLM
+from seqkv.models.rows import row_forward
+from seqkv.schedule import pinned_threads, schedule_threads
+
+
+class ModelFreeLevel(ABC):
+    """A level whose tables come from the tokens alone; subclasses define ``spec``, ``tables``."""
+
+    @property
+    @abstractmethod
+    def spec(self) -> LevelSpec: ...
+
+    @abstractmethod
+    def tables(self, vocab_size: int, prefix_tokens: Sequence[int],
+               tokens: Sequence[int]) -> Iterator[Distribution]:
+        """Tables for positions 0, 1, ...; position i's table may read ``tokens[:i]``."""
+
+    def encode(self, request: EncodeRequest) -> EncodeOutput:
+        return encode_model_free(self, request)
+
+    def decode(self, model: CausalLM | None,
+               requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
+        return decode_model_free(self, model, requests)
+
+
+def encode_model_free(source: ModelFreeLevel, request: EncodeRequest) -> EncodeOutput:
+    trace = TraceColumns()
+    prefix_tokens = list(request.prefix.tokens) if request.prefix is not None else []
+    tables = source.tables(request.model.vocab_size, prefix_tokens, request.tail)
+    for token, (table, log2p) in zip(request.tail, tables, strict=False):
+        request.encoder.encode(table, token)
+        trace.record(log2p, table, token)
+    engine = row_forward(request.model)
+    before = engine.forwards
+    with pinned_threads(schedule_threads("rows")):
+        kv = recompute_kv(engine, request.tail, request.prefix)
+    return EncodeOutput(trace, kv, [len(request.tail)], engine.forwards - before)
+
+
+def decode_model_free(source: ModelFreeLevel, model: CausalLM | None,
+                      requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
+    outputs = []
+    for request in requests:
+        tail: list[int] = []
+        trace = TraceColumns()
+        prefix_tokens = list(request.prefix.tokens) if request.prefix is not None else []
+        tables = source.tables(request.vocab_size, prefix_tokens, tail)
+        for _ in range(request.count):
+            table, log2p = next(tables)
+            token = request.decoder.decode(table)
+            tail.append(token)
+            trace.record(log2p, table, token)
+        kv = None
+        forwards = 0
+        if request.with_kv:
+            assert model is not None, "rebuilding the KV needs the model"
+            engine = row_forward(model)
+            before = engine.forwards
+            with pinned_threads(schedule_threads("rows")):
+                kv = recompute_kv(engine, tail, request.prefix)
+            forwards = engine.forwards - before
+        outputs.append(DecodeOutput(tail, trace, kv, forwards))
+    return outputs

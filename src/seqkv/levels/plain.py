@@ -1,0 +1,29 @@
+"""The ``plain`` level: tokens under the uniform distribution, log2 V bits each.
+
+The floor of the dial: no predictor at all, so the tokens decode anywhere instantly
+(``seqkv.levels.model_free``); the KV comes from one chunked forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from seqkv.coding.frequencies import uniform_distribution
+from seqkv.levels.base import Distribution, LevelSpec
+from seqkv.levels.model_free import ModelFreeLevel
+
+
+@dataclass(frozen=True)
+class PlainLevel(ModelFreeLevel):
+    @property
+    def spec(self) -> LevelSpec:
+        return LevelSpec("plain", model_coded=False, schedule="rows",
+                         decoding="no model forward per token; one chunked forward for the KV",
+                         reference="uniform")
+
+    def tables(self, vocab_size: int, prefix_tokens: Sequence[int],
+               tokens: Sequence[int]) -> Iterator[Distribution]:
+        uniform = uniform_distribution(vocab_size)
+        while True:
+            yield uniform
