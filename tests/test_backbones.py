@@ -11,6 +11,8 @@ its parallel one by 0.26, so the bound sees a wrong layer).
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import itertools
 from collections.abc import Callable
 
@@ -164,3 +166,10 @@ def test_the_engine_is_kept_with_its_model() -> None:
     assert row_forward(model) is row_forward(model)
     assert row_forward(model) is not row_forward(tiny_random_llama(seed=1))
     assert not [name for name in vars(model) if "row_forward" in name]
+
+
+@pytest.mark.parametrize("name", ["seqkv.models.backbones.base",
+                                  "seqkv.models.backbones.registry"])
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
