@@ -14,7 +14,6 @@ from __future__ import annotations
 import doctest
 import importlib
 import itertools
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -22,32 +21,21 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backbone_cases import FAMILY_MODELS
 from seqkv.errors import UnsupportedModelError
 from seqkv.models import CausalLM
 from seqkv.models.backbones import FAMILIES, backbone_for
 from seqkv.models.rows import RECOMPUTE_CHUNK_ROWS, RowForward, row_forward
-from seqkv.models.tiny import (
-    tiny_random_gpt_neox,
-    tiny_random_llama,
-    tiny_random_mistral,
-    tiny_random_qwen2,
-)
+from seqkv.models.tiny import tiny_random_gpt_neox, tiny_random_llama, tiny_random_mistral
 from seqkv.schedule import pinned_threads
 
 NOISE = 1e-5
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(3, 512, 48)]
-MODELS: dict[str, Callable[[], CausalLM]] = {
-    "llama": tiny_random_llama,
-    "mistral": tiny_random_mistral,
-    "qwen2": tiny_random_qwen2,
-    "gpt_neox": tiny_random_gpt_neox,
-    "gpt_neox-sequential": lambda: tiny_random_gpt_neox(parallel_residual=False),
-}
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
+@pytest.fixture(scope="module", params=sorted(FAMILY_MODELS))
 def model(request: pytest.FixtureRequest) -> CausalLM:
-    return MODELS[request.param]()
+    return FAMILY_MODELS[request.param]()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +50,7 @@ def _one_chunk(engine: RowForward, tokens: list[int]) -> tuple[np.ndarray, torch
 
 
 def test_every_registered_model_type_has_a_tiny_model() -> None:
-    assert set(FAMILIES) == {MODELS[name]().config.model_type for name in MODELS}
+    assert set(FAMILIES) == {FAMILY_MODELS[name]().config.model_type for name in FAMILY_MODELS}
 
 
 def test_rows_match_transformers_within_float_noise(model: CausalLM, engine: RowForward) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backbone_cases import FAMILY_MODELS
 from seqkv.checker.premises import (
     first_layer_kv,
     measure_determinism,
@@ -17,7 +16,6 @@ from seqkv.checker.premises import (
 )
 from seqkv.errors import UnsupportedModelError
 from seqkv.models import CausalLM, tiny_random_llama
-from seqkv.models.tiny import tiny_random_gpt_neox, tiny_random_mistral, tiny_random_qwen2
 
 
 @settings(max_examples=30)
@@ -58,13 +56,9 @@ def test_determinism_repeat_is_exact(tiny_model: CausalLM) -> None:
     assert result.tokens == 37
 
 
-@pytest.mark.parametrize("build", [tiny_random_llama, tiny_random_mistral, tiny_random_qwen2,
-                                   tiny_random_gpt_neox],
-                         ids=["llama", "mistral", "qwen2", "gpt_neox"])
-def test_first_layer_kv_is_what_the_model_caches_for_each_id_alone(
-    build: Callable[[], CausalLM]
-) -> None:
-    model = build()
+@pytest.mark.parametrize("family", sorted(FAMILY_MODELS))
+def test_first_layer_kv_is_what_the_model_caches_for_each_id_alone(family: str) -> None:
+    model = FAMILY_MODELS[family]()
     rows = first_layer_kv(model)  # [V, 2 * H * D]
     with torch.inference_mode():
         output = model.model(input_ids=torch.arange(model.vocab_size)[:, None], use_cache=True)

@@ -4,38 +4,25 @@ zero distortion."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from backbone_cases import FAMILY_MODELS
 from seqkv.delta.metrics import build_reference, kv_mse, kv_nmse, measure
 from seqkv.errors import InvalidKVError, UnsupportedModelError
 from seqkv.kvcache import cache_from_tensor
-from seqkv.models import CausalLM
+from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.models.backbones import backbone_for
-from seqkv.models.tiny import (
-    tiny_random_gpt_neox,
-    tiny_random_llama,
-    tiny_random_mistral,
-    tiny_random_qwen2,
-)
 
 PREFIX = list(range(5, 29))
 CONTINUATION = list(range(40, 48))
-FAMILIES: dict[str, Callable[[], CausalLM]] = {
-    "llama": tiny_random_llama,
-    "mistral": tiny_random_mistral,
-    "qwen2": tiny_random_qwen2,
-    "gpt_neox": tiny_random_gpt_neox,
-    "gpt_neox-sequential": lambda: tiny_random_gpt_neox(parallel_residual=False),
-}
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=sorted(FAMILY_MODELS))
 def family_model(request: pytest.FixtureRequest) -> CausalLM:
-    return FAMILIES[request.param]()
+    return FAMILY_MODELS[request.param]()
 
 
 @pytest.fixture(scope="module")

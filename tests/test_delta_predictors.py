@@ -4,11 +4,10 @@ anchor-group references."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 
+from backbone_cases import FAMILY_MODELS
 from seqkv import compress, decompress
 from seqkv.delta.predictors import (
     ExactRecompute,
@@ -22,27 +21,14 @@ from seqkv.delta.predictors import (
 )
 from seqkv.kvcache import cache_from_tensor
 from seqkv.models import CausalLM
-from seqkv.models.tiny import (
-    tiny_random_gpt_neox,
-    tiny_random_llama,
-    tiny_random_mistral,
-    tiny_random_qwen2,
-)
 from seqkv.schedule import pinned_threads
 
 TOKENS = [5, 17, 17, 3, 9, 44, 300, 12]
-FAMILIES: dict[str, Callable[[], CausalLM]] = {
-    "llama": tiny_random_llama,
-    "mistral": tiny_random_mistral,
-    "qwen2": tiny_random_qwen2,
-    "gpt_neox": tiny_random_gpt_neox,
-    "gpt_neox-sequential": lambda: tiny_random_gpt_neox(parallel_residual=False),
-}
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=sorted(FAMILY_MODELS))
 def family_model(request: pytest.FixtureRequest) -> CausalLM:
-    return FAMILIES[request.param]()
+    return FAMILY_MODELS[request.param]()
 
 
 def test_candidate_mask_lets_each_row_see_the_prefix_and_itself() -> None:

@@ -36,9 +36,10 @@ Adding an architecture (one file and one registry line):
 2. Add one line ``"<config.model_type>": <Class>,`` to ``FAMILIES`` in
    ``src/seqkv/models/backbones/registry.py``.
 
-Then add a tiny random model of the type to ``seqkv.models.tiny`` and one entry to ``FAMILIES``
-in ``tests/test_backbones.py``: the tests check the new family against transformers' own forward,
-row invariance, recomputation, the delta metrics and predictors and the first-layer KV.
+Then add a tiny random model of the type to ``seqkv.models.tiny`` and one entry to
+``FAMILY_MODELS`` in ``tests/backbone_cases.py``: the tests then check the new family against
+transformers' own forward, row invariance, recomputation, the delta metrics and predictors and the
+first-layer KV (``tests/test_backbones.py`` fails until every registered model type has one).
 
 Invariants:
 1. A backbone computes its model's function: ``block`` calls the model's own modules in the
