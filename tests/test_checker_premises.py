@@ -7,12 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backbone_cases import FAMILY_MODELS
 from seqkv.checker.premises import (
     first_layer_kv,
     measure_determinism,
     measure_injectivity,
     min_pairwise_distance,
 )
+from seqkv.errors import UnsupportedModelError
 from seqkv.models import CausalLM, tiny_random_llama
 
 
@@ -52,3 +54,22 @@ def test_determinism_repeat_is_exact(tiny_model: CausalLM) -> None:
     result = measure_determinism(tiny_model, list(range(3, 40)))
     assert result.repeat_logits == 0.0
     assert result.tokens == 37
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MODELS))
+def test_first_layer_kv_is_what_the_model_caches_for_each_id_alone(family: str) -> None:
+    model = FAMILY_MODELS[family]()
+    rows = first_layer_kv(model)  # [V, 2 * H * D]
+    with torch.inference_mode():
+        output = model.model(input_ids=torch.arange(model.vocab_size)[:, None], use_cache=True)
+    layer = output.cache.layers[0]  # keys, values: [V, H, 1, D]
+    direct = torch.cat((layer.keys[:, :, 0].flatten(1), layer.values[:, :, 0].flatten(1)), dim=1)
+    assert rows.shape == (model.vocab_size, 2 * model.kv_heads * model.head_dim)
+    assert (rows - direct).abs().max() < 1e-6
+
+
+def test_injectivity_of_a_model_without_a_backbone_is_refused() -> None:
+    model = tiny_random_llama()
+    model.config.model_type = "gpt2"
+    with pytest.raises(UnsupportedModelError, match="gpt2"):
+        measure_injectivity(model)

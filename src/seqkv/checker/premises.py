@@ -7,8 +7,9 @@ the model and never changes it.
   computation schedule: we run one text as a full prefill, in chunks of 16, and token by token
   (twice), and report the largest differences. Only the repeat must be exactly zero.
 - INJECTIVITY: distinct tokens give distinct first-layer keys and values. We compute K and V of
-  layer 0 at position 0 (where the rotary embedding is the identity) for every vocabulary entry and
-  report the exact duplicates and the minimum pairwise Euclidean distance.
+  layer 0 at position 0 (where the rotary embedding is the identity) for every vocabulary entry,
+  with the model's ``Backbone`` (``seqkv.models.backbones``), and report the exact duplicates and
+  the minimum pairwise Euclidean distance.
 
 Invariants:
 1. Forward passes run under ``torch.inference_mode`` and never mutate weights (enforced).
@@ -26,6 +27,7 @@ from transformers import DynamicCache
 
 from seqkv.errors import InvalidTokensError
 from seqkv.models.adapter import CausalLM
+from seqkv.models.backbones import backbone_for
 from seqkv.schedule import pinned_threads
 
 _CHUNK = 16
@@ -96,21 +98,14 @@ def measure_determinism(model: CausalLM, tokens: list[int]) -> DeterminismMeasur
 
 @torch.inference_mode()
 def first_layer_kv(model: CausalLM) -> torch.Tensor:
-    """[K | V] of layer 0 at position 0 for every token id: ``[vocab, 2 * kv_heads * head_dim]``."""
-    inner = getattr(model.model, "model", None)
-    layers = getattr(inner, "layers", None)
-    embed = getattr(inner, "embed_tokens", None)
-    if layers is None or embed is None:
-        raise InvalidTokensError(
-            f"the injectivity check needs a Llama-style model (model.layers, embed_tokens); "
-            f"{model.name!r} has another layout"
-        )
-    layer = layers[0]
-    ids = torch.arange(model.vocab_size, device=model.device)
-    hidden = layer.input_layernorm(embed(ids))  # [V, hidden]
-    keys = layer.self_attn.k_proj(hidden)  # [V, kv_heads * head_dim]; RoPE at position 0 = id
-    values = layer.self_attn.v_proj(hidden)  # [V, kv_heads * head_dim]
-    return torch.cat([keys, values], dim=1).float().cpu()
+    """[K | V] of layer 0 at position 0 for every token id: ``[vocab, 2 * kv_heads * head_dim]``.
+
+    Computed by the model's ``Backbone`` (``UnsupportedModelError`` for an architecture without
+    one).
+    """
+    ids = torch.arange(model.vocab_size, device=model.device)  # [V]
+    kv = backbone_for(model).first_layer_kv(ids)  # [V, 2, kv_heads, head_dim]
+    return kv.reshape(model.vocab_size, -1).float().cpu()
 
 
 def min_pairwise_distance(rows: torch.Tensor, chunk: int = 2048) -> tuple[float, tuple[int, int]]:

@@ -12,6 +12,9 @@ Definitions (``C`` continuation tokens follow the ``T`` cached positions):
   forward from the *original* cache, after RoPE) attend over the ``T`` cached positions of the
   original and of the decoded KV; ``||o_dec - o||^2 / ||o||^2`` over heads and queries, averaged
   over layers. The continuation's own keys are left out, so the figure isolates the cache.
+  The queries come from transformers' own forward: its hidden states at each layer's input go
+  through that layer of the model's ``Backbone`` (``seqkv.models.backbones``), whose ``attend``
+  callback keeps the rotated queries.
 - Next-token KL: mean over the ``C`` continuation positions of ``KL(P_original || P_decoded)``
   in bits, where each side runs the continuation tokens over its own cache.
 - Perplexity: ``exp`` of the mean negative log-likelihood of continuation tokens ``1 .. C-1``
@@ -20,13 +23,11 @@ Definitions (``C`` continuation tokens follow the ``T`` cached positions):
 Invariants:
 1. The reference side (original cache) is computed once per sweep (``ContinuationReference``)
    and never mutated (enforced: frozen dataclass; caches are rebuilt from tensors per forward).
-2. Capturing queries registers forward pre-hooks on the model's attention modules for one
-   forward and removes them afterwards, also on error (enforced: ``try/finally``).
-3. The model is a Llama-family attention with ``q_proj``, ``head_dim``, ``scaling``,
-   ``num_key_value_groups`` and rotary ``position_embeddings`` passed to the attention module
-   (checked: ``UnsupportedModelError`` otherwise; standard RoPE is assumed, and checked on the
-   tiny Llama: the captured queries reproduce the model's own attention outputs,
-   ``tests/test_delta_metrics.py``).
+2. Capturing queries mutates nothing: the forward that gives the log-probabilities also returns
+   its hidden states, and the backbone recomputes each layer's queries from them (enforced).
+3. The model's architecture has a ``Backbone`` (enforced: ``UnsupportedModelError`` naming the
+   model type otherwise); the captured queries reproduce the model's own attention outputs
+   (checked on a tiny random model of every backbone family, ``tests/test_delta_metrics.py``).
 """
 
 from __future__ import annotations
@@ -34,18 +35,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch import nn
 
-from seqkv.errors import InvalidKVError, SeqKVError
+from seqkv.errors import InvalidKVError, UnsupportedModelError
 from seqkv.kvcache import cache_from_tensor
 from seqkv.models.adapter import CausalLM
+from seqkv.models.backbones import Backbone, backbone_for
 
-
-class UnsupportedModelError(SeqKVError, TypeError):
-    """The model's attention modules do not have the structure the attention metric reads."""
+__all__ = [
+    "ContinuationReference",
+    "Distortion",
+    "UnsupportedModelError",
+    "build_reference",
+    "kv_mse",
+    "kv_nmse",
+    "measure",
+]
 
 
 def kv_mse(original: torch.Tensor, decoded: torch.Tensor) -> float:
@@ -66,43 +72,6 @@ def kv_nmse(original: torch.Tensor, decoded: torch.Tensor, mse: float | None = N
     return error / max(float(original.double().square().mean()), 1e-300)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-@dataclass(frozen=True)
-class _Attention:
-    """What the metric reads of one attention module."""
-
-    module: nn.Module
-    q_proj: nn.Module
-    head_dim: int
-    groups: int
-    scaling: float
-
-
-def _attention_modules(model: CausalLM) -> list[_Attention]:
-    base = model.model.base_model
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise UnsupportedModelError(f"model {model.name!r} has no decoder .layers")
-    modules: list[_Attention] = []
-    needed = ("q_proj", "head_dim", "scaling", "num_key_value_groups")
-    for layer in layers:
-        attention = getattr(layer, "self_attn", None)
-        if not isinstance(attention, nn.Module) or not all(
-                hasattr(attention, n) for n in needed):
-            raise UnsupportedModelError(
-                f"model {model.name!r}: the attention metric needs Llama-style self_attn "
-                f"modules with {', '.join(needed)}"
-            )
-        fields: Any = attention  # torch types module attributes as Tensor | Module
-        modules.append(_Attention(attention, fields.q_proj, int(fields.head_dim),
-                                  int(fields.num_key_value_groups), float(fields.scaling)))
-    return modules
-
-
 @dataclass(frozen=True)
 class ContinuationReference:
     """The original cache's side of every continuation metric, computed once."""
@@ -119,13 +88,34 @@ class ContinuationReference:
     perplexity: float
 
 
-def _continue(model: CausalLM, kv: torch.Tensor, continuation: Sequence[int]) -> torch.Tensor:
-    """Log-probabilities ``[C, vocab]`` (float64) of running ``continuation`` over ``kv``."""
+def _continue(model: CausalLM, kv: torch.Tensor, continuation: Sequence[int]
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Log-probabilities ``[C, vocab]`` (float64) of running ``continuation`` over ``kv``, and
+    the hidden states at each layer's input (``[1, C, hidden]`` each)."""
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
     ids = torch.tensor([list(continuation)], dtype=torch.long, device=model.device)  # [1, C]
     with torch.inference_mode():
-        logits = model.model(input_ids=ids, cache=cache, use_cache=True).logits
-    return torch.log_softmax(logits[0].double().cpu(), dim=-1)  # [C, V]
+        output = model.model(input_ids=ids, cache=cache, use_cache=True,
+                             output_hidden_states=True)
+    hidden = tuple(output.hidden_states[: model.num_layers])
+    return torch.log_softmax(output.logits[0].double().cpu(), dim=-1), hidden  # [C, V]
+
+
+@torch.inference_mode()
+def _queries(backbone: Backbone, hidden: Sequence[torch.Tensor],
+             positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each layer's rotated queries ``[query_heads, C, head_dim]`` (float32, CPU) from the
+    hidden states at its input, through the backbone's block with a capturing ``attend``."""
+    cos, sin = backbone.rotary(positions)  # [C, rotary_dim] each
+    captured: list[torch.Tensor] = []
+
+    def capture(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        captured.append(q.transpose(0, 1).float().cpu())  # [Hq, C, D]
+        return torch.zeros_like(q)  # the block's output is not used
+
+    for index, states in enumerate(hidden):
+        backbone.block(index, states[0], cos, sin, capture)  # [C, hidden]
+    return tuple(captured)
 
 
 def _perplexity(log_probs: torch.Tensor, continuation: Sequence[int]) -> float:
@@ -151,40 +141,14 @@ def build_reference(model: CausalLM, original: torch.Tensor,
     if len(tokens) < 2:
         raise ValueError("the continuation needs at least 2 tokens for a perplexity")
     original = original.detach().to("cpu", torch.float32)
-    modules = _attention_modules(model)
-    captured: dict[int, torch.Tensor] = {}
-
-    def hook_for(index: int, attention: _Attention) -> Any:
-        def hook(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            hidden = kwargs.get("hidden_states", args[0] if args else None)
-            embeddings = kwargs.get("position_embeddings")
-            if hidden is None or embeddings is None:
-                raise UnsupportedModelError(
-                    "the attention module did not receive hidden_states and rotary "
-                    "position_embeddings"
-                )
-            cos, sin = embeddings  # [1, C, D] each
-            q = attention.q_proj(hidden)  # [1, C, Hq * D]
-            q = q.view(*hidden.shape[:-1], -1, attention.head_dim)  # [1, C, Hq, D]
-            q = q.transpose(1, 2)  # [1, Hq, C, D]
-            q = q * cos.unsqueeze(1) + _rotate_half(q) * sin.unsqueeze(1)  # [1, Hq, C, D]
-            captured[index] = q[0].detach().float().cpu()  # [Hq, C, D]
-
-        return hook
-
-    handles = [m.module.register_forward_pre_hook(hook_for(i, m), with_kwargs=True)
-               for i, m in enumerate(modules)]
-    try:
-        log_probs = _continue(model, original, tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
-    if len(captured) != len(modules):
-        raise UnsupportedModelError("not every attention module saw the continuation")
-    queries = tuple(captured[i] for i in range(len(modules)))
-    outputs = tuple(
-        _attend(queries[i], original[i], m.groups, m.scaling) for i, m in enumerate(modules)
-    )
+    backbone = backbone_for(model)
+    geometry = backbone.geometry
+    log_probs, hidden = _continue(model, original, tokens)
+    cached = original.shape[3]
+    positions = torch.arange(cached, cached + len(tokens), device=model.device)  # [C]
+    queries = _queries(backbone, hidden, positions)
+    outputs = tuple(_attend(queries[i], original[i], geometry.groups, geometry.scale)
+                    for i in range(geometry.layers))
     return ContinuationReference(original, tuple(tokens), log_probs, queries, outputs,
                                  _perplexity(log_probs, tokens))
 
@@ -216,13 +180,13 @@ def measure(model: CausalLM, reference: ContinuationReference,
         raise InvalidKVError(
             f"decoded KV has shape {tuple(decoded.shape)}, the reference {tuple(original.shape)}"
         )
-    modules = _attention_modules(model)
+    geometry = backbone_for(model).geometry
     errors = []
-    for i, attention in enumerate(modules):
-        out = _attend(reference.queries[i], decoded[i], attention.groups, attention.scaling)
+    for i in range(geometry.layers):
+        out = _attend(reference.queries[i], decoded[i], geometry.groups, geometry.scale)
         ref = reference.outputs[i]
         errors.append(float((out - ref).square().sum() / ref.square().sum().clamp_min(1e-300)))
-    log_probs = _continue(model, decoded, reference.continuation)
+    log_probs, _ = _continue(model, decoded, reference.continuation)
     kl_nats = (reference.log_probs.exp() * (reference.log_probs - log_probs)).sum(dim=-1)  # [C]
     mse = kv_mse(original, decoded)
     return Distortion(

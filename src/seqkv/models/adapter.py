@@ -16,6 +16,9 @@ Invariants:
    tiny Llama's single-token steps differed by ~1e-7 between its weights in fresh memory and the
    same weights memory-mapped from a safetensors file at an offset of 40 bytes mod 64. Without
    this, equal identities would not imply equal probabilities.
+5. ``derived`` builds an object derived from the model (e.g. its row-invariant forward) once
+   per adapter and type, and keeps it; it is the only state an adapter adds after ``__init__``
+   (enforced).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +48,7 @@ _VOLATILE_CONFIG_KEYS = frozenset({
     "_name_or_path", "transformers_version", "_commit_hash", "architectures", "dtype",
     "torch_dtype",
 })
+_Derived = TypeVar("_Derived")
 
 
 class Stepper:
@@ -74,6 +79,7 @@ class CausalLM:
         self.tokenizer = tokenizer
         self.name = name
         self._twins: dict[torch.dtype, PreTrainedModel] = {}
+        self._derived: dict[type, object] = {}
 
     @property
     def config(self) -> Any:
@@ -165,6 +171,17 @@ class CausalLM:
             twin.train(False)
             self._twins[dtype] = twin
         return twin
+
+    def derived(self, kind: type[_Derived], build: Callable[[CausalLM], _Derived]) -> _Derived:
+        """The ``kind`` object derived from this model, built by ``build(self)`` on the first
+        request and kept: e.g. ``seqkv.models.rows.row_forward``, whose calibration and rotary
+        tables are computed once per model."""
+        held = self._derived.get(kind)
+        if held is None:
+            held = build(self)
+            self._derived[kind] = held
+        assert isinstance(held, kind), "a derived object is kept under its own type"
+        return held
 
     def new_stepper(self, kv: torch.Tensor | None = None) -> Stepper:
         """A stepper whose cache starts empty, or holding ``kv`` ``[L, 2, H, T, D]``."""

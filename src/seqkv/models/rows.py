@@ -24,14 +24,19 @@ encoder (all positions in large chunks), speculative decoding (guessed rows are 
 first wrong guess) and batched decoding of many sessions (one forward serves all) exact.
 
 Invariants:
-1. Llama-family models only (``model_type`` in ``SUPPORTED_MODEL_TYPES``); others are refused
-   with UnsupportedModelError (enforced).
+1. The model's architecture is one with a ``Backbone`` (``seqkv.models.backbones``): the engine
+   runs the backbone's embedding, blocks and head, and owns only the attention core (the KV pool
+   and per-row attention); other architectures are refused with UnsupportedModelError naming
+   the model type (enforced by ``backbone_for``).
 2. ``RowForward.forward`` appends each sequence's ids at its next positions and returns one logit
    row per id; ``RowSequence.crop`` only shortens (enforced).
 3. Row invariance holds for every product of at least ``row_block`` rows on this machine
-   (checked: ``calibrate_row_block`` probes every linear shape of the model with random inputs
-   at construction and refuses a machine where no block up to ``PROBE_ROWS`` works; the decoder
-   verifies checksums in any case; ``tests/test_rows.py`` checks the property on every run).
+   (checked: ``calibrate_row_block`` probes every linear shape of the model, with its bias when
+   it has one, with random inputs at construction and refuses a machine where no block up to
+   ``PROBE_ROWS`` works; the decoder verifies checksums in any case; ``tests/test_rows.py`` and
+   ``tests/test_backbones.py`` check the property on every run, for every backbone).
+4. ``row_forward`` builds one engine per model and keeps it with the model (``CausalLM.derived``);
+   a forward mutates only the pools of the sequences it is given and the ``forwards`` counter.
 """
 
 from __future__ import annotations
@@ -39,7 +44,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -48,8 +52,8 @@ import torch.nn.functional as F
 
 from seqkv.errors import InvalidTokensError, UnsupportedModelError
 from seqkv.models.adapter import CausalLM
+from seqkv.models.backbones import BackboneGeometry, backbone_for
 
-SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 # NOTE: the largest row block the calibration accepts: a forward pads every product to at least
 # this many rows, so a larger block would make single-row decoding too slow to be worth it.
 PROBE_ROWS = 64
@@ -60,6 +64,10 @@ _PROBE_REFERENCE_ROWS = 256
 _PROBE_MAX_OUTPUTS = 4096
 ROW_THREADS = 1
 _INITIAL_CAPACITY = 64
+# NOTE: rows per forward of ``RowForward.recompute``: the encoder's chunk
+# (``seqkv.levels.ENCODE_CHUNK_ROWS``), so recomputing a tail costs the forwards it always did
+# (forward counts are gated figures; the rows themselves do not depend on the chunk).
+RECOMPUTE_CHUNK_ROWS = 256
 
 
 class KVPool:
@@ -174,24 +182,28 @@ def calibrate_row_block(model: CausalLM, seed: int = 0) -> int:
     For each distinct linear shape, random inputs go through products of every row count from 1
     to ``PROBE_ROWS`` and a few larger ones (and at a few row offsets); the block is the
     smallest count from which every product gives each row the bits it has in a 256-row product.
+    A layer with a bias is probed with one (the product then adds it in the same kernel call).
     Runs on one thread, the forward's schedule.
     """
-    shapes = sorted({(min(int(m.out_features), _PROBE_MAX_OUTPUTS), int(m.in_features))
+    shapes = sorted({(min(int(m.out_features), _PROBE_MAX_OUTPUTS), int(m.in_features),
+                      m.bias is not None)
                      for m in model.model.modules() if isinstance(m, torch.nn.Linear)})
     generator = torch.Generator().manual_seed(seed)
     counts = [*range(1, PROBE_ROWS + 1), 96, 128, 192, _PROBE_REFERENCE_ROWS]
     block = 1
     with _threads(ROW_THREADS):
-        for out_features, in_features in shapes:
+        for out_features, in_features, biased in shapes:
             weight = torch.randn(out_features, in_features, generator=generator,
                                  dtype=model.dtype).to(model.device)  # [out, in]
             x = torch.randn(_PROBE_REFERENCE_ROWS + 32, in_features, generator=generator,
                             dtype=model.dtype).to(model.device)  # [R + 32, in]
-            full = F.linear(x, weight)  # [R + 32, out]
+            bias = (torch.randn(out_features, generator=generator,
+                                dtype=model.dtype).to(model.device) if biased else None)  # [out]
+            full = F.linear(x, weight, bias)  # [R + 32, out]
             varying = [m for m in counts
-                       if not torch.equal(F.linear(x[:m], weight), full[:m])]
+                       if not torch.equal(F.linear(x[:m], weight, bias), full[:m])]
             varying += [m for m in range(1, PROBE_ROWS + 1) for offset in (1, 7, 29)
-                        if not torch.equal(F.linear(x[offset : offset + m], weight),
+                        if not torch.equal(F.linear(x[offset : offset + m], weight, bias),
                                            full[offset : offset + m])]
             first = max(varying, default=0) + 1
             if first > PROBE_ROWS:
@@ -204,29 +216,60 @@ def calibrate_row_block(model: CausalLM, seed: int = 0) -> int:
     return block
 
 
+class _RowAttention:
+    """The attention core of one forward: stores each layer's new keys and values in the pools,
+    then attends each row on its own against its sequence's keys up to its position."""
+
+    def __init__(self, geometry: BackboneGeometry, spans: list[_Span],
+                 sequences: list[RowSequence], pools: list[_PoolWrites]) -> None:
+        self._geometry = geometry
+        self._spans = spans
+        self._sequences = sequences
+        self._pools = pools
+
+    def __call__(self, index: int, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        for writes in self._pools:
+            keys = k[writes.rows]  # [R, kv_heads, head_dim]
+            writes.pool.buffer[index, 0, writes.slots, :, writes.positions] = keys
+            writes.pool.buffer[index, 1, writes.slots, :, writes.positions] = v[writes.rows]
+        geometry = self._geometry
+        out = torch.zeros(q.shape[0], geometry.heads, geometry.head_dim, dtype=q.dtype,
+                          device=q.device)  # [N, heads, head_dim]
+        with _single_thread():
+            self._attend(index, q, out)
+        return out
+
+    def _attend(self, index: int, q: torch.Tensor, out: torch.Tensor) -> None:
+        # NOTE: the query heads sharing one KV head go in as that head's query rows (no mask), so
+        # no call copies keys or values for grouped-query attention.
+        geometry = self._geometry
+        kv_heads, head_dim = geometry.kv_heads, geometry.head_dim
+        queries = q.reshape(-1, 1, kv_heads, geometry.groups, head_dim)  # [N, 1, Hkv, G, D]
+        rows = out.view(-1, kv_heads, geometry.groups, head_dim)  # [N, Hkv, G, D]
+        for span in self._spans:
+            sequence = self._sequences[span.sequence]
+            held = sequence.pool.buffer[index, :, sequence.slot]  # [2, kv_heads, cap, head_dim]
+            keys, values = held[0:1], held[1:2]  # [1, kv_heads, capacity, head_dim]
+            length = span.position
+            for j in range(span.rows.start, span.rows.stop):
+                length += 1
+                rows[j] = F.scaled_dot_product_attention(
+                    queries[j], keys[:, :, :length], values[:, :, :length],
+                    scale=geometry.scale)[0]
+
+
 class RowForward:
-    """The row-invariant forward of one Llama-family ``CausalLM`` (see the module docstring)."""
+    """The row-invariant forward of one ``CausalLM`` (see the module docstring)."""
 
     def __init__(self, model: CausalLM) -> None:
-        config = model.config
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"the row-invariant forward supports {sorted(SUPPORTED_MODEL_TYPES)} models, not "
-                f"{model_type!r}: code this model at the 'tokens' level"
-            )
         self.model = model
-        self._backbone = model.model.model
-        self._head = model.model.lm_head
-        self._heads = int(config.num_attention_heads)
-        self._kv_heads = model.kv_heads
-        self._head_dim = model.head_dim
-        self.max_positions = int(config.max_position_embeddings)
+        self.backbone = backbone_for(model)
+        self.geometry = self.backbone.geometry
+        self.max_positions = self.geometry.max_positions
         with torch.inference_mode():
-            positions = torch.arange(self.max_positions, device=model.device)[None]  # [1, P]
-            probe = torch.zeros(1, dtype=model.dtype, device=model.device)
-            cos, sin = self._backbone.rotary_emb(probe, positions)
-        self._cos, self._sin = cos[0], sin[0]  # [P, head_dim]
+            positions = torch.arange(self.max_positions, device=model.device)  # [P]
+            self._cos, self._sin = self.backbone.rotary(positions)  # [P, rotary_dim] each
         self._start_rows: dict[int, npt.NDArray[np.float32]] = {}
         self.row_block = calibrate_row_block(model)
         # Forwards this engine has run, counting a start row served from its cache as one: the
@@ -250,12 +293,26 @@ class RowForward:
     def new_sequence(self, kv: torch.Tensor | None = None) -> RowSequence:
         """An empty sequence, or one holding ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``."""
         model = self.model
+        geometry = self.geometry
         length = 0 if kv is None else int(kv.shape[3])
-        pool = KVPool(1, max(_INITIAL_CAPACITY, length), model.num_layers, self._kv_heads,
-                      self._head_dim, model.dtype, model.device)
+        pool = KVPool(1, max(_INITIAL_CAPACITY, length), geometry.layers, geometry.kv_heads,
+                      geometry.head_dim, model.dtype, model.device)
         if kv is not None and length > 0:
             pool.buffer[:, :, 0, :, :length] = kv.to(model.device, model.dtype)
         return RowSequence(pool, 0, length)
+
+    def recompute(self, ids: Sequence[int], start_kv: torch.Tensor | None = None) -> torch.Tensor:
+        """The KV ``[layers, 2, kv_heads, P + len(ids), head_dim]`` (float32, CPU) of a sequence
+        holding ``start_kv`` (``P`` positions; none: empty) after forwarding ``ids``.
+
+        Runs ``ids`` in forwards of ``RECOMPUTE_CHUNK_ROWS`` rows; by row invariance the result
+        equals, bit for bit, what stepping the same ids one by one leaves.
+        """
+        sequence = self.new_sequence(start_kv)
+        tokens = [int(t) for t in ids]
+        for start in range(0, len(tokens), RECOMPUTE_CHUNK_ROWS):
+            self.forward([(sequence, tokens[start : start + RECOMPUTE_CHUNK_ROWS])])
+        return sequence.kv().to("cpu", torch.float32)
 
     @torch.inference_mode()
     def forward(
@@ -301,15 +358,15 @@ class RowForward:
         token_ids[:count] = torch.tensor(ids, dtype=torch.long, device=device)
         positions = torch.zeros(padded, dtype=torch.long, device=device)
         positions[:count] = torch.tensor(positions_list, device=device)
-        pools = _pool_writes(spans, [sequence for sequence, _ in calls], device)
-        hidden = self._backbone.embed_tokens(token_ids)  # [N, hidden]
-        cos, sin = self._cos[positions], self._sin[positions]  # [N, head_dim]
         sequences = [sequence for sequence, _ in calls]
-        for index, layer in enumerate(self._backbone.layers):
-            hidden = hidden + self._attention(layer, index, hidden, cos, sin, spans, sequences,
-                                              pools)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        logits = self._head(self._backbone.norm(hidden))[:count].float().cpu().numpy()
+        attend = _RowAttention(self.geometry, spans, sequences,
+                               _pool_writes(spans, sequences, device))
+        backbone = self.backbone
+        hidden = backbone.embed(token_ids)  # [N, hidden]
+        cos, sin = self._cos[positions], self._sin[positions]  # [N, rotary_dim]
+        for index in range(self.geometry.layers):
+            hidden = backbone.block(index, hidden, cos, sin, attend)
+        logits = backbone.head(hidden)[:count].float().cpu().numpy()
         for sequence, chunk in calls:
             sequence.length += len(chunk)
         result: list[npt.NDArray[np.float32]] = []
@@ -319,52 +376,11 @@ class RowForward:
             offset += len(chunk)
         return result
 
-    def _attention(self, layer: Any, index: int, hidden: torch.Tensor,
-                   cos: torch.Tensor, sin: torch.Tensor, spans: list[_Span],
-                   sequences: list[RowSequence], pools: list[_PoolWrites]) -> torch.Tensor:
-        attention = layer.self_attn
-        x = layer.input_layernorm(hidden)
-        n = x.shape[0]
-        q = attention.q_proj(x).view(n, self._heads, self._head_dim)
-        k = attention.k_proj(x).view(n, self._kv_heads, self._head_dim)
-        v = attention.v_proj(x).view(n, self._kv_heads, self._head_dim)
-        q = _rotate(q, cos[:, None], sin[:, None])
-        k = _rotate(k, cos[:, None], sin[:, None])
-        for writes in pools:
-            keys = k[writes.rows]  # [R, kv_heads, head_dim]
-            writes.pool.buffer[index, 0, writes.slots, :, writes.positions] = keys
-            writes.pool.buffer[index, 1, writes.slots, :, writes.positions] = v[writes.rows]
-        out = torch.zeros(n, self._heads, self._head_dim, dtype=q.dtype, device=q.device)
-        with _single_thread():
-            self._attend(index, q, out, spans, sequences)
-        result: torch.Tensor = attention.o_proj(out.view(n, self._heads * self._head_dim))
-        return result
-
-    def _attend(self, index: int, q: torch.Tensor, out: torch.Tensor, spans: list[_Span],
-                sequences: list[RowSequence]) -> None:
-        # NOTE: the query heads sharing one KV head go in as that head's query rows (no mask), so
-        # no call copies keys or values for grouped-query attention.
-        group = self._heads // self._kv_heads
-        queries = q.view(-1, 1, self._kv_heads, group, self._head_dim)
-        rows = out.view(-1, self._kv_heads, group, self._head_dim)
-        for span in spans:
-            sequence = sequences[span.sequence]
-            held = sequence.pool.buffer[index, :, sequence.slot]  # [2, kv_heads, cap, head_dim]
-            keys, values = held[0:1], held[1:2]  # [1, kv_heads, capacity, head_dim]
-            length = span.position
-            for j in range(span.rows.start, span.rows.stop):
-                length += 1
-                rows[j] = F.scaled_dot_product_attention(
-                    queries[j], keys[:, :, :length], values[:, :, :length])[0]
-
 
 def row_forward(model: CausalLM) -> RowForward:
-    """The model's row-invariant forward, built once per model (its rotary tables are cached)."""
-    engine = getattr(model, "_seqkv_row_forward", None)
-    if not isinstance(engine, RowForward):
-        engine = RowForward(model)
-        setattr(model, "_seqkv_row_forward", engine)  # noqa: B010 (an attribute CausalLM lacks)
-    return engine
+    """The model's row-invariant forward, built once per model and kept with it (its
+    calibration and rotary tables are computed once)."""
+    return model.derived(RowForward, RowForward)
 
 
 @contextmanager
@@ -386,9 +402,3 @@ def _single_thread() -> AbstractContextManager[None]:
     which changes the reduction order (measured: 2 vs 1 threads differ from 40 keys on)."""
     return _threads(1)
 
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding, in transformers' Llama convention (halves rotated)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin

@@ -16,8 +16,13 @@ Invariants:
 
 Deviation: the forwards run the decoder stack without the LM head (``base_model``): the KV does
 not depend on it, so the token codec's decoder computes the same KV (assumed for any transformers
-causal LM whose ``base_model`` owns the cache updates; checked bit for bit on the tiny Llama by
-``tests/test_delta_predictors.py``).
+causal LM whose ``base_model`` owns the cache updates; checked bit for bit on a tiny random model
+of every backbone family of ``seqkv.models.backbones`` by ``tests/test_delta_predictors.py``).
+
+Why transformers' forward and not a ``Backbone`` driver: the prediction must be the token codec's
+decoder's KV bit for bit, and that decoder steps transformers' forward; the calls use only its
+architecture-neutral interface (``base_model``, a ``DynamicCache``), so every family runs here
+unchanged.
 """
 
 from __future__ import annotations

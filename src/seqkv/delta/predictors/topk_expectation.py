@@ -27,7 +27,9 @@ Invariants:
    not a candidate and a next distribution is needed, plus the start-token call (enforced).
 3. The rows of one batch do not see each other: row ``r`` attends to the prefix and itself
    (enforced by the mask; checked by ``tests/test_delta_predictors.py`` against separate
-   single-token forwards, to float32 rounding).
+   single-token forwards, to float32 rounding, on a tiny random model of every backbone family
+   of ``seqkv.models.backbones``: the candidates ride transformers' own forward, whose custom
+   mask and position ids are architecture-neutral, so no family needs code here).
 4. ``logits = model(...).logits``, so any logit post-processing of the model is included
    (enforced: the full causal LM runs, with ``logits_to_keep`` limiting the head to one row).
 
