@@ -11,12 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqkv.errors import UnsupportedModelError
-from seqkv.levels import recompute_kv
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.models.rows import RowForward, row_forward
 from seqkv.schedule import pinned_threads
-from seqkv.trie.keys import Namespace, PrefixHash
-from seqkv.trie.radix import ResolvedPrefix
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(3, 512, 48)]
 
@@ -110,23 +107,6 @@ def test_models_without_a_backbone_are_refused() -> None:
     model.config.model_type = "gpt2"
     with pytest.raises(UnsupportedModelError, match="gpt2"):
         RowForward(model)
-
-
-def test_recompute_equals_the_levels_recompute_bit_for_bit(engine: RowForward) -> None:
-    """``RowForward.recompute`` replaces ``seqkv.levels.recompute_kv``: same KV, same forwards."""
-    _, kv = _one_chunk(engine, TOKENS)
-    prefix = ResolvedPrefix(Namespace("test"), PrefixHash("0" * 64), tuple(TOKENS[:20]),
-                            (0.0,) * 20, kv[:, :, :, :20])
-    for tail, resolved in ((TOKENS, None), (TOKENS[20:], prefix)):
-        before = engine.forwards
-        old = recompute_kv(engine, tail, resolved)
-        old_forwards = engine.forwards - before
-        if resolved is None:
-            new = engine.recompute(tail)
-        else:
-            new = engine.recompute([TOKENS[19], *tail], kv[:, :, :, :19])
-        assert torch.equal(new, old) and torch.equal(new, kv)
-        assert engine.forwards - before == 2 * old_forwards
 
 
 @pytest.mark.real_model

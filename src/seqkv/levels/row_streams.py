@@ -34,12 +34,13 @@ from seqkv.coding.frequencies import CumulativeTable, uniform_distribution
 from seqkv.levels import base
 from seqkv.levels.base import Distribution, TraceColumns
 from seqkv.levels.drafts import PromptLookup
-from seqkv.models.rows import RowForward, RowSequence, gather
+from seqkv.models.rows import RECOMPUTE_CHUNK_ROWS, RowForward, RowSequence, gather
 from seqkv.trie.radix import ResolvedPrefix
 
-# NOTE: rows per encoder forward: large enough for matrix products to run at prefill speed,
-# small enough that the float32 logit rows (V x 4 bytes each) stay ~50 MB.
-ENCODE_CHUNK_ROWS = 256
+# NOTE: rows per encoder forward, as the engine's recomputation: large enough for matrix
+# products to run at prefill speed, small enough that the float32 logit rows (V x 4 bytes each)
+# stay ~50 MB.
+ENCODE_CHUNK_ROWS = RECOMPUTE_CHUNK_ROWS
 
 
 def row_start(engine: RowForward, context: int | None,
@@ -64,17 +65,14 @@ def recompute_kv(engine: RowForward, tail: Sequence[int],
                  prefix: ResolvedPrefix | None) -> torch.Tensor:
     """The KV ``[layers, 2, kv_heads, tokens, head_dim]`` of prefix + tail, in chunks.
 
-    Equal, bit for bit, to what stepping the same tokens one by one leaves (row invariance).
+    After a prefix, the sequence starts from its stored KV without its last position and
+    forwards the last prefix token first, as the coded tokens were.
     """
-    sequence = engine.new_sequence()
-    ids = list(tail)
-    if prefix is not None:
-        assert prefix.kv is not None
-        sequence = engine.new_sequence(prefix.kv[:, :, :, : len(prefix.tokens) - 1])
-        ids = [prefix.tokens[-1], *ids]
-    for start in range(0, len(ids), ENCODE_CHUNK_ROWS):
-        engine.forward([(sequence, ids[start : start + ENCODE_CHUNK_ROWS])])
-    return sequence.kv().to("cpu", torch.float32)
+    if prefix is None:
+        return engine.recompute(tail)
+    assert prefix.kv is not None
+    return engine.recompute([prefix.tokens[-1], *tail],
+                            prefix.kv[:, :, :, : len(prefix.tokens) - 1])
 
 
 def encode_rows(engine: RowForward, encoder: ArithmeticEncoder, tail: Sequence[int],

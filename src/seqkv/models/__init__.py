@@ -1,8 +1,14 @@
-"""Model adapters: any Hugging Face causal LM, and the embedded default model."""
+"""Model adapters: any Hugging Face causal LM, its architecture's backbone
+(``seqkv.models.backbones``), and the embedded default model."""
 
 from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.models.loading import DEFAULT_MODEL_NAME, load_default_model, load_model
-from seqkv.models.tiny import tiny_random_llama
+from seqkv.models.tiny import (
+    tiny_random_gpt_neox,
+    tiny_random_llama,
+    tiny_random_mistral,
+    tiny_random_qwen2,
+)
 from seqkv.types import ModelIdentity
 
 __all__ = [
@@ -12,5 +18,8 @@ __all__ = [
     "Stepper",
     "load_default_model",
     "load_model",
+    "tiny_random_gpt_neox",
     "tiny_random_llama",
+    "tiny_random_mistral",
+    "tiny_random_qwen2",
 ]
