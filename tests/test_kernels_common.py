@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 from seqkv.kernels._jit import ENABLE_FP_FUSION, kernel, tl  # noqa: E402
 from seqkv.kernels.common import naive  # noqa: E402
+from seqkv.kernels.common.naive import round_down_fp16, round_up_fp16  # noqa: E402
 from seqkv.kernels.common.triton import (  # noqa: E402
     downcast,
     fp16_round_down,
@@ -25,7 +26,6 @@ from seqkv.kernels.common.triton import (  # noqa: E402
     round_half_even,
     upcast,
 )
-from seqkv.kernels.common.naive import round_down_fp16, round_up_fp16  # noqa: E402
 from seqkv.kernels.testing import assert_matches, kernel_device  # noqa: E402
 from seqkv.kernels.turboquant.naive import walsh_hadamard  # noqa: E402
 

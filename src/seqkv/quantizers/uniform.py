@@ -115,7 +115,7 @@ class FP8E4M3(_AbsmaxQuantizer):
 
     >>> q = FP8E4M3(dim=2)
     >>> q.dequantize(q.quantize(torch.tensor([[448.0, 1.0]])))
-    tensor([[448., 1.]])
+    tensor([[448.,   1.]])
     """
 
     _format: AbsmaxFormat = "fp8_e4m3"
