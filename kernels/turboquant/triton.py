@@ -11,7 +11,7 @@ dims of KV caches.
 
 Layout: a vector of ``D`` codes of ``b`` bits packs into ``D * b / 8`` whole bytes when
 ``D >= 8`` (``D`` is a power of two), so vector ``n`` owns bytes ``[n D b / 8, (n + 1) D b / 8)``
-of the stream :func:`seqkv.quantizers.pack_bits` would write for the whole tensor.
+of the stream :func:`seqkv.kernels.common.bitpack.pack_bits` would write for the whole tensor.
 
 Invariants:
 1. Hadamard: codes and packed bytes equal ``naive.encode``'s exactly: same codebook thresholds

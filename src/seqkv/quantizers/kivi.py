@@ -17,6 +17,14 @@ Window (:data:`KiviWindow`):
   values keep the last ``min(T, R)`` tokens; keys are quantized in whole blocks of ``R`` tokens,
   so only the last ``T mod R`` key tokens stay in 16-bit. Needs ``R % group_size == 0``.
 
+The group statistics, codes and packing, and their inverse, are the kernel op
+:mod:`seqkv.kernels.kivi` (its torch reference on a CPU, its Triton kernels on a GPU): keys call
+it grouped along tokens, values along channels. This module owns the window, shapes and checks.
+NOTE: moving the computation into the op changed no stored bit: codes, scales, zero-points,
+window and decoded values are identical to the former in-module torch code (keys, 4 x 5,000
+random tokens per head dim 64, 128 and 96 at 1..4 bits), and every figure of
+``benchmarks/bench_quantizers.py --figures`` (keys and values, 1..4 bits) is unchanged.
+
 Stores: ``codes`` (``b`` bits per quantized component, shape ``[..., T_q, D]``), ``scales`` and
 ``zero_points`` (fp16; keys ``[..., ceil(T_q / G), D]``, values ``[..., T_q, ceil(D / G)]``),
 ``dense`` (the 16-bit window ``[..., T - T_q, D]``: the input's dtype when it is fp16 or bf16,
