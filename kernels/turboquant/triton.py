@@ -6,8 +6,10 @@ once, keeps it in registers through normalisation, rotation, Lloyd-Max bucketing
 search over the thresholds) and bit packing, and writes only the packed bytes and one float32
 norm per vector; decoding is the mirror image. The rotation is a constexpr switch: the
 randomized Hadamard butterfly (``HADAMARD``), or a ``tl.dot`` with the ``[D, D]`` orthogonal
-matrix in full float32 (``input_precision="ieee"``: no TF32). Both are memory-bound for the head
-dims of KV caches.
+matrix in full float32 (``input_precision="ieee"``: no TF32). The Hadamard variant is
+memory-bound; the orthogonal one does ``D`` multiply-adds per element on float32 units, so at
+``D = 128`` it is expected to be bound by arithmetic instead (an estimate: no GPU was available
+to measure it; ``benchmarks/gpu_kernels.py`` reports it).
 
 Layout: a vector of ``D`` codes of ``b`` bits packs into ``D * b / 8`` whole bytes when
 ``D >= 8`` (``D`` is a power of two), so vector ``n`` owns bytes ``[n D b / 8, (n + 1) D b / 8)``
