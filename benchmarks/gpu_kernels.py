@@ -37,9 +37,11 @@ from types import ModuleType
 
 import torch
 
+from seqkv.kernels import AbsmaxFormat
 from seqkv.kernels.common.bitpack import unpack_bits
 from seqkv.kernels.testing import compare
 from seqkv.quantizers import TurboQuantMSE
+from seqkv.quantizers.rotation import RotationKind
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,50 @@ def _backend(op: str, provider: str) -> ModuleType:
     )
 
 
+def _turboquant_cases(vectors: torch.Tensor, rotation: RotationKind, shape: str) -> list[Case]:
+    """Encode and decode of 4-bit TurboQuant_mse rows ``[N, D]`` with one rotation."""
+    device, dim = vectors.device, vectors.shape[-1]
+    tq = TurboQuantMSE(dim, 4, rotation=rotation)
+    thresholds = tq.codebook.thresholds_tensor(device)
+    levels = tq.codebook.levels_tensor(device)
+    packed, norms = _backend("turboquant", "torch").encode(vectors, tq.rotation, thresholds, 4)
+    norms16 = norms.half()
+
+    def codes(result: object) -> torch.Tensor:
+        assert isinstance(result, tuple) and isinstance(result[0], torch.Tensor)
+        return unpack_bits(result[0].cpu(), 4, vectors.numel())
+
+    def encode(provider: str) -> object:
+        return _backend("turboquant", provider).encode(vectors, tq.rotation, thresholds, 4)
+
+    def decode(provider: str) -> object:
+        return _backend("turboquant", provider).decode(packed, norms16, tq.rotation, levels, 4,
+                                                       torch.float16)
+
+    return [
+        Case(f"turboquant encode 4b {rotation}", shape, _nbytes(vectors, packed, norms), encode,
+             codes=codes if rotation == "orthogonal" else None),
+        Case(f"turboquant decode 4b {rotation}", shape, _nbytes(packed, norms16, vectors), decode),
+    ]
+
+
+def _absmax_cases(vectors: torch.Tensor, fmt: AbsmaxFormat, shape: str) -> list[Case]:
+    """Quantize and dequantize of rows ``[N, D]`` to one 8-bit format."""
+    dim = vectors.shape[-1]
+    codes, scales = _backend("absmax", "torch").quantize(vectors, fmt)
+
+    def quantize(provider: str) -> object:
+        return _backend("absmax", provider).quantize(vectors, fmt)
+
+    def dequantize(provider: str) -> object:
+        return _backend("absmax", provider).dequantize(codes, scales, dim, fmt, torch.float16)
+
+    return [
+        Case(f"absmax quantize {fmt}", shape, _nbytes(vectors, codes, scales), quantize),
+        Case(f"absmax dequantize {fmt}", shape, _nbytes(codes, scales, vectors), dequantize),
+    ]
+
+
 def build_cases(device: torch.device, scale: str) -> list[Case]:
     """The benchmark inputs: ``"full"`` is one layer of a KV cache, 8 sequences of 4k tokens
     (64 MiB fp16); ``"tiny"`` the same ops at a size the CPU runs in milliseconds (for tests).
@@ -145,27 +191,7 @@ def build_cases(device: torch.device, scale: str) -> list[Case]:
     cases: list[Case] = []
 
     for rotation in ("hadamard", "orthogonal"):
-        tq = TurboQuantMSE(dim, 4, rotation=rotation)
-        thresholds = tq.codebook.thresholds_tensor(device)
-        levels = tq.codebook.levels_tensor(device)
-        packed, norms = _backend("turboquant", "torch").encode(vectors, tq.rotation, thresholds, 4)
-        norms16 = norms.half()
-        count = vectors.numel()
-
-        def codes(result: object, _count: int = count) -> torch.Tensor:
-            assert isinstance(result, tuple) and isinstance(result[0], torch.Tensor)
-            return unpack_bits(result[0].cpu(), 4, _count)
-
-        cases.append(Case(
-            f"turboquant encode 4b {rotation}", shape, _nbytes(vectors, packed, norms),
-            lambda p, q=tq, t=thresholds: _backend("turboquant", p).encode(vectors, q.rotation,
-                                                                          t, 4),
-            codes=codes if rotation == "orthogonal" else None))
-        cases.append(Case(
-            f"turboquant decode 4b {rotation}", shape, _nbytes(packed, norms16, vectors),
-            lambda p, q=tq, b=packed, n=norms16, v=levels: _backend("turboquant", p).decode(
-                b, n, q.rotation, v, 4, torch.float16)))
-
+        cases.extend(_turboquant_cases(vectors, rotation, shape))
     kivi_key = _backend("kivi", "torch").quantize_head(cache, "tokens", 32, 2)
     cases.append(Case(
         "kivi quantize 2b key", shape, _nbytes(cache, *kivi_key),
@@ -178,15 +204,7 @@ def build_cases(device: torch.device, scale: str) -> list[Case]:
                                                       torch.float16)))
 
     for fmt in ("int8", "fp8_e4m3"):
-        absmax = _backend("absmax", "torch").quantize(vectors, fmt)
-        cases.append(Case(
-            f"absmax quantize {fmt}", shape, _nbytes(vectors, *absmax),
-            lambda p, f=fmt: _backend("absmax", p).quantize(vectors, f)))
-        cases.append(Case(
-            f"absmax dequantize {fmt}", shape, _nbytes(*absmax, vectors),
-            lambda p, f=fmt, a=absmax: _backend("absmax", p).dequantize(
-                a[0], a[1], dim, f, torch.float16)))
-
+        cases.extend(_absmax_cases(vectors, fmt, shape))
     probs = torch.rand(rows, k, generator=generator).to(device)
     candidates = randn(rows, k, dim).half()
     cases.append(Case(
