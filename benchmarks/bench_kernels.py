@@ -20,17 +20,17 @@ from pytest_benchmark.fixture import BenchmarkFixture  # noqa: E402
 
 from seqkv.kernels import (  # noqa: E402
     KernelBackend,
-    frequency_tables,
+    absmax_dequantize,
+    absmax_quantize,
     kivi_dequantize,
     kivi_quantize,
-    residual_dequantize,
-    residual_quantize,
     topk_expectation,
     turboquant_dequantize,
     turboquant_quantize,
 )
 from seqkv.kernels.testing import kernel_device  # noqa: E402
-from seqkv.quantizers import KIVI, TurboQuantMSE  # noqa: E402
+from seqkv.quantizers import TurboQuantMSE  # noqa: E402
+from seqkv.quantizers.rotation import RotationKind  # noqa: E402
 
 DEVICE = kernel_device()
 TRITON_PROVIDER = "triton-interpret" if DEVICE.type == "cpu" else "triton"
@@ -42,61 +42,72 @@ def _cache() -> torch.Tensor:
     return torch.randn(SHAPE, generator=torch.Generator().manual_seed(0)).half().to(DEVICE)
 
 
-def _turboquant_quantize(backend: KernelBackend) -> Callable[[], object]:
-    q, x = TurboQuantMSE(64, 3, rotation="hadamard"), _cache()
-    return lambda: turboquant_quantize(x, q, backend=backend)
+def _rows() -> torch.Tensor:
+    return _cache().reshape(-1, SHAPE[-1])  # [B * H * T, D]
 
 
-def _turboquant_dequantize(backend: KernelBackend) -> Callable[[], object]:
-    q, x = TurboQuantMSE(64, 3, rotation="hadamard"), _cache()
-    qx = turboquant_quantize(x, q, backend="torch")
-    return lambda: turboquant_dequantize(qx, q, backend=backend)
+def _turboquant_quantize(rotation: RotationKind) -> Callable[[KernelBackend], Callable[[], object]]:
+    def build(backend: KernelBackend) -> Callable[[], object]:
+        q, x = TurboQuantMSE(64, 3, rotation=rotation), _rows()
+        thresholds = q.codebook.thresholds_tensor(DEVICE)
+        return lambda: turboquant_quantize(x, q.rotation, thresholds, 3, backend=backend)
+
+    return build
+
+
+def _turboquant_dequantize(rotation: RotationKind
+                           ) -> Callable[[KernelBackend], Callable[[], object]]:
+    def build(backend: KernelBackend) -> Callable[[], object]:
+        q, x = TurboQuantMSE(64, 3, rotation=rotation), _rows()
+        thresholds, levels = q.codebook.thresholds_tensor(DEVICE), q.codebook.levels_tensor(DEVICE)
+        packed, norms = turboquant_quantize(x, q.rotation, thresholds, 3, backend="torch")
+        return lambda: turboquant_dequantize(packed, norms.half(), q.rotation, levels, 3,
+                                             torch.float16, backend=backend)
+
+    return build
 
 
 def _kivi_quantize(backend: KernelBackend) -> Callable[[], object]:
-    q, x = KIVI(64, 2, role="key", residual_length=16), _cache()
-    return lambda: kivi_quantize(x, q, backend=backend)
+    head = _cache().reshape(-1, *SHAPE[-2:])  # [B * H, T, D]
+    return lambda: kivi_quantize(head, "tokens", 32, 2, backend=backend)
 
 
 def _kivi_dequantize(backend: KernelBackend) -> Callable[[], object]:
-    q, x = KIVI(64, 2, role="value", residual_length=16), _cache()
-    qx = kivi_quantize(x, q, backend="torch")
-    return lambda: kivi_dequantize(qx, q, backend=backend)
+    head = _cache().reshape(-1, *SHAPE[-2:])  # [B * H, T, D]
+    packed, scales, zeros = kivi_quantize(head, "channels", 32, 2, backend="torch")
+    shape = (head.shape[0], head.shape[1], head.shape[2])
+    return lambda: kivi_dequantize(packed, scales, zeros, shape, "channels", 32, 2,
+                                   torch.float16, backend=backend)
 
 
-def _residual_quantize(backend: KernelBackend) -> Callable[[], object]:
-    prediction = _cache().float()
-    target = prediction + 1e-4 * torch.randn_like(prediction)
-    return lambda: residual_quantize(target, prediction, 1e-4, backend=backend)
+def _absmax_quantize(backend: KernelBackend) -> Callable[[], object]:
+    x = _rows()
+    return lambda: absmax_quantize(x, "fp8_e4m3", backend=backend)
 
 
-def _residual_dequantize(backend: KernelBackend) -> Callable[[], object]:
-    prediction = _cache().float()
-    symbols = residual_quantize(prediction + 1e-4, prediction, 1e-4, backend="torch").symbols
-    return lambda: residual_dequantize(prediction, symbols, 1e-4, backend=backend)
+def _absmax_dequantize(backend: KernelBackend) -> Callable[[], object]:
+    codes, scales = absmax_quantize(_rows(), "int8", backend="torch")
+    return lambda: absmax_dequantize(codes, scales, SHAPE[-1], "int8", torch.float16,
+                                     backend=backend)
 
 
 def _topk_expectation(backend: KernelBackend) -> Callable[[], object]:
     generator = torch.Generator().manual_seed(0)
-    probs = torch.rand(64, 8, generator=generator).to(DEVICE)
-    candidates = torch.randn(64, 8, 64, generator=generator).half().to(DEVICE)
+    probs = torch.rand(8, generator=generator, dtype=torch.float64).to(DEVICE)  # one [k] vector
+    candidates = torch.randn(30, 2, 3, 8, 64, generator=generator).to(DEVICE)  # [L, 2, H, k, D]
     return lambda: topk_expectation(probs, candidates, backend=backend)
 
 
-def _frequency_tables(backend: KernelBackend) -> Callable[[], object]:
-    logits = torch.randn(4, 2048, generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    return lambda: frequency_tables(logits, backend=backend)
-
-
 OPS: dict[str, Callable[[KernelBackend], Callable[[], object]]] = {
-    "turboquant_quantize": _turboquant_quantize,
-    "turboquant_dequantize": _turboquant_dequantize,
+    "turboquant_quantize-hadamard": _turboquant_quantize("hadamard"),
+    "turboquant_quantize-orthogonal": _turboquant_quantize("orthogonal"),
+    "turboquant_dequantize-hadamard": _turboquant_dequantize("hadamard"),
+    "turboquant_dequantize-orthogonal": _turboquant_dequantize("orthogonal"),
     "kivi_quantize": _kivi_quantize,
     "kivi_dequantize": _kivi_dequantize,
-    "residual_quantize": _residual_quantize,
-    "residual_dequantize": _residual_dequantize,
+    "absmax_quantize": _absmax_quantize,
+    "absmax_dequantize": _absmax_dequantize,
     "topk_expectation": _topk_expectation,
-    "frequency_tables": _frequency_tables,
 }
 
 

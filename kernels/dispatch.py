@@ -3,6 +3,8 @@
 Motivation: every op in :mod:`seqkv.kernels` exists twice, as a Triton kernel (``triton.py``) and
 as a torch reference (``naive.py``) that is also the CPU path. Which one runs is decided here and
 nowhere else, so that a user can force either with one switch and a test can pin the backend.
+The quantizers (:mod:`seqkv.quantizers`) call the ops for every quantize and dequantize, so this
+rule is also what decides how a quantizer computes: the reference on a CPU, the kernel on a GPU.
 
 Rules (:func:`resolve_backend`):
 
@@ -25,7 +27,9 @@ Invariants:
    fresh interpreter where ``triton`` cannot be imported, then inspects ``sys.modules``).
    NOTE: torch and transformers import ``triton`` themselves when it is installed; what matters
    is that seqkv never needs it.
-2. ``"torch"`` never touches ``triton`` (enforced by construction).
+2. ``"torch"`` never touches ``triton`` (enforced by construction), and neither does ``"auto"``
+   on CPU tensors: the reference is the CPU path (checked: ``tests/test_kernels_wiring.py``
+   spies on both implementations of every op through every quantizer).
 3. The environment is read at call time and nothing is cached between calls (enforced: no
    module-level mutable state).
 4. ``TRITON_INTERPRET`` is read by Triton when a kernel module is first imported; changing it
@@ -41,6 +45,8 @@ from typing import Literal, get_args
 
 import torch
 
+from seqkv.errors import SeqKVError
+
 KernelBackend = Literal["auto", "triton", "torch"]
 """What a caller may ask for: ``"auto"`` picks per call (see the module docstring)."""
 
@@ -54,8 +60,12 @@ _TRUE_WORDS = frozenset({"1", "true", "yes", "on", "y"})
 """Values Triton itself reads as true for ``TRITON_INTERPRET``."""
 
 
-class KernelUnavailableError(RuntimeError):
+class KernelUnavailableError(SeqKVError, RuntimeError):
     """The Triton backend was forced but cannot run here (no triton, or no CUDA/interpreter)."""
+
+
+class UnsupportedKernelInputError(SeqKVError, ValueError):
+    """The Triton backend was forced for an input its kernel does not implement."""
 
 
 def requested_backend(backend: KernelBackend | None = None) -> KernelBackend:
@@ -86,6 +96,11 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def on_cuda(*tensors: torch.Tensor) -> bool:
+    """Whether there is at least one tensor and every one lives on a CUDA device."""
+    return bool(tensors) and all(t.is_cuda for t in tensors)
+
+
 def interpreter_enabled() -> bool:
     """Whether ``TRITON_INTERPRET`` asks Triton to run kernels on the CPU interpreter."""
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE_WORDS
@@ -109,9 +124,9 @@ def resolve_backend(
     asked = requested_backend(backend)
     if asked == "torch":
         return "torch"
-    on_cuda = bool(tensors) and all(t.is_cuda for t in tensors)
+    cuda = on_cuda(*tensors)
     if asked == "auto":
-        if on_cuda and unsupported is None and triton_available():
+        if cuda and unsupported is None and triton_available():
             return "triton"
         return "torch"
     if not triton_available():
@@ -119,31 +134,14 @@ def resolve_backend(
             "backend 'triton' needs the triton package; install it (pip install triton) or use "
             f"backend='torch' / {ENV_VAR}=torch"
         )
-    if not on_cuda and not interpreter_enabled():
+    if not cuda and not interpreter_enabled():
         raise KernelUnavailableError(
             "backend 'triton' runs on CUDA tensors; move the inputs to a GPU, or set "
             "TRITON_INTERPRET=1 before the first kernel call to use Triton's (slow) CPU "
             "interpreter"
         )
     if unsupported is not None:
-        raise ValueError(f"the Triton kernel does not support this input: {unsupported}")
+        raise UnsupportedKernelInputError(
+            f"the Triton kernel does not support this input: {unsupported}"
+        )
     return "triton"
-
-
-def prefers_kernel(*tensors: torch.Tensor) -> bool:
-    """Whether seqkv's own code (the quantizers) should route these tensors through a kernel op.
-
-    True when the backend is forced to ``"triton"``, or under ``"auto"`` when every tensor is on
-    CUDA and ``triton`` is installed. Under ``"auto"`` on the CPU it is False, so the CPU path
-    stays the quantizers' own torch code.
-
-    >>> prefers_kernel(torch.zeros(2))
-    False
-    """
-    asked = requested_backend(None)
-    if asked == "torch":
-        return False
-    if asked == "triton":
-        return True
-    return bool(tensors) and all(t.is_cuda for t in tensors) and triton_available()
-

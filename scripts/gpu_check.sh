@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# GPU check for seqkv's Triton kernels, one command, under 5 minutes on an H100/H200:
+# GPU check for seqkv's Triton kernels, one command, under 10 minutes on an H100/H200 (an
+# estimate, not yet measured: most of it is Triton compiling the ~170 kernel variants the tests
+# ask for, one per tested width, dtype, tile and format):
 #   1. a venv with the machine's CUDA torch (.venv-gpu, or $SEQKV_GPU_VENV): it reuses a CUDA
 #      torch that the system Python already has, else installs one from PyTorch's CUDA index
 #      ($TORCH_INDEX_URL, default cu128: drivers >= 570); then seqkv editable with its dev tools;
-#   2. the kernel tests on CUDA tensors (TRITON_INTERPRET unset): every kernel against its torch
-#      reference, integer outputs exactly;
+#   2. the kernel tests on CUDA tensors (TRITON_INTERPRET unset): every kernel (TurboQuant with
+#      the Hadamard and the orthogonal rotation, KIVI, absmax int8/fp8, top-k expectation)
+#      against its torch reference, integer outputs exactly (TurboQuant's orthogonal codes up to
+#      threshold ties); and the wiring tests: every quantizer, given CUDA tensors, runs its
+#      Triton kernel, and forced to Triton agrees with its reference on the same tensors;
 #   3. kernel vs reference throughput (GB/s) and the fraction of the GPU's peak memory bandwidth
 #      (benchmarks/gpu_kernels.py; peak from its table by device name).
 # Downloads pip packages only; no model weights. Exit status: nonzero if any step fails.
@@ -53,7 +58,7 @@ PY
 echo "gpu_check: set-up took $((SECONDS - started)) s"
 
 started=$SECONDS
-timeout 240 "$py" -m pytest tests/test_kernels_*.py -q -p no:cacheprovider --durations=5
+timeout 420 "$py" -m pytest tests/test_kernels_*.py -q -p no:cacheprovider --durations=5
 echo "gpu_check: kernel tests took $((SECONDS - started)) s"
 
 started=$SECONDS

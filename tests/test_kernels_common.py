@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 from seqkv.kernels._jit import ENABLE_FP_FUSION, kernel, tl  # noqa: E402
 from seqkv.kernels.common import naive  # noqa: E402
+from seqkv.kernels.common.naive import round_down_fp16, round_up_fp16  # noqa: E402
 from seqkv.kernels.common.triton import (  # noqa: E402
     downcast,
     fp16_round_down,
@@ -26,8 +27,7 @@ from seqkv.kernels.common.triton import (  # noqa: E402
     upcast,
 )
 from seqkv.kernels.testing import assert_matches, kernel_device  # noqa: E402
-from seqkv.quantizers.base import round_down_fp16, round_up_fp16  # noqa: E402
-from seqkv.quantizers.rotation import walsh_hadamard  # noqa: E402
+from seqkv.kernels.turboquant.naive import walsh_hadamard  # noqa: E402
 
 DEVICE = kernel_device()
 _BLOCK = 1024
@@ -99,10 +99,11 @@ def test_sqrt_rn_is_correctly_rounded() -> None:
     assert_matches(naive.sqrt_rn(s), want, name="sqrt_rn")
 
 
-@pytest.mark.parametrize("width", [1, 2, 8, 64])
+@pytest.mark.parametrize("width", [1, 2, 3, 8, 13, 64, 96])
 def test_tree_sum_adds_adjacent_pairs(width: int) -> None:
     x = torch.randn(3, width, generator=torch.Generator().manual_seed(width))
-    level = x
+    padded = 1 << (width - 1).bit_length()
+    level = torch.cat([x, torch.zeros(3, padded - width)], dim=-1)  # zeros to a power of two
     while level.shape[-1] > 1:
         level = torch.stack([level[:, 2 * i] + level[:, 2 * i + 1]
                              for i in range(level.shape[-1] // 2)], dim=-1)
@@ -110,6 +111,19 @@ def test_tree_sum_adds_adjacent_pairs(width: int) -> None:
 
 
 @pytest.mark.parametrize("dim", [2, 8, 128])
-def test_butterfly_is_the_unnormalised_walsh_hadamard_transform(dim: int) -> None:
-    x = torch.randn(4, dim, generator=torch.Generator().manual_seed(dim))
-    assert_matches(naive.butterfly(x) / math.sqrt(dim), walsh_hadamard(x), name="butterfly")
+def test_butterfly_is_the_sylvester_hadamard_matrix(dim: int) -> None:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < dim:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)  # Sylvester
+    x = torch.randint(-8, 9, (4, dim), generator=torch.Generator().manual_seed(dim)).float()
+    # Small integers: every sum is exact, so the order of the additions cannot matter.
+    assert_matches(naive.butterfly(x), (x.double() @ h.T).float(), name="butterfly")
+
+
+@pytest.mark.parametrize("dim", [4, 64, 128])
+def test_walsh_hadamard_is_orthonormal_and_its_own_inverse(dim: int) -> None:
+    x = torch.randn(5, dim, generator=torch.Generator().manual_seed(dim))
+    y = walsh_hadamard(x)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    torch.testing.assert_close(walsh_hadamard(y), x, atol=1e-5, rtol=1e-5)
+    assert_matches(y, naive.butterfly(x) * torch.tensor(1 / math.sqrt(dim)), name="scale")

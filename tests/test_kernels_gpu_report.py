@@ -69,8 +69,29 @@ def test_agreement_column() -> None:
     assert gpu.agreement(torch.tensor([float("nan")]), torch.tensor([1.0])).startswith("MISMATCH")
 
 
+def test_agreement_counts_codes_at_thresholds() -> None:
+    def codes(result: object) -> torch.Tensor:
+        assert isinstance(result, tuple)
+        return result[0]
+
+    norms = torch.ones(2)
+    few = torch.zeros(20_000, dtype=torch.uint8)
+    one_off = few.clone()
+    one_off[7] = 1
+    assert gpu.agreement((few, norms), (few, norms), codes) == "exact"
+    assert gpu.agreement((one_off, norms), (few, norms), codes) == (
+        "1 of 20000 codes at thresholds"
+    )
+    many = few.clone()
+    many[:3] = 1
+    assert gpu.agreement((many, norms), (few, norms), codes).startswith("MISMATCH: 3 of 20000")
+    assert gpu.agreement((one_off, norms + 1), (few, norms), codes) == (
+        "1 of 20000 codes at thresholds; max |diff| 1"
+    )
+
+
 def test_markdown_report_golden() -> None:
-    rows = [gpu.Row("residual_quantize", "triton", "[4] fp32", 8_000_000, 0.01, "exact")]
+    rows = [gpu.Row("absmax quantize int8", "triton", "[4] fp32", 8_000_000, 0.01, "exact")]
     peak = gpu.peak_bandwidth("NVIDIA H200")
     assert gpu.render_markdown(rows, "NVIDIA H200", peak).splitlines() == [
         "device: NVIDIA H200; peak 4.8 TB/s (NVIDIA H200 Tensor Core GPU datasheet (141 GB "
@@ -78,7 +99,7 @@ def test_markdown_report_golden() -> None:
         "",
         "| op | provider | input | MB moved | ms | GB/s | % of peak | vs reference |",
         "|---|---|---|---:|---:|---:|---:|---|",
-        "| residual_quantize | triton | [4] fp32 | 8.000 | 0.010 | 800.0 | 16.7 | exact |",
+        "| absmax quantize int8 | triton | [4] fp32 | 8.000 | 0.010 | 800.0 | 16.7 | exact |",
     ]
 
 
@@ -88,6 +109,7 @@ def test_tiny_run_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert gpu.main(["--device", "cpu", "--scale", "tiny", "--repeats", "1",
                      "--providers", providers, "--peak-tbps", "0.1"]) == 0
     out = capsys.readouterr().out
-    assert "| frequency_tables | torch |" in out
+    assert "| turboquant encode 4b orthogonal | torch |" in out
+    assert "| topk_expectation | torch |" in out
     assert "MISMATCH" not in out
-    assert out.count("\n| ") == 1 + 8 * len(providers.split(","))  # the header, then rows
+    assert out.count("\n| ") == 1 + 11 * len(providers.split(","))  # the header, then rows

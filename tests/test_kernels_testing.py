@@ -70,12 +70,14 @@ MODULES = (
     "seqkv.kernels.dispatch",
     "seqkv.kernels.testing",
     "seqkv.kernels.common.naive",
+    "seqkv.kernels.common.bitpack",
     "seqkv.kernels.turboquant",
+    "seqkv.kernels.turboquant.naive",
     "seqkv.kernels.kivi",
-    "seqkv.kernels.residual",
+    "seqkv.kernels.kivi.naive",
+    "seqkv.kernels.absmax",
+    "seqkv.kernels.absmax.naive",
     "seqkv.kernels.topk_expectation",
-    "seqkv.kernels.frequencies",
-    "seqkv.kernels.frequencies.naive",
 )
 
 

@@ -1,8 +1,9 @@
-"""Top-k expectation kernel against its reference, within stated float tolerances.
+"""Top-k expectation: the reference is the top-k predictor's arithmetic bit for bit; the kernel
+agrees with the reference within stated float tolerances.
 
-The kernel sums the ``k`` weighted candidates in its own order, so results differ from the
-reference by float32 rounding of a ``k``-term sum (a few ulps of the largest term), plus the
-rounding of the output dtype.
+The kernel sums the probabilities and the ``k`` weighted candidates in its own order, so results
+differ from the reference by float32 rounding of a ``k``-term sum (a few ulps of the largest
+term), plus the rounding of the output dtype.
 """
 
 from __future__ import annotations
@@ -63,6 +64,40 @@ def test_matches_reference(
     assert_matches(out, want, atol=atol, rtol=rtol, name=f"expectation {dtype}")
 
 
+@settings(max_examples=10, deadline=None)
+@given(
+    k=st.integers(1, 24),
+    layers=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    dim=st.integers(1, 70),
+    seed=st.integers(0, 2**16),
+)
+def test_reference_is_the_top_k_predictor_arithmetic(
+    k: int, layers: int, heads: int, dim: int, seed: int
+) -> None:
+    """What ``seqkv.delta.predictors.topk_expectation`` computes inline today, for one shared
+    probability vector over ``[layers, 2, heads, k, head_dim]`` candidates: the op called as the
+    predictor would call it returns the same bits."""
+    generator = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(100, generator=generator, dtype=torch.float64), dim=-1)
+    top = torch.topk(probs, k)
+    written = torch.randn(layers, 2, heads, k + 1, dim, generator=generator)  # + the true token
+    weights = (top.values / top.values.sum()).to(torch.float32)  # [k]
+    expected = written[:, :, :, :k, :] * weights.view(1, 1, 1, -1, 1)
+    inline = expected.sum(dim=3)  # [L, 2, H, D]
+    op = topk_expectation(top.values, written[:, :, :, :k, :], backend="torch")
+    assert_matches(op, inline, name="op vs the predictor's inline arithmetic")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_shared_probabilities_broadcast(backend: KernelBackend) -> None:
+    probs = torch.tensor([3.0, 1.0], dtype=torch.float64).to(DEVICE)  # [k]
+    candidates = torch.tensor([[[1.0, 0.0], [0.0, 4.0]], [[2.0, 2.0], [6.0, 6.0]]]).to(DEVICE)
+    out = topk_expectation(probs, candidates, backend=backend)  # [2, D]
+    assert_matches(out.cpu(), torch.tensor([[0.75, 1.0], [3.0, 3.0]]), atol=1e-6,
+                   name="weighted mean")
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_leading_dims_and_renormalisation(backend: KernelBackend) -> None:
     probs = torch.tensor([[[0.2, 0.2], [0.0, 0.5]]]).to(DEVICE)  # [1, 2, k=2]
@@ -82,9 +117,14 @@ def test_zero_row_is_refused() -> None:
         topk_expectation(torch.zeros(1, 2), torch.zeros(1, 2, 3), backend="torch")
 
 
-def test_mismatched_shapes_are_refused() -> None:
-    with pytest.raises(ValueError, match="same leading dims"):
+def test_mismatched_k_is_refused() -> None:
+    with pytest.raises(ValueError, match="the same k"):
         topk_expectation(torch.ones(2, 3), torch.zeros(2, 4, 5), backend="torch")
+
+
+def test_probs_that_do_not_broadcast_are_refused() -> None:
+    with pytest.raises(ValueError, match="do not broadcast"):
+        topk_expectation(torch.ones(3, 4), torch.zeros(2, 4, 5), backend="torch")
 
 
 def test_too_many_candidates_for_the_kernel_when_forced() -> None:

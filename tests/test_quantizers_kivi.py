@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from seqkv.kernels.common.naive import round_down_fp16, round_up_fp16
 from seqkv.quantizers import KIVI, KiviRole
-from seqkv.quantizers.base import round_down_fp16, round_up_fp16
 
 
 def _kv(shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:

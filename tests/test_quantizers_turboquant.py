@@ -19,13 +19,14 @@ import math
 import pytest
 import torch
 
+from seqkv.kernels.turboquant.naive import walsh_hadamard
 from seqkv.quantizers import TurboQuantMSE, TurboQuantProd, lloyd_max_codebook
 from seqkv.quantizers.measure import (
     random_unit_vectors,
     turboquant_mse_table,
     turboquant_prod_ip_table,
 )
-from seqkv.quantizers.rotation import Rotation, RotationKind, walsh_hadamard
+from seqkv.quantizers.rotation import Rotation, RotationKind
 
 OPTIMUM = {
     64: (0.3584, 0.1145, 0.0334, 0.0091),

@@ -1,4 +1,5 @@
-"""Building blocks shared by several ops: fixed-order reductions, the Walsh-Hadamard butterfly,
-bit packing and exact rounding, each as a torch reference (``naive``) and a Triton device
-function (``triton``) that performs the same IEEE operations in the same order.
+"""Building blocks shared by several ops: bit packing (``bitpack.py``, the stored format of every
+quantizer's codes), fixed-order reductions, the Walsh-Hadamard butterfly and exact fp16
+rounding (``naive.py``), and their Triton device functions (``triton.py``), which perform the
+same IEEE operations in the same order.
 """

@@ -2,7 +2,7 @@
 
 Motivation: see :mod:`seqkv.kernels.common.naive`. These helpers are the kernel-side halves: a
 fixed-order tree reduction, the Walsh-Hadamard butterfly, packing of eight ``b``-bit codes into
-``b`` bytes (the format of :mod:`seqkv.quantizers.bitpack`), round-half-to-even, and directed
+``b`` bytes (the format of :mod:`seqkv.kernels.common.bitpack`), round-half-to-even, and directed
 rounding of float32 values to float16.
 
 Invariants:
@@ -105,14 +105,14 @@ def _fp16_overflow(v: tl.tensor, rounded: tl.tensor) -> tl.tensor:
 
 @device
 def fp16_round_down(v: tl.tensor) -> tl.tensor:
-    """The largest float16 ``<= v`` (as float32), like ``seqkv.quantizers.base.round_down_fp16``."""
+    """The largest float16 ``<= v`` (as float32), like ``naive.round_down_fp16``."""
     quantum, inverse = _fp16_quantum(v)
     return _fp16_overflow(v, tl.floor(v * inverse) * quantum)
 
 
 @device
 def fp16_round_up(v: tl.tensor) -> tl.tensor:
-    """The smallest float16 ``>= v`` (as float32), like ``seqkv.quantizers.base.round_up_fp16``."""
+    """The smallest float16 ``>= v`` (as float32), like ``naive.round_up_fp16``."""
     quantum, inverse = _fp16_quantum(v)
     return _fp16_overflow(v, -tl.floor(-v * inverse) * quantum)
 

@@ -1,20 +1,18 @@
-"""KIVI (arXiv 2402.02750): group quantize + bit-pack and unpack + dequantize as kernels.
+"""KIVI (arXiv 2402.02750): group quantize + bit-pack, and unpack + dequantize, as ops.
 
-Motivation: KIVI is a baseline seqkv is measured against; these functions run what
-:class:`seqkv.quantizers.KIVI` stores, on the GPU when the cache is there. They take the
-quantizer itself and return or accept its :class:`seqkv.quantizers.QuantizedTensor`, so the
-kernel's output decodes with ``quantizer.dequantize`` and the quantizer's with
-:func:`kivi_dequantize`.
-
-The full-precision window (the last tokens, see ``KIVI.dense_tokens``) is split off and stored in
-16-bit floating point by torch on both backends; the kernels handle the quantized head.
+Motivation: KIVI is a baseline seqkv is measured against, and :class:`seqkv.quantizers.KIVI`
+calls these two functions for every quantize and dequantize: the reference (``naive.py``) is its
+CPU path and the kernels (``triton.py``) its GPU path. The ops see only the quantized head of a
+cache, ``[L, T, D]``; the quantizer splits off its full-precision window and owns the stored
+format.
 
 Invariants:
-1. On CPU, :func:`kivi_quantize` returns exactly ``quantizer.quantize(x)``'s codes, scales,
-   zero-points and window, on either backend (checked: ``tests/test_kernels_kivi.py``).
-2. Both backends agree exactly on codes, scales and zero-points on every device (checked: the
-   same tests on the interpreter, ``scripts/gpu_check.sh`` on a GPU).
-3. Bad input raises what the quantizer raises (enforced: the quantizer's own checks run first).
+1. Both backends return identical codes, scales and zero-points, and identical decoded values
+   (checked: ``tests/test_kernels_kivi.py`` on Triton's interpreter, ``scripts/gpu_check.sh``
+   on a GPU).
+2. A scale or zero-point beyond the fp16 range raises ``ValueError`` on both backends (enforced).
+3. Groups longer than a kernel tile (4,096) run the reference under ``"auto"`` and raise
+   :class:`~seqkv.kernels.dispatch.UnsupportedKernelInputError` when Triton is forced (enforced).
 """
 
 from __future__ import annotations
@@ -23,17 +21,17 @@ import math
 
 import torch
 
-from seqkv.quantizers import KIVI, PackedCodes, QuantizedTensor
-from seqkv.quantizers.base import check_code_bits, check_input, check_owner
-from seqkv.quantizers.kivi import window_dtype
-
+from ..common.bitpack import check_bits, packed_nbytes
 from ..dispatch import KernelBackend, resolve_backend
 from . import naive
+from .naive import GroupAxis, side_shape
 
-__all__ = ["kivi_dequantize", "kivi_quantize"]
+__all__ = ["GroupAxis", "kivi_dequantize", "kivi_quantize", "side_shape"]
 
 _KERNEL_MAX_GROUP = 4096
 """The statistics kernel holds a whole group (padded to a power of two) in one tile."""
+
+_AXES: tuple[GroupAxis, ...] = ("tokens", "channels")
 
 
 def _kernel_unsupported(group_size: int) -> str | None:
@@ -42,68 +40,71 @@ def _kernel_unsupported(group_size: int) -> str | None:
     return None
 
 
+def _check_config(axis: GroupAxis, group_size: int, bits: int) -> None:
+    check_bits(bits)
+    if axis not in _AXES:
+        raise ValueError(f"axis must be 'tokens' or 'channels', got {axis!r}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be positive, got {group_size}")
+
+
 def kivi_quantize(
-    x: torch.Tensor, quantizer: KIVI, *, backend: KernelBackend | None = None
-) -> QuantizedTensor:
-    """``quantizer.quantize(x)`` with the group statistics, codes and packing in a kernel.
+    head: torch.Tensor,
+    axis: GroupAxis,
+    group_size: int,
+    bits: int,
+    *,
+    backend: KernelBackend | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A head ``[L, T, D]`` to packed ``bits``-bit codes (in ``[L, T, D]`` order), fp16 scales
+    and fp16 zero-points, both of :func:`side_shape`.
 
-    >>> kq = KIVI(dim=8, bits=2, role="value", group_size=4, residual_length=2)
-    >>> x = torch.randn(3, 10, 8)
-    >>> torch.equal(kivi_quantize(x, kq, backend="torch").codes.data, kq.quantize(x).codes.data)
-    True
+    >>> packed, scales, zeros = kivi_quantize(torch.randn(3, 10, 8), "channels", 4, 2)
+    >>> packed.numel(), tuple(scales.shape), zeros.dtype
+    (60, (3, 10, 2), torch.float16)
     """
-    check_input(x, quantizer.dim, min_ndim=2)
-    num_tokens = x.shape[-2]
-    n_quant = num_tokens - quantizer.dense_tokens(num_tokens)
-    lead = x.shape[:-2]
-    head = x.reshape(math.prod(lead), num_tokens, quantizer.dim)[:, :n_quant, :]  # [L, T_q, D]
-    dense = x[..., n_quant:, :].to(window_dtype(x.dtype))  # [..., T - T_q, D]
-    args = (quantizer.role, quantizer.group_size, quantizer.bits)
-    unsupported = _kernel_unsupported(quantizer.group_size)
-    if resolve_backend(backend, x, unsupported=unsupported) == "triton":
-        from .triton import quantize_head as quantize_kernel
+    _check_config(axis, group_size, bits)
+    if head.dim() != 3 or not head.dtype.is_floating_point:
+        raise ValueError(f"expected a floating-point head [L, T, D], got {head.dtype} "
+                         f"{tuple(head.shape)}")
+    chosen = resolve_backend(backend, head, unsupported=_kernel_unsupported(group_size))
+    if chosen == "triton":
+        # NOTE: imported here, after dispatch chose Triton: importing seqkv.kernels must not
+        # import triton (seqkv.kernels.dispatch, invariant 1).
+        from . import triton as kernel
 
-        packed, scales, zeros = quantize_kernel(head, *args)
-    else:
-        packed, scales, zeros = naive.quantize_head(head, *args)
-    codes_shape = (*lead, n_quant, quantizer.dim)
-    return QuantizedTensor(
-        method=quantizer.name,
-        shape=tuple(x.shape),
-        dtype=x.dtype,
-        codes=PackedCodes(data=packed, bits=quantizer.bits, shape=codes_shape),
-        scales=scales.reshape(*lead, *scales.shape[1:]),  # keys [..., nG, D]; values [..., T_q, nG]
-        zero_points=zeros.reshape(*lead, *zeros.shape[1:]),
-        dense=dense.contiguous(),
-    )
+        return kernel.quantize_head(head, axis, group_size, bits)
+    return naive.quantize_head(head, axis, group_size, bits)
 
 
 def kivi_dequantize(
-    q: QuantizedTensor, quantizer: KIVI, *, backend: KernelBackend | None = None
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    shape: tuple[int, int, int],
+    axis: GroupAxis,
+    group_size: int,
+    bits: int,
+    dtype: torch.dtype,
+    *,
+    backend: KernelBackend | None = None,
 ) -> torch.Tensor:
-    """``quantizer.dequantize(q)`` with unpacking and the group affine map in a kernel."""
-    check_owner(q, quantizer.name, quantizer.dim)
-    check_code_bits(q.codes, quantizer.bits, "codes")
-    if q.codes is None or q.scales is None or q.zero_points is None or q.dense is None:
-        raise ValueError("a KIVI tensor holds codes, scales, zero-points and a window")
-    *lead, n_quant, dim = q.codes.shape
-    if q.shape[-2] - n_quant != quantizer.dense_tokens(q.shape[-2]) or tuple(
-        q.scales.shape
-    ) != quantizer.side_shape(q.codes.shape):
+    """Inverse of :func:`kivi_quantize`: the head ``shape = (L, T, D)`` in ``dtype``."""
+    _check_config(axis, group_size, bits)
+    sides = side_shape(shape, axis, group_size)
+    if tuple(scales.shape) != sides or tuple(zeros.shape) != sides:
         raise ValueError(
-            f"tensor was quantized with another KIVI role, group_size, residual_length or "
-            f"window (scales {tuple(q.scales.shape)}, {q.shape[-2] - n_quant} dense tokens)"
+            f"scales and zero-points of a {shape} head grouped along {axis} by {group_size} "
+            f"must have shape {sides}, got {tuple(scales.shape)} and {tuple(zeros.shape)}"
         )
-    n_lead = math.prod(lead)
-    shape = (n_lead, n_quant, dim)
-    scales = q.scales.reshape(n_lead, *q.scales.shape[-2:])  # [L, ., .]
-    zeros = q.zero_points.reshape(n_lead, *q.zero_points.shape[-2:])
-    args = (shape, quantizer.role, quantizer.group_size, quantizer.bits, q.dtype)
-    if resolve_backend(backend, q.codes.data) == "triton":
-        from .triton import dequantize_head as dequantize_kernel
+    need = packed_nbytes(math.prod(shape), bits)
+    if packed.dtype != torch.uint8 or packed.shape != (need,):
+        raise ValueError(f"{math.prod(shape)} {bits}-bit codes need {need} packed bytes "
+                         f"(uint8), got {packed.dtype} {tuple(packed.shape)}")
+    chosen = resolve_backend(backend, packed, unsupported=_kernel_unsupported(group_size))
+    if chosen == "triton":
+        from . import triton as kernel
 
-        head = dequantize_kernel(q.codes.data, scales, zeros, *args)
-    else:
-        head = naive.dequantize_head(q.codes.data, scales, zeros, *args)
-    head = head.reshape(*lead, n_quant, dim)  # [..., T_q, D]
-    return torch.cat([head, q.dense.to(q.dtype)], dim=-2)  # [..., T, D]
+        return kernel.dequantize_head(packed, scales, zeros, shape, axis, group_size, bits,
+                                      dtype)
+    return naive.dequantize_head(packed, scales, zeros, shape, axis, group_size, bits, dtype)

@@ -1,36 +1,65 @@
-"""KIVI's group quantization (arXiv 2402.02750) of the non-window tokens: the torch reference.
+"""KIVI's group quantization (arXiv 2402.02750): the torch reference, and the CPU path of
+:class:`seqkv.quantizers.KIVI`.
 
-Motivation: the reference for ``triton.py`` and the CPU path. It computes what
-:meth:`seqkv.quantizers.KIVI.quantize` stores for the quantized head of a cache, ``[L, T_q, D]``
-(``L`` = every leading dim flattened): per-group fp16 zero-points rounded down and scales rounded
-up, ``code = round((x - zero) / scale)`` packed by :func:`seqkv.quantizers.pack_bits`, and back.
-Keys group ``group_size`` consecutive tokens of one channel; values ``group_size`` consecutive
-channels of one token.
+Motivation: the reference for ``triton.py``. It quantizes a cache head ``[L, T, D]`` (``L`` =
+every leading dim flattened) in groups of ``group_size`` consecutive elements along one axis:
+along tokens (KIVI's keys: one group is ``G`` tokens of one channel) or along channels (values:
+``G`` channels of one token). Per group it stores an fp16 zero-point rounded down from the
+minimum and an fp16 scale rounded up from ``(max - zero) / (2**b - 1)``, and the codes
+``round((x - zero) / scale)`` packed by :func:`seqkv.kernels.common.bitpack.pack_bits`; and back.
+A group cut short by the end of its axis forms a smaller last group.
 
 Invariants:
-1. Identical to the quantizer on CPU: codes, scales and zero-points equal exactly (checked:
-   ``tests/test_kernels_kivi.py``).
+1. Rounding the zero-point down and the scale up keeps every ``(x - zero) / scale`` within
+   ``[0, 2**b - 1]`` up to float32 rounding, so the clamp changes no code by more than that
+   (enforced; checked: ``tests/test_quantizers_kivi.py``, half-step error).
 2. Divisors are device tensors, never Python scalars. NOTE: torch on CUDA divides by a Python
    scalar as a multiplication by its reciprocal, which can differ by one ulp from the kernel's
    IEEE division; a tensor divisor keeps the reference exact on every device (enforced).
 3. Scales and zero-points outside the fp16 range raise ``ValueError`` (enforced by
-   :func:`seqkv.quantizers.base.round_down_fp16` / ``round_up_fp16``).
+   :func:`seqkv.kernels.common.naive.round_down_fp16` / ``round_up_fp16``).
+4. Constant groups get scale 0 and code 0 and decode to their zero-point (enforced).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
-from seqkv.quantizers import KiviRole, pack_bits, unpack_bits
-from seqkv.quantizers.base import round_down_fp16, round_up_fp16
-from seqkv.quantizers.kivi import grouped
+from ..common.bitpack import pack_bits, unpack_bits
+from ..common.naive import round_down_fp16, round_up_fp16
+
+GroupAxis = Literal["tokens", "channels"]
+"""Which axis of ``[L, T, D]`` a group runs along: KIVI keys ``"tokens"``, values ``"channels"``."""
 
 
-def _lanes(x: torch.Tensor, role: KiviRole) -> torch.Tensor:
-    """``[L, T, D]`` to the layout whose last dim is grouped: keys ``[L, D, T]``, values as is."""
-    return x.transpose(-1, -2) if role == "key" else x
+def side_shape(shape: tuple[int, int, int], axis: GroupAxis, group_size: int) -> tuple[int, ...]:
+    """Shape of scales and zero-points for a head ``[L, T, D]``: ``[L, ceil(T / G), D]`` along
+    tokens, ``[L, T, ceil(D / G)]`` along channels.
+
+    >>> side_shape((2, 70, 64), "tokens", 32), side_shape((2, 70, 40), "channels", 32)
+    ((2, 3, 64), (2, 70, 2))
+    """
+    n_lead, n_tokens, dim = shape
+    if axis == "tokens":
+        return (n_lead, -(-n_tokens // group_size), dim)
+    return (n_lead, n_tokens, -(-dim // group_size))
+
+
+def grouped(x: torch.Tensor, group_size: int, fill: float) -> torch.Tensor:
+    """Split the last dim into groups ``[..., n_groups, group_size]``, padding with ``fill``."""
+    n_groups = -(-x.shape[-1] // group_size)
+    pad = n_groups * group_size - x.shape[-1]
+    if pad:
+        x = torch.cat([x, x.new_full((*x.shape[:-1], pad), fill)], dim=-1)
+    return x.reshape(*x.shape[:-1], n_groups, group_size)  # [..., n_groups, G]
+
+
+def _lanes(x: torch.Tensor, axis: GroupAxis) -> torch.Tensor:
+    """``[L, T, D]`` to the layout whose last dim is grouped: tokens ``[L, D, T]``, else as is."""
+    return x.transpose(-1, -2) if axis == "tokens" else x
 
 
 def _expand(side: torch.Tensor, group_size: int, width: int) -> torch.Tensor:
@@ -39,13 +68,10 @@ def _expand(side: torch.Tensor, group_size: int, width: int) -> torch.Tensor:
 
 
 def quantize_head(
-    head: torch.Tensor, role: KiviRole, group_size: int, bits: int
+    head: torch.Tensor, axis: GroupAxis, group_size: int, bits: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``[L, T_q, D]`` to (packed codes, fp16 scales, fp16 zero-points).
-
-    Scales and zero-points: keys ``[L, ceil(T_q / G), D]``, values ``[L, T_q, ceil(D / G)]``.
-    """
-    lanes = _lanes(head.to(torch.float32), role)  # keys [L, D, T_q]; values [L, T_q, D]
+    """``[L, T, D]`` to (packed codes, fp16 scales, fp16 zero-points) of :func:`side_shape`."""
+    lanes = _lanes(head.to(torch.float32), axis)  # tokens [L, D, T]; channels [L, T, D]
     lo = grouped(lanes, group_size, math.inf).amin(dim=-1)  # [L, A, nG]
     hi = grouped(lanes, group_size, -math.inf).amax(dim=-1)  # [L, A, nG]
     levels = torch.tensor(float((1 << bits) - 1), dtype=torch.float32, device=head.device)
@@ -56,8 +82,8 @@ def quantize_head(
     safe = torch.where(scale_f > 0, scale_f, torch.ones_like(scale_f))
     codes = torch.round((lanes - zero_f) / safe).clamp_(0, (1 << bits) - 1)
     codes = torch.where(scale_f > 0, codes, torch.zeros_like(codes))
-    packed = pack_bits(_lanes(codes, role).to(torch.uint8), bits)  # codes in [L, T_q, D] order
-    return packed, _lanes(scale, role).contiguous(), _lanes(zero, role).contiguous()
+    packed = pack_bits(_lanes(codes, axis).to(torch.uint8), bits)  # codes in [L, T, D] order
+    return packed, _lanes(scale, axis).contiguous(), _lanes(zero, axis).contiguous()
 
 
 def dequantize_head(
@@ -65,15 +91,15 @@ def dequantize_head(
     scales: torch.Tensor,
     zeros: torch.Tensor,
     shape: tuple[int, int, int],
-    role: KiviRole,
+    axis: GroupAxis,
     group_size: int,
     bits: int,
     dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Inverse of :func:`quantize_head`: ``[L, T_q, D]`` of ``dtype``."""
-    codes = unpack_bits(packed, bits, math.prod(shape)).reshape(shape)  # [L, T_q, D]
-    lanes = _lanes(codes.to(torch.float32), role)  # grouped axis last
+    """Inverse of :func:`quantize_head`: ``[L, T, D]`` of ``dtype``."""
+    codes = unpack_bits(packed, bits, math.prod(shape)).reshape(shape)  # [L, T, D]
+    lanes = _lanes(codes.to(torch.float32), axis)  # grouped axis last
     width = lanes.shape[-1]
-    scale = _expand(_lanes(scales, role), group_size, width)
-    zero = _expand(_lanes(zeros, role), group_size, width)
-    return _lanes(lanes * scale + zero, role).to(dtype)  # [L, T_q, D]
+    scale = _expand(_lanes(scales, axis), group_size, width)
+    zero = _expand(_lanes(zeros, axis), group_size, width)
+    return _lanes(lanes * scale + zero, axis).to(dtype)  # [L, T, D]

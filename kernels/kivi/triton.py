@@ -20,7 +20,7 @@ Invariants:
    division (``div_rn``), exact directed rounding, ties to even (enforced by construction;
    checked: ``tests/test_kernels_kivi.py``).
 2. A scale or zero-point outside the fp16 range comes out of the statistics kernel as ``inf``,
-   and :func:`quantize_head` raises the quantizer's ``ValueError`` before encoding (enforced).
+   and :func:`quantize_head` raises the reference's ``ValueError`` before encoding (enforced).
 3. Indices are int64, so tensors beyond 2**31 elements are addressed correctly (enforced).
 """
 
@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from seqkv.quantizers import KiviRole
-from seqkv.quantizers.base import check_fp16_range
-
 from .._jit import ENABLE_FP_FUSION, cdiv, kernel, next_power_of_2, tl
+from ..common.naive import check_fp16_range
 from ..common.triton import (
     downcast,
     fp16_round_down,
@@ -41,6 +39,7 @@ from ..common.triton import (
     unpack_words,
     upcast,
 )
+from .naive import GroupAxis, side_shape
 
 _BLOCK_WORDS = 128
 """Words of eight codes per program in the encode and decode kernels (1,024 codes)."""
@@ -69,8 +68,9 @@ def _stats_kernel(
     GROUP_P2: tl.constexpr,
     BLOCK_LANES: tl.constexpr,
 ) -> None:
-    """Groups run along axis ``along`` of a ``[L, along, lanes]`` view: keys ``[L, T, D]``,
-    values the transposed view ``[L, D, T]``; sides are ``[L, n_groups, lanes]`` views."""
+    """Groups run along axis ``along`` of a ``[L, along, lanes]`` view: ``[L, T, D]`` for groups
+    along tokens, the transposed view ``[L, D, T]`` along channels; sides are
+    ``[L, n_groups, lanes]`` views."""
     lead_group = tl.program_id(0).to(tl.int64)
     lead = lead_group // n_groups
     group = lead_group - lead * n_groups
@@ -184,21 +184,14 @@ def _check_side_range(scales: torch.Tensor, zeros: torch.Tensor) -> None:
         check_fp16_range(values, what)
 
 
-def _side_shape(shape: tuple[int, int, int], role: KiviRole, group_size: int) -> tuple[int, ...]:
-    n_lead, n_tokens, dim = shape
-    if role == "key":
-        return (n_lead, cdiv(n_tokens, group_size), dim)
-    return (n_lead, n_tokens, cdiv(dim, group_size))
-
-
-def _group_steps(role: KiviRole, group_size: int) -> tuple[int, int]:
-    """(tokens, channels) per group: keys ``(G, 1)``, values ``(1, G)``."""
-    return (group_size, 1) if role == "key" else (1, group_size)
+def _group_steps(axis: GroupAxis, group_size: int) -> tuple[int, int]:
+    """(tokens, channels) per group: along tokens ``(G, 1)``, along channels ``(1, G)``."""
+    return (group_size, 1) if axis == "tokens" else (1, group_size)
 
 
 def quantize_head(
     head: torch.Tensor,
-    role: KiviRole,
+    axis: GroupAxis,
     group_size: int,
     bits: int,
     *,
@@ -208,23 +201,23 @@ def quantize_head(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Kernel twin of ``naive.quantize_head``; outputs may be given pre-allocated."""
     n_lead, n_tokens, dim = head.shape
-    side_shape = _side_shape((n_lead, n_tokens, dim), role, group_size)
+    sides = side_shape((n_lead, n_tokens, dim), axis, group_size)
     n_codes = n_lead * n_tokens * dim
     n_bytes = (n_codes * bits + 7) // 8
     device = head.device
     if packed is None:
         packed = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     if scales is None:
-        scales = torch.empty(side_shape, dtype=torch.float16, device=device)
+        scales = torch.empty(sides, dtype=torch.float16, device=device)
     if zeros is None:
-        zeros = torch.empty(side_shape, dtype=torch.float16, device=device)
+        zeros = torch.empty(sides, dtype=torch.float16, device=device)
     if n_codes == 0:
         return packed, scales, zeros
     hs = head.stride()
     ss = scales.stride()
-    if role == "key":  # groups along tokens: view [L, T, D], sides [L, nG, D]
+    if axis == "tokens":  # view [L, T, D], sides [L, nG, D]
         n_along, n_lanes, x_strides, side_strides = n_tokens, dim, hs, ss
-    else:  # groups along channels: view [L, D, T], sides [L, T, nG] seen as [L, nG, T]
+    else:  # along channels: view [L, D, T], sides [L, T, nG] seen as [L, nG, T]
         n_along, n_lanes = dim, n_tokens
         x_strides = (hs[0], hs[2], hs[1])
         side_strides = (ss[0], ss[2], ss[1])
@@ -239,7 +232,7 @@ def quantize_head(
     _check_side_range(scales, zeros)
     _encode_kernel[(cdiv(cdiv(n_codes, 8), _BLOCK_WORDS),)](
         head, zeros, scales, packed, n_codes, n_bytes, n_tokens, dim, *hs, *ss,
-        *_group_steps(role, group_size), BITS=bits, BLOCK_WORDS=_BLOCK_WORDS,
+        *_group_steps(axis, group_size), BITS=bits, BLOCK_WORDS=_BLOCK_WORDS,
         enable_fp_fusion=ENABLE_FP_FUSION,
     )
     return packed, scales, zeros
@@ -250,7 +243,7 @@ def dequantize_head(
     scales: torch.Tensor,
     zeros: torch.Tensor,
     shape: tuple[int, int, int],
-    role: KiviRole,
+    axis: GroupAxis,
     group_size: int,
     bits: int,
     dtype: torch.dtype,
@@ -266,7 +259,7 @@ def dequantize_head(
     scales, zeros = scales.contiguous(), zeros.contiguous()
     _decode_kernel[(cdiv(cdiv(n_codes, 8), _BLOCK_WORDS),)](
         packed, zeros, scales, out, n_codes, packed.numel(), shape[1], shape[2], *out.stride(),
-        *scales.stride(), *_group_steps(role, group_size), BITS=bits, BLOCK_WORDS=_BLOCK_WORDS,
+        *scales.stride(), *_group_steps(axis, group_size), BITS=bits, BLOCK_WORDS=_BLOCK_WORDS,
         enable_fp_fusion=ENABLE_FP_FUSION,
     )
     return out

@@ -5,8 +5,10 @@ Motivation: the reference materialises the ``[N, k, D]`` product in float32 befo
 the kernel reduces in registers, so it moves only the inputs and the ``[N, D]`` result.
 
 Invariants:
-1. Agrees with ``naive.expectation`` to float32 rounding of a ``k``-term sum (the summation
-   order differs; checked with stated tolerances in ``tests/test_kernels_topk_expectation.py``).
+1. Agrees with ``naive.expectation`` to float32 rounding of a ``k``-term sum: the weights are
+   normalised in float64 and rounded to float32 as in the reference, but the two sums (of the
+   probabilities, of the weighted candidates) run in ``tl.sum``'s order (checked with stated
+   tolerances in ``tests/test_kernels_topk_expectation.py``).
 2. ``k <= 256`` (enforced by the op function, which falls back to the reference under "auto").
 """
 
@@ -46,9 +48,10 @@ def _expectation_kernel(
     cand_ok = cand < k
     pmask = row_ok[:, None] & cand_ok[None, :]  # [R, K]
     probs = upcast(tl.load(probs_ptr + rows[:, None] * p_stride_row + cand[None, :] * p_stride_k,
-                           mask=pmask, other=0.0), tl.float32)
-    total = tl.sum(probs, axis=1)  # [R]
-    weights = tl.div_rn(probs, tl.where(row_ok, total, 1.0)[:, None])  # [R, K]
+                           mask=pmask, other=0.0), tl.float64)
+    total = tl.sum(probs, axis=1)  # [R], float64
+    # NOTE: float64 division with `/` is IEEE round-to-nearest on every backend.
+    weights = (probs / tl.where(row_ok, total, 1.0)[:, None]).to(tl.float32)  # [R, K]
     cmask = pmask[:, :, None] & (dims < dim)[None, None, :]  # [R, K, Dc]
     cands = upcast(tl.load(candidates_ptr + rows[:, None, None] * c_stride_row
                            + cand[None, :, None] * c_stride_k + dims[None, None, :] * c_stride_dim,

@@ -1,110 +1,126 @@
-"""TurboQuant_mse with the randomized Hadamard rotation (arXiv 2504.19874, fast variant): fused
-quantize (rotate + Lloyd-Max bucket + bit-pack) and dequantize (unpack + lookup + inverse rotate).
+"""TurboQuant_mse (arXiv 2504.19874, Algorithm 1): fused quantize (normalise + rotate +
+Lloyd-Max bucket + bit-pack) and dequantize (unpack + lookup + inverse rotation + norm).
 
 Motivation: TurboQuant is the per-vector quantizer seqkv composes with and is measured against;
-on a GPU its torch form is a chain of small memory-bound passes. These functions take a
-:class:`seqkv.quantizers.TurboQuantMSE` built with ``rotation="hadamard"`` and return or accept
-exactly the :class:`seqkv.quantizers.QuantizedTensor` that quantizer uses, so the two
-interoperate: ``quantizer.dequantize(turboquant_quantize(x, quantizer))`` works, and so does the
-other way round.
+:class:`seqkv.quantizers.TurboQuantMSE` (and the MSE stage of ``TurboQuantProd``) call these two
+functions for every quantize and dequantize, so the reference (``naive.py``) is their CPU path
+and the kernel (``triton.py``) their GPU path. The ops take plain tensors (rows, codebook
+thresholds or levels, a rotation) and know nothing of the quantizers: the quantizer owns the
+codebook, the rotation's seed, shapes and the stored format.
 
 Invariants:
-1. The codebook and the signs come from the quantizer (enforced: read from
-   ``quantizer.codebook`` and ``quantizer.rotation``, never recomputed).
-2. Both backends return identical codes and norms (checked: ``tests/test_kernels_turboquant.py``).
-3. Norms are stored in fp16 and overflow raises as in the quantizer (enforced:
-   :func:`seqkv.quantizers.base.to_side`).
-4. Only ``rotation="hadamard"`` is implemented (enforced: ``ValueError`` otherwise).
-5. Against ``quantizer.quantize``, a code may differ where a rotated coordinate lies within
-   float32 rounding of a threshold: the quantizer's norm comes from
-   ``torch.linalg.vector_norm``, whose summation order no kernel can reproduce, and it divides
-   by ``sqrt(d)`` where these multiply by ``1/sqrt(d)`` (checked: at most 5 of 256,000 codes,
-   all within 1e-6 of a threshold). The fp16 norms agree unless the two float32 norms
-   straddle an fp16 rounding boundary (checked: equal on 2,000 random vectors).
+1. Both backends return identical packed codes and norms for the Hadamard rotation; for the
+   orthogonal rotation identical norms and codes except within float32 rounding of a threshold
+   (checked: ``tests/test_kernels_turboquant.py`` on Triton's interpreter,
+   ``scripts/gpu_check.sh`` on a GPU).
+2. Norms come back as float32; the caller rounds them to its storage type (enforced: the op
+   returns what the kernel computed).
+3. Unsupported configurations (a dim outside the kernel's range) run the reference under
+   ``"auto"`` and raise :class:`~seqkv.kernels.dispatch.UnsupportedKernelInputError` when Triton
+   is forced (enforced by :func:`~seqkv.kernels.dispatch.resolve_backend`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from seqkv.quantizers import PackedCodes, QuantizedTensor, TurboQuantMSE
-from seqkv.quantizers.base import check_code_bits, check_input, check_owner, to_side
-
+from ..common.bitpack import check_bits, packed_nbytes
 from ..dispatch import KernelBackend, resolve_backend
 from . import naive
+from .naive import RotationOperand, rotation_dim
 
-__all__ = ["turboquant_dequantize", "turboquant_quantize"]
+__all__ = ["RotationOperand", "turboquant_dequantize", "turboquant_quantize"]
 
-_KERNEL_MIN_DIM = 8
-_KERNEL_MAX_DIM = 1024
-
-
-def _signs(quantizer: TurboQuantMSE, device: torch.device) -> torch.Tensor:
-    rotation = quantizer.rotation
-    if rotation.kind != "hadamard" or rotation.signs is None:
-        raise ValueError(
-            f"the fused TurboQuant kernels implement the randomized Hadamard rotation; build the "
-            f"quantizer with TurboQuantMSE(dim, bits, rotation='hadamard'), got {rotation.kind!r}"
-        )
-    return rotation.signs.to(device)
+_HADAMARD_DIMS = (8, 1024)
+_MATRIX_DIMS = (16, 128)
 
 
-def _kernel_unsupported(dim: int) -> str | None:
-    if not _KERNEL_MIN_DIM <= dim <= _KERNEL_MAX_DIM:
-        return (
-            f"head dimension {dim} is outside {_KERNEL_MIN_DIM}..{_KERNEL_MAX_DIM}; "
-            "use backend='torch'"
-        )
-    return None
-
-
-def turboquant_quantize(
-    x: torch.Tensor, quantizer: TurboQuantMSE, *, backend: KernelBackend | None = None
-) -> QuantizedTensor:
-    """``quantizer.quantize(x)`` through the fused kernel (or its reference).
-
-    >>> q = TurboQuantMSE(dim=16, bits=3, rotation="hadamard")
-    >>> qx = turboquant_quantize(torch.randn(2, 5, 16), q, backend="torch")
-    >>> qx.num_bits == 2 * 5 * (16 * 3 + 16)
-    True
-    """
-    check_input(x, quantizer.dim)
-    signs = _signs(quantizer, x.device)
-    rows = x.reshape(-1, quantizer.dim)  # [N, D]
-    thresholds = quantizer.codebook.thresholds_tensor(x.device)
-    chosen = resolve_backend(backend, x, unsupported=_kernel_unsupported(quantizer.dim))
-    if chosen == "triton":
-        from .triton import encode as encode_kernel
-
-        packed, norms = encode_kernel(rows, signs, thresholds, quantizer.bits)
-    else:
-        packed, norms = naive.encode(rows, signs, thresholds, quantizer.bits)
-    return QuantizedTensor(
-        method=quantizer.name,
-        shape=tuple(x.shape),
-        dtype=x.dtype,
-        codes=PackedCodes(data=packed, bits=quantizer.bits, shape=tuple(x.shape)),
-        scales=to_side(norms, "vector norm").reshape(x.shape[:-1]),  # [..., T]
+def _kernel_unsupported(rotation: RotationOperand, dim: int) -> str | None:
+    low, high = _MATRIX_DIMS if rotation.matrix is not None else _HADAMARD_DIMS
+    if low <= dim <= high and dim & (dim - 1) == 0:
+        return None
+    kind = "orthogonal" if rotation.matrix is not None else "Hadamard"
+    return (
+        f"head dimension {dim} with the {kind} rotation is not a power of two in {low}..{high}; "
+        "use backend='torch'"
     )
 
 
-def turboquant_dequantize(
-    q: QuantizedTensor, quantizer: TurboQuantMSE, *, backend: KernelBackend | None = None
-) -> torch.Tensor:
-    """``quantizer.dequantize(q)`` through the fused kernel (or its reference)."""
-    check_owner(q, quantizer.name, quantizer.dim)
-    check_code_bits(q.codes, quantizer.bits, "codes")
-    if q.codes is None or q.scales is None:
-        raise ValueError("a TurboQuant_mse tensor holds codes and norms; this one lacks them")
-    packed = q.codes.data
-    signs = _signs(quantizer, packed.device)
-    levels = quantizer.codebook.levels_tensor(packed.device)
-    norms = q.scales.reshape(-1)  # [N]
-    chosen = resolve_backend(backend, packed, unsupported=_kernel_unsupported(quantizer.dim))
-    if chosen == "triton":
-        from .triton import decode as decode_kernel
+def _check_rotation(rotation: RotationOperand) -> int:
+    if (rotation.matrix is None) == (rotation.signs is None):
+        raise ValueError("a TurboQuant rotation holds exactly one of signs and matrix")
+    dim = rotation_dim(rotation)
+    if rotation.signs is not None and dim & (dim - 1):
+        raise ValueError(f"the Hadamard rotation needs a power-of-two dim, got {dim}")
+    return dim
 
-        rows = decode_kernel(packed, norms, signs, levels, quantizer.bits, q.dtype)
-    else:
-        rows = naive.decode(packed, norms, signs, levels, quantizer.bits, q.dtype)
-    return rows.reshape(q.shape)  # [..., T, D]
+
+def _check_codebook(table: torch.Tensor, bits: int, size: int, what: str) -> None:
+    check_bits(bits)
+    if table.shape != (size,):
+        raise ValueError(f"{what} for {bits}-bit codes must have shape ({size},), got "
+                         f"{tuple(table.shape)}")
+
+
+def turboquant_quantize(
+    x: torch.Tensor,
+    rotation: RotationOperand,
+    thresholds: torch.Tensor,
+    bits: int,
+    *,
+    backend: KernelBackend | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``[N, D]`` to packed ``bits``-bit codes (uint8, ``ceil(N * D * bits / 8)`` bytes in
+    :mod:`seqkv.kernels.common.bitpack`'s format) and their float32 norms ``[N]``.
+
+    ``thresholds`` are the ``2**bits - 1`` increasing decision boundaries of the codebook.
+
+    >>> from types import SimpleNamespace
+    >>> hadamard = SimpleNamespace(signs=torch.ones(16), matrix=None)
+    >>> thresholds = torch.tensor([-0.2, 0.0, 0.2])  # 2 bits: 3 boundaries
+    >>> packed, norms = turboquant_quantize(torch.randn(5, 16), hadamard, thresholds, 2)
+    >>> packed.numel(), norms.shape
+    (20, torch.Size([5]))
+    """
+    dim = _check_rotation(rotation)
+    if x.dim() != 2 or x.shape[1] != dim or not x.dtype.is_floating_point:
+        raise ValueError(f"expected floating-point rows [N, {dim}], got {x.dtype} "
+                         f"{tuple(x.shape)}")
+    _check_codebook(thresholds, bits, (1 << bits) - 1, "thresholds")
+    chosen = resolve_backend(backend, x, unsupported=_kernel_unsupported(rotation, dim))
+    if chosen == "triton":
+        # NOTE: imported here, after dispatch chose Triton: importing seqkv.kernels must not
+        # import triton (seqkv.kernels.dispatch, invariant 1).
+        from . import triton as kernel
+
+        return kernel.encode(x, rotation, thresholds, bits)
+    return naive.encode(x, rotation, thresholds, bits)
+
+
+def turboquant_dequantize(
+    packed: torch.Tensor,
+    norms: torch.Tensor,
+    rotation: RotationOperand,
+    levels: torch.Tensor,
+    bits: int,
+    dtype: torch.dtype,
+    *,
+    backend: KernelBackend | None = None,
+) -> torch.Tensor:
+    """Packed codes of ``N`` vectors and their norms ``[N]`` (float16 or float32) back to rows
+    ``[N, D]`` of ``dtype``; ``levels`` are the codebook's ``2**bits`` reconstruction points.
+    """
+    dim = _check_rotation(rotation)
+    _check_codebook(levels, bits, 1 << bits, "levels")
+    if norms.dim() != 1:
+        raise ValueError(f"norms must be 1-D [N], got shape {tuple(norms.shape)}")
+    need = packed_nbytes(norms.shape[0] * dim, bits)
+    if packed.dtype != torch.uint8 or packed.shape != (need,):
+        raise ValueError(f"{norms.shape[0]} vectors of {dim} {bits}-bit codes need {need} "
+                         f"packed bytes (uint8), got {packed.dtype} {tuple(packed.shape)}")
+    chosen = resolve_backend(backend, packed, unsupported=_kernel_unsupported(rotation, dim))
+    if chosen == "triton":
+        from . import triton as kernel
+
+        return kernel.decode(packed, norms, rotation, levels, bits, dtype)
+    return naive.decode(packed, norms, rotation, levels, bits, dtype)

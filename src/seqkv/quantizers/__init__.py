@@ -6,6 +6,9 @@ returning a :class:`QuantizedTensor` that counts its own bits (payload plus side
 - :class:`KIVI`: KIVI (arXiv 2402.02750), keys per channel, values per token, 16-bit window.
 - :class:`Int8Absmax`, :class:`FP8E4M3`: 8-bit formats with a per-vector fp16 scale.
 
+Each quantizer computes through a kernel op of :mod:`seqkv.kernels` (TurboQuant, KIVI, absmax):
+the op's torch reference on a CPU, its Triton kernel on a GPU (``SEQKV_KERNELS`` overrides).
+
 >>> q = make_quantizer("turboquant_mse", dim=64, bits=4)
 >>> isinstance(q, Quantizer)
 True

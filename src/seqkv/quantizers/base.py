@@ -9,7 +9,10 @@ bits from what it actually holds, and the :class:`Quantizer` protocol.
 
 Inputs have shape ``[..., T, D]`` (a KV cache is ``[B, H, T, D]``); vectors run along the last
 dimension ``D``. Quantizers compute in float32 whatever the input dtype, and ``dequantize``
-returns the input's dtype.
+returns the input's dtype. The computation itself is the kernel layer's (:mod:`seqkv.kernels`):
+every quantizer calls a kernel op for its quantize and dequantize, which runs the op's torch
+reference on a CPU and its Triton kernel on a GPU; a quantizer owns its configuration, the
+input checks and the stored format.
 
 Invariants:
 1. Every tensor a :class:`QuantizedTensor` holds is counted in :attr:`QuantizedTensor.num_bits`:
@@ -36,15 +39,13 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-from seqkv.quantizers.bitpack import check_bits, pack_bits, packed_nbytes, unpack_bits
+from seqkv.kernels.common.bitpack import check_bits, pack_bits, packed_nbytes, unpack_bits
 
 QuantizerName = Literal["turboquant_mse", "turboquant_prod", "kivi", "int8", "fp8"]
 """The quantizers :func:`seqkv.quantizers.make_quantizer` can build."""
 
 SIDE_DTYPE = torch.float16
 """Storage type of every norm, scale and zero-point (16 bits each)."""
-
-FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,31 +217,3 @@ def check_code_bits(codes: PackedCodes | None, bits: int | None, what: str) -> N
             f"{what} holds {got}-bit codes but this quantizer expects {bits}; "
             "dequantize with the quantizer configuration that produced it"
         )
-
-
-def check_fp16_range(values: torch.Tensor, what: str) -> None:
-    """Raise unless every value is finite and within fp16's range (side information)."""
-    if values.numel() and not float(values.abs().max()) <= FP16_MAX:
-        raise ValueError(
-            f"{what} exceeds the float16 range ({FP16_MAX}); rescale the input before quantizing"
-        )
-
-
-def to_side(values: torch.Tensor, what: str) -> torch.Tensor:
-    """Round ``values`` to fp16 side information, refusing values fp16 cannot hold."""
-    check_fp16_range(values, what)
-    return values.to(SIDE_DTYPE)
-
-
-def round_up_fp16(values: torch.Tensor, what: str) -> torch.Tensor:
-    """Round float32 ``values`` to the nearest fp16 that is ``>=`` the value."""
-    half = to_side(values, what)
-    low = half.float() < values
-    return torch.where(low, torch.nextafter(half, torch.full_like(half, math.inf)), half)
-
-
-def round_down_fp16(values: torch.Tensor, what: str) -> torch.Tensor:
-    """Round float32 ``values`` to the nearest fp16 that is ``<=`` the value."""
-    half = to_side(values, what)
-    high = half.float() > values
-    return torch.where(high, torch.nextafter(half, torch.full_like(half, -math.inf)), half)

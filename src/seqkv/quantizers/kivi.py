@@ -17,6 +17,14 @@ Window (:data:`KiviWindow`):
   values keep the last ``min(T, R)`` tokens; keys are quantized in whole blocks of ``R`` tokens,
   so only the last ``T mod R`` key tokens stay in 16-bit. Needs ``R % group_size == 0``.
 
+The group statistics, codes and packing, and their inverse, are the kernel op
+:mod:`seqkv.kernels.kivi` (its torch reference on a CPU, its Triton kernels on a GPU): keys call
+it grouped along tokens, values along channels. This module owns the window, shapes and checks.
+NOTE: moving the computation into the op changed no stored bit: codes, scales, zero-points,
+window and decoded values are identical to the former in-module torch code (keys, 4 x 5,000
+random tokens per head dim 64, 128 and 96 at 1..4 bits), and every figure of
+``benchmarks/bench_quantizers.py --figures`` (keys and values, 1..4 bits) is unchanged.
+
 Stores: ``codes`` (``b`` bits per quantized component, shape ``[..., T_q, D]``), ``scales`` and
 ``zero_points`` (fp16; keys ``[..., ceil(T_q / G), D]``, values ``[..., T_q, ceil(D / G)]``),
 ``dense`` (the 16-bit window ``[..., T - T_q, D]``: the input's dtype when it is fp16 or bf16,
@@ -49,6 +57,8 @@ from typing import Literal
 
 import torch
 
+from seqkv.kernels import GroupAxis, kivi_dequantize, kivi_quantize
+from seqkv.kernels.common.bitpack import check_bits, packed_nbytes
 from seqkv.quantizers.base import (
     PackedCodes,
     QuantizedTensor,
@@ -56,10 +66,7 @@ from seqkv.quantizers.base import (
     check_code_bits,
     check_input,
     check_owner,
-    round_down_fp16,
-    round_up_fp16,
 )
-from seqkv.quantizers.bitpack import check_bits, packed_nbytes
 
 KiviRole = Literal["key", "value"]
 """``"key"``: per-channel groups along tokens; ``"value"``: per-token groups along channels."""
@@ -77,22 +84,6 @@ _WINDOW_DTYPES = (torch.float16, torch.bfloat16)
 def window_dtype(dtype: torch.dtype) -> torch.dtype:
     """The window keeps fp16 and bf16 inputs as they are and stores anything else as fp16."""
     return dtype if dtype in _WINDOW_DTYPES else torch.float16
-
-
-def grouped(x: torch.Tensor, group_size: int, fill: float) -> torch.Tensor:
-    """Split the last dim into groups ``[..., n_groups, group_size]``, padding with ``fill``."""
-    n_groups = -(-x.shape[-1] // group_size)
-    pad = n_groups * group_size - x.shape[-1]
-    if pad:
-        x = torch.cat([x, x.new_full((*x.shape[:-1], pad), fill)], dim=-1)
-    return x.reshape(*x.shape[:-1], n_groups, group_size)  # [..., n_groups, G]
-
-
-def _prefers_kernel(tensor: torch.Tensor) -> bool:
-    # NOTE: imported here: seqkv.kernels imports this module for its types.
-    from seqkv.kernels.dispatch import prefers_kernel
-
-    return prefers_kernel(tensor)
 
 
 class KIVI:
@@ -171,6 +162,11 @@ class KIVI:
             return num_tokens % self.residual_length
         return min(num_tokens, self.residual_length)
 
+    @property
+    def axis(self) -> GroupAxis:
+        """The kernel op's grouping: keys along tokens, values along channels."""
+        return "tokens" if self.role == "key" else "channels"
+
     def side_shape(self, codes_shape: tuple[int, ...]) -> tuple[int, ...]:
         """Shape of scales and zero-points for codes ``[..., T_q, D]``."""
         *lead, n_quant, dim = codes_shape
@@ -178,73 +174,45 @@ class KIVI:
             return (*lead, -(-n_quant // self.group_size), dim)
         return (*lead, n_quant, -(-dim // self.group_size))
 
-    def _group_axis_last(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., T, D]`` to the layout whose last dim is grouped: keys ``[..., D, T]``."""
-        return x.transpose(-1, -2) if self.role == "key" else x
-
     def quantize(self, x: torch.Tensor) -> QuantizedTensor:
-        if _prefers_kernel(x):
-            from seqkv.kernels import kivi_quantize
-
-            return kivi_quantize(x, self)
         check_input(x, self._dim, min_ndim=2)
         num_tokens = x.shape[-2]
         n_quant = num_tokens - self.dense_tokens(num_tokens)
-        head = x[..., :n_quant, :].to(torch.float32)  # [..., T_q, D]
+        lead = x.shape[:-2]
+        head = x.reshape(math.prod(lead), num_tokens, self._dim)[:, :n_quant, :]  # [L, T_q, D]
         dense = x[..., n_quant:, :].to(window_dtype(x.dtype))  # [..., T - T_q, D]
-
-        lanes = self._group_axis_last(head)  # keys [..., D, T_q]; values [..., T_q, D]
-        lo = grouped(lanes, self.group_size, math.inf).amin(dim=-1)  # [..., lanes, n_groups]
-        hi = grouped(lanes, self.group_size, -math.inf).amax(dim=-1)
-        levels = (1 << self._bits) - 1
-        zero = round_down_fp16(lo, "KIVI zero-point")
-        scale = round_up_fp16((hi - zero.to(torch.float32)) / levels, "KIVI scale")
-        zero_f = zero.to(torch.float32).repeat_interleave(self.group_size, dim=-1)
-        scale_f = scale.to(torch.float32).repeat_interleave(self.group_size, dim=-1)
-        width = lanes.shape[-1]
-        zero_f, scale_f = zero_f[..., :width], scale_f[..., :width]  # [..., lanes, width]
-        safe = torch.where(scale_f > 0, scale_f, torch.ones_like(scale_f))
-        codes = torch.round((lanes - zero_f) / safe).clamp_(0, levels)
-        codes = torch.where(scale_f > 0, codes, torch.zeros_like(codes))
-        codes = self._group_axis_last(codes)  # [..., T_q, D]
-        # Side info in the natural layout: keys [..., n_groups, D], values [..., T_q, n_groups].
-        scale, zero = self._group_axis_last(scale), self._group_axis_last(zero)
+        packed, scales, zeros = kivi_quantize(head, self.axis, self.group_size, self._bits)
         return QuantizedTensor(
             method=self.name,
             shape=tuple(x.shape),
             dtype=x.dtype,
-            codes=PackedCodes.pack(codes.to(torch.uint8), self._bits),
-            scales=scale.contiguous(),
-            zero_points=zero.contiguous(),
+            codes=PackedCodes(data=packed, bits=self._bits, shape=(*lead, n_quant, self._dim)),
+            # keys [..., n_groups, D]; values [..., T_q, n_groups]
+            scales=scales.reshape(*lead, *scales.shape[1:]),
+            zero_points=zeros.reshape(*lead, *zeros.shape[1:]),
             dense=dense.contiguous(),
         )
 
     def dequantize(self, q: QuantizedTensor) -> torch.Tensor:
-        if q.codes is not None and _prefers_kernel(q.codes.data):
-            from seqkv.kernels import kivi_dequantize
-
-            return kivi_dequantize(q, self)
         check_owner(q, self.name, self._dim)
         check_code_bits(q.codes, self._bits, "codes")
         assert q.codes is not None and q.scales is not None and q.zero_points is not None
         assert q.dense is not None
-        n_quant = q.codes.shape[-2]
-        if q.shape[-2] - n_quant != self.dense_tokens(q.shape[-2]) or q.scales.shape != (
+        *lead, n_quant, dim = q.codes.shape
+        if q.shape[-2] - n_quant != self.dense_tokens(q.shape[-2]) or tuple(q.scales.shape) != (
             self.side_shape(q.codes.shape)
         ):
             raise ValueError(
                 f"tensor was quantized with another KIVI role, group_size, residual_length or "
                 f"window (scales {tuple(q.scales.shape)}, {q.shape[-2] - n_quant} dense tokens)"
             )
-        codes = self._group_axis_last(q.codes.unpack().to(torch.float32))  # grouped last
-        width = codes.shape[-1]
-        scale = self._group_axis_last(q.scales).to(torch.float32)
-        zero = self._group_axis_last(q.zero_points).to(torch.float32)
-        scale = scale.repeat_interleave(self.group_size, dim=-1)[..., :width]
-        zero = zero.repeat_interleave(self.group_size, dim=-1)[..., :width]
-        head = self._group_axis_last(codes * scale + zero)  # [..., T_q, D]
-        out = torch.cat([head.to(q.dtype), q.dense.to(q.dtype)], dim=-2)  # [..., T, D]
-        return out
+        n_lead = math.prod(lead)
+        scales = q.scales.reshape(n_lead, *q.scales.shape[-2:])  # [L, ., .]
+        zeros = q.zero_points.reshape(n_lead, *q.zero_points.shape[-2:])
+        head = kivi_dequantize(q.codes.data, scales, zeros, (n_lead, n_quant, dim), self.axis,
+                               self.group_size, self._bits, q.dtype)
+        head = head.reshape(*lead, n_quant, dim)  # [..., T_q, D]
+        return torch.cat([head, q.dense.to(q.dtype)], dim=-2)  # [..., T, D]
 
     def num_bits_for(self, shape: tuple[int, ...]) -> int:
         if len(shape) < 2:

@@ -11,6 +11,11 @@ serves every coordinate of every vector. Two constructions:
   random signs and ``H`` the Walsh-Hadamard matrix, applied by the O(d log d) butterfly.
   ``d`` must be a power of two.
 
+This module draws the rotation; applying it is the kernel layer's
+(:func:`seqkv.kernels.turboquant.naive.rotate`, and inside the fused TurboQuant kernels), which
+reads a :class:`Rotation` through its ``signs`` and ``matrix`` fields
+(:class:`seqkv.kernels.RotationOperand`).
+
 Invariants:
 1. Both maps are orthogonal: ``inverse(forward(x)) == x`` and norms are preserved, to float32
    rounding (checked: ``tests/test_quantizers_turboquant.py``).
@@ -26,39 +31,18 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from seqkv.kernels.turboquant.naive import rotate, unrotate
 
 RotationKind = Literal["orthogonal", "hadamard"]
 
 
 def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-def walsh_hadamard(x: torch.Tensor) -> torch.Tensor:
-    """Orthonormal Walsh-Hadamard transform along the last dim (a power of two), O(d log d).
-
-    The transform is symmetric and orthogonal, so it is its own inverse.
-
-    >>> walsh_hadamard(torch.tensor([1.0, 0.0, 0.0, 0.0]))
-    tensor([0.5000, 0.5000, 0.5000, 0.5000])
-    """
-    d = x.shape[-1]
-    if not is_power_of_two(d):
-        raise ValueError(f"the Walsh-Hadamard transform needs a power-of-two size, got {d}")
-    lead = x.shape[:-1]
-    y = x.reshape(-1, d)  # [N, D]
-    h = 1
-    while h < d:
-        pairs = y.reshape(-1, d // (2 * h), 2, h)  # [N, D/2h, 2, h]
-        a, b = pairs[:, :, 0, :], pairs[:, :, 1, :]
-        y = torch.stack((a + b, a - b), dim=2).reshape(-1, d)  # [N, D]
-        h *= 2
-    return (y / math.sqrt(d)).reshape(*lead, d)  # [..., D]
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,7 +58,12 @@ class Rotation:
 
     @classmethod
     def draw(cls, dim: int, kind: RotationKind, generator: torch.Generator) -> Rotation:
-        """Draw a rotation from ``generator`` (advancing it)."""
+        """Draw a rotation from ``generator`` (advancing it).
+
+        >>> r = Rotation.draw(4, "hadamard", torch.Generator().manual_seed(0))
+        >>> r.signs.abs().tolist(), r.matrix is None
+        ([1.0, 1.0, 1.0, 1.0], True)
+        """
         if kind == "orthogonal":
             gauss = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
             q, r = torch.linalg.qr(gauss)
@@ -94,14 +83,8 @@ class Rotation:
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``y = R x`` for each vector ``x`` along the last dim (float32)."""
-        if self.matrix is not None:
-            return x @ self.matrix.to(x.device).T  # [..., D]
-        assert self.signs is not None
-        return walsh_hadamard(x * self.signs.to(x.device))
+        return rotate(x, self)
 
     def inverse(self, y: torch.Tensor) -> torch.Tensor:
         """``x = R^T y``."""
-        if self.matrix is not None:
-            return y @ self.matrix.to(y.device)  # [..., D]
-        assert self.signs is not None
-        return walsh_hadamard(y) * self.signs.to(y.device)
+        return unrotate(y, self)

@@ -25,6 +25,23 @@ measures).
 Bits per component: ``b + 16/d`` (MSE) and ``b + 32/d`` (prod), each packed code stream padded to
 a whole byte.
 
+Where it runs: the normalise-rotate-bucket-pack chain and its inverse are the kernel op
+:mod:`seqkv.kernels.turboquant` (its torch reference on a CPU, its fused Triton kernel on a GPU);
+this module owns the configuration (codebook, seeded rotation and QJL matrix), the input checks,
+the stored format and the QJL stage, whose projection is a library matrix product.
+
+NOTE: what moved when the kernel reference became the CPU path (measured on this project's
+CPU). The reference computes a norm as the correctly rounded root of a pairwise tree sum of
+squares (where ``torch.linalg.vector_norm`` fixes no summation order) and scales the Hadamard
+butterfly by ``float32(1 / sqrt(d))`` (where the former code divided by ``sqrt(d)``; identical
+when ``d`` is a power of four). On 20,000 random vectors per head dim 64, 128 and 96 and every
+width 1..4: 1 fp16 norm in 20,000 changed (the two float32 norms straddled an fp16 rounding
+boundary), at most 1 code in 480,000 (a rotated coordinate on a threshold), up to 10 QJL sign
+bits in 320,000 for prod, and Hadamard reconstructions at d = 128 in their last float32 bit.
+Every figure the project reports stayed identical to the printed digit: ``seqkv bench quant
+--no-sweep --json`` (byte-identical output, both head dims), the distortion and MSE table of
+``python benchmarks/bench_quantizers.py --figures``, and every stored bit count.
+
 Invariants:
 1. For a fixed seed the quantizer is a deterministic function of its input; the rotation and
    ``S`` come from one ``torch.Generator(seed)`` (rotation drawn first, then ``S``), so
@@ -35,6 +52,8 @@ Invariants:
 3. Unbiasedness of ``TurboQuantProd`` holds in expectation over seeds, not for one fixed ``S``
    (checked: a test averages over 64 seeds).
 4. Zero vectors quantize to zero (enforced: normalisation divides by ``max(||x||, tiny)``).
+5. The MSE stage of both classes is exactly what the kernel op computes: one implementation per
+   device (checked: ``tests/test_kernels_wiring.py`` spies on the op's two implementations).
 
 Deviations from the paper:
 - The paper assumes unit vectors and says to store the norm separately for others; here the norm
@@ -52,6 +71,10 @@ import math
 
 import torch
 
+from seqkv.kernels import turboquant_dequantize, turboquant_quantize
+from seqkv.kernels.common.bitpack import check_bits, packed_nbytes
+from seqkv.kernels.common.naive import to_fp16, vector_norms
+from seqkv.kernels.turboquant.naive import unit_rows
 from seqkv.quantizers.base import (
     PackedCodes,
     QuantizedTensor,
@@ -59,14 +82,9 @@ from seqkv.quantizers.base import (
     check_code_bits,
     check_input,
     check_owner,
-    to_side,
 )
-from seqkv.quantizers.bitpack import check_bits, packed_nbytes
 from seqkv.quantizers.lloyd_max import CoordinateLaw, ScalarCodebook, lloyd_max_codebook
 from seqkv.quantizers.rotation import Rotation, RotationKind
-
-_TINY = 1e-30
-"""Floor on norms before dividing: a zero vector then rotates and decodes to zero."""
 
 
 def _check_dim(dim: int) -> None:
@@ -74,31 +92,18 @@ def _check_dim(dim: int) -> None:
         raise ValueError(f"dim must be at least 2, got {dim}")
 
 
-def _unit_and_norms(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flatten ``[..., D]`` to unit vectors ``[N, D]`` (float32) and their fp16 norms ``[N]``."""
-    flat = x.reshape(-1, x.shape[-1]).to(torch.float32)  # [N, D]
-    norms = torch.linalg.vector_norm(flat, dim=-1)  # [N]
-    unit = flat / norms.clamp_min(_TINY).unsqueeze(-1)  # [N, D]
-    return unit, to_side(norms, "vector norm")
+def _encode(rows: torch.Tensor, rotation: Rotation, codebook: ScalarCodebook
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed codes of rows ``[N, D]`` and their float32 norms ``[N]`` (the kernel op)."""
+    thresholds = codebook.thresholds_tensor(rows.device)
+    return turboquant_quantize(rows, rotation, thresholds, codebook.bits)
 
 
-def _encode_unit(unit: torch.Tensor, rotation: Rotation, codebook: ScalarCodebook) -> torch.Tensor:
-    """Codes ``[N, D]`` (int64 in ``[0, 2**b)``) of unit vectors ``[N, D]``."""
-    y = rotation.forward(unit)  # [N, D]
-    return torch.bucketize(y, codebook.thresholds_tensor(y.device))
-
-
-def _decode_unit(codes: torch.Tensor, rotation: Rotation, codebook: ScalarCodebook) -> torch.Tensor:
-    """Unit-scale reconstructions ``[N, D]`` from codes ``[N, D]``."""
-    y_hat = codebook.levels_tensor(codes.device)[codes.long()]  # [N, D]
-    return rotation.inverse(y_hat)
-
-
-def _prefers_kernel(tensor: torch.Tensor) -> bool:
-    # NOTE: imported here: seqkv.kernels imports this module for its types.
-    from seqkv.kernels.dispatch import prefers_kernel
-
-    return prefers_kernel(tensor)
+def _decode(codes: PackedCodes, norms: torch.Tensor, rotation: Rotation,
+            codebook: ScalarCodebook, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``[N, D]`` of ``dtype`` from packed codes and norms ``[N]`` (the kernel op)."""
+    levels = codebook.levels_tensor(codes.data.device)
+    return turboquant_dequantize(codes.data, norms, rotation, levels, codebook.bits, dtype)
 
 
 class TurboQuantMSE:
@@ -144,34 +149,23 @@ class TurboQuantMSE:
         return self._bits
 
     def quantize(self, x: torch.Tensor) -> QuantizedTensor:
-        if self.rotation.kind == "hadamard" and _prefers_kernel(x):
-            from seqkv.kernels import turboquant_quantize
-
-            return turboquant_quantize(x, self)
         check_input(x, self._dim)
-        unit, norms = _unit_and_norms(x)
-        codes = _encode_unit(unit, self.rotation, self.codebook)  # [N, D]
+        rows = x.reshape(-1, self._dim)  # [N, D]
+        packed, norms = _encode(rows, self.rotation, self.codebook)
         return QuantizedTensor(
             method=self.name,
             shape=tuple(x.shape),
             dtype=x.dtype,
-            codes=PackedCodes.pack(codes.reshape(x.shape), self._bits),  # [..., T, D]
-            scales=norms.reshape(x.shape[:-1]),  # [..., T]
+            codes=PackedCodes(data=packed, bits=self._bits, shape=tuple(x.shape)),
+            scales=to_fp16(norms, "vector norm").reshape(x.shape[:-1]),  # [..., T]
         )
 
     def dequantize(self, q: QuantizedTensor) -> torch.Tensor:
-        if (self.rotation.kind == "hadamard" and q.codes is not None
-                and _prefers_kernel(q.codes.data)):
-            from seqkv.kernels import turboquant_dequantize
-
-            return turboquant_dequantize(q, self)
         check_owner(q, self.name, self._dim)
         check_code_bits(q.codes, self._bits, "codes")
         assert q.codes is not None and q.scales is not None
-        codes = q.codes.unpack().reshape(-1, self._dim)  # [N, D]
-        unit = _decode_unit(codes, self.rotation, self.codebook)  # [N, D]
-        out = unit * q.scales.reshape(-1, 1).to(unit)  # [N, D]
-        return out.reshape(q.shape).to(q.dtype)  # [..., T, D]
+        rows = _decode(q.codes, q.scales.reshape(-1), self.rotation, self.codebook, q.dtype)
+        return rows.reshape(q.shape)  # [..., T, D]
 
     def num_bits_for(self, shape: tuple[int, ...]) -> int:
         n_vectors = math.prod(shape[:-1])
@@ -221,24 +215,21 @@ class TurboQuantProd:
     def bits(self) -> int:
         return self._bits
 
-    def _mse_part(self, codes: PackedCodes | None, n_vectors: int) -> torch.Tensor:
-        """Unit-scale MSE-stage reconstructions ``[N, D]`` (zeros without an MSE stage)."""
-        if codes is None or self.codebook is None:
-            return torch.zeros(n_vectors, self._dim)
-        flat = codes.unpack().reshape(-1, self._dim)  # [N, D]
-        return _decode_unit(flat, self.rotation, self.codebook)
-
     def quantize(self, x: torch.Tensor) -> QuantizedTensor:
         check_input(x, self._dim)
-        unit, norms = _unit_and_norms(x)  # [N, D], [N]
+        rows = x.reshape(-1, self._dim)  # [N, D]
         packed: PackedCodes | None = None
         if self.codebook is not None:
-            codes = _encode_unit(unit, self.rotation, self.codebook)  # [N, D]
-            packed = PackedCodes.pack(codes.reshape(x.shape), self._bits - 1)
-            residual = unit - _decode_unit(codes, self.rotation, self.codebook)  # [N, D]
+            data, norms = _encode(rows, self.rotation, self.codebook)  # [bytes], [N]
+            packed = PackedCodes(data=data, bits=self._bits - 1, shape=tuple(x.shape))
+            ones = torch.ones_like(norms)
+            mse = _decode(packed, ones, self.rotation, self.codebook, torch.float32)  # [N, D]
+            unit = unit_rows(rows.to(torch.float32), norms)  # [N, D]
+            residual = unit - mse
         else:
-            residual = unit
-        residual_norms = torch.linalg.vector_norm(residual, dim=-1)  # [N]
+            norms = vector_norms(rows.to(torch.float32))  # [N]
+            residual = unit_rows(rows.to(torch.float32), norms)
+        residual_norms = vector_norms(residual)  # [N]
         projected = residual @ self.projection.to(residual.device).T  # [N, D]: S r
         signs = (projected >= 0).to(torch.uint8)  # 1 is +1, 0 is -1
         return QuantizedTensor(
@@ -246,9 +237,9 @@ class TurboQuantProd:
             shape=tuple(x.shape),
             dtype=x.dtype,
             codes=packed,
-            scales=norms.reshape(x.shape[:-1]),  # [..., T]
+            scales=to_fp16(norms, "vector norm").reshape(x.shape[:-1]),  # [..., T]
             sketch=PackedCodes.pack(signs.reshape(x.shape), 1),  # [..., T, D]
-            residual_norms=to_side(residual_norms, "residual norm").reshape(x.shape[:-1]),
+            residual_norms=to_fp16(residual_norms, "residual norm").reshape(x.shape[:-1]),
         )
 
     def _unpack(self, q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -258,9 +249,12 @@ class TurboQuantProd:
         check_code_bits(q.codes, self._bits - 1 if self._bits > 1 else None, "codes")
         check_code_bits(q.sketch, 1, "sketch")
         assert q.sketch is not None and q.scales is not None and q.residual_norms is not None
-        norms = q.scales.reshape(-1).to(torch.float32)  # [N]
-        n_vectors = norms.numel()
-        mse = self._mse_part(q.codes, n_vectors).to(norms.device) * norms.unsqueeze(-1)
+        norms = q.scales.reshape(-1)  # [N]
+        if q.codes is None or self.codebook is None:
+            mse = torch.zeros(norms.shape[0], self._dim, device=norms.device)  # [N, D]
+        else:
+            mse = _decode(q.codes, norms, self.rotation, self.codebook, torch.float32)
+        norms = norms.to(torch.float32)
         signs = q.sketch.unpack().reshape(-1, self._dim).to(torch.float32) * 2.0 - 1.0  # [N, D]
         coef = norms * q.residual_norms.reshape(-1).to(torch.float32)  # [N]
         return mse, signs, coef * (math.sqrt(math.pi / 2.0) / self._dim)
