@@ -19,7 +19,7 @@ TEXT = "Keeping the light was hard and lonely work. The lamp had to be cleaned e
 
 @pytest.fixture
 def use_model(real_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> CausalLM:
-    monkeypatch.setattr(cli, "_load", lambda path: real_model)
+    monkeypatch.setattr(cli.common, "load", lambda path: real_model)
     return real_model
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,11 @@ from hypothesis import strategies as st
 from transformers import DynamicCache
 
 from seqkv import compress, decompress
+from seqkv.bounds import reference_surprisal
+from seqkv.codec import CompressResult
 from seqkv.container import decode_container, encode_container
+from seqkv.descriptions import Descriptions
+from seqkv.digests import profile_digest
 from seqkv.errors import (
     DecodeVerificationError,
     EmptyInputError,
@@ -79,7 +84,8 @@ def test_kv_conversion_round_trip(tiny_model: CausalLM) -> None:
 
 def test_first_token_is_coded_under_the_start_context(tiny_model: CausalLM) -> None:
     result = compress(tiny_model, [7])
-    assert result.header.tokens.first_token_context == tiny_model.config.bos_token_id
+    after_bos = reference_surprisal(tiny_model, [[7]], tiny_model.config.bos_token_id)
+    assert result.trace.surprisal_bits[0] == pytest.approx(after_bos[0], abs=1e-4)
     assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2
 
 
@@ -107,29 +113,44 @@ def test_kv_with_a_batch_of_two(tiny_model: CausalLM) -> None:
         compress(tiny_model, [1, 2], kv=cache)
 
 
-def test_another_model_is_refused(tiny_model: CausalLM) -> None:
-    data = compress(tiny_model, [1, 2, 3]).data
-    with pytest.raises(ModelMismatchError, match="coded with model"):
-        decompress(tiny_random_llama(seed=1), data)
+def test_another_model_is_refused_by_name_or_by_digest(tiny_model: CausalLM,
+                                                       tmp_path: Path) -> None:
+    result = compress(tiny_model, [1, 2, 3])
+    other = tiny_random_llama(seed=1)
+    with pytest.raises(ModelMismatchError, match=r"another model \(digest"):
+        decompress(other, result.data)
+    descriptions = Descriptions(tmp_path)
+    descriptions.remember(result.model_identity, result.profile)
+    with pytest.raises(ModelMismatchError, match="coded with model 'tiny-random-llama-seed0'"):
+        decompress(other, result.data, descriptions=descriptions)
 
 
-def _with_profile(data: bytes, **changes: str | int) -> bytes:
-    container = decode_container(data)
-    profile = dataclasses.replace(container.header.profile, **changes)  # type: ignore[arg-type]
-    header = dataclasses.replace(container.header, profile=profile)
+def _with_profile(result: CompressResult, descriptions: Descriptions,
+                  **changes: str | int) -> bytes:
+    """The file as if coded under another profile, whose description the registry holds."""
+    profile = dataclasses.replace(result.profile, **changes)  # type: ignore[arg-type]
+    descriptions.remember(profile=profile)
+    container = decode_container(result.data)
+    header = dataclasses.replace(container.header, profile_digest=profile_digest(profile))
     return encode_container(dataclasses.replace(container, header=header))
 
 
-def test_other_device_class_is_refused(tiny_model: CausalLM) -> None:
-    data = _with_profile(compress(tiny_model, [1, 2, 3]).data, device_class="cuda:NVIDIA H200")
+def test_other_device_class_is_refused(tiny_model: CausalLM, tmp_path: Path) -> None:
+    descriptions = Descriptions(tmp_path)
+    data = _with_profile(compress(tiny_model, [1, 2, 3]), descriptions,
+                         device_class="cuda:NVIDIA H200")
     with pytest.raises(EnvironmentMismatchError, match="device_class"):
-        decompress(tiny_model, data, allow_environment_mismatch=True)
+        decompress(tiny_model, data, allow_environment_mismatch=True, descriptions=descriptions)
 
 
-def test_other_library_version_is_refused_unless_allowed(tiny_model: CausalLM) -> None:
-    data = _with_profile(compress(tiny_model, [1, 2, 3]).data, torch_version="0.0.1")
+def test_other_library_version_is_refused_unless_allowed(tiny_model: CausalLM,
+                                                         tmp_path: Path) -> None:
+    descriptions = Descriptions(tmp_path)
+    data = _with_profile(compress(tiny_model, [1, 2, 3]), descriptions, torch_version="0.0.1")
     with pytest.raises(EnvironmentMismatchError, match="torch_version"):
-        decompress(tiny_model, data)
+        decompress(tiny_model, data, descriptions=descriptions)
+    with pytest.raises(EnvironmentMismatchError, match=r"profile \(digest"):
+        decompress(tiny_model, data)  # the description is not at hand: named by digest
     assert decompress(tiny_model, data, allow_environment_mismatch=True).tokens == [1, 2, 3]
 
 

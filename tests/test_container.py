@@ -1,19 +1,29 @@
-"""The .skv container: every kind of damage gets its own clear error; writes are atomic."""
+"""The .skv container: compact format 3, every kind of damage gets its own clear error, old
+formats still read and upgrade without re-coding, writes are atomic."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import json
 import os
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqkv import compress
-from seqkv.container import decode_container, encode_container, write_container_file
+from seqkv import compress, decompress
+from seqkv.codec import upgrade
+from seqkv.container import (
+    FORMAT_VERSION,
+    LEVEL_IDS,
+    decode_container,
+    encode_container,
+    write_container_file,
+)
+from seqkv.descriptions import Descriptions
 from seqkv.errors import (
     CorruptFileError,
     EmptyInputError,
@@ -21,7 +31,11 @@ from seqkv.errors import (
     TruncatedFileError,
     UnsupportedVersionError,
 )
+from seqkv.levels import LEVELS
 from seqkv.models import CausalLM
+
+LEGACY = Path(__file__).parent / "data" / "legacy"
+LEGACY_TOKENS = json.loads((LEGACY / "tokens.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +44,25 @@ def skv_bytes(tiny_model: CausalLM) -> bytes:
     return compress(tiny_model, tokens, kv=tiny_model.prefill(tokens)).data
 
 
+def _reframe(body: bytes) -> bytes:
+    """``body`` with a fresh CRC: a structural change that damage detection cannot see."""
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
 def test_round_trip_is_byte_identical(skv_bytes: bytes) -> None:
     assert encode_container(decode_container(skv_bytes)) == skv_bytes
+
+
+def test_the_framing_is_small(skv_bytes: bytes, tiny_model: CausalLM) -> None:
+    result = compress(tiny_model, [3, 9, 27, 81, 243, 217],
+                      kv=tiny_model.prefill([3, 9, 27, 81, 243, 217]))
+    payload = result.sections["token_code"] + result.sections["residual_code"]
+    assert len(result.data) == sum(result.sections.values())
+    assert len(result.data) - payload <= 64
+
+
+def test_every_level_has_a_file_id() -> None:
+    assert set(LEVELS) <= set(LEVEL_IDS)
 
 
 def test_empty_file(skv_bytes: bytes) -> None:
@@ -44,23 +75,23 @@ def test_not_an_skv_file() -> None:
         decode_container(b"The quick brown fox jumps over the lazy dog")
 
 
-def test_unknown_version(skv_bytes: bytes) -> None:
+def test_unknown_version_is_refused_by_name(skv_bytes: bytes) -> None:
     data = bytearray(skv_bytes)
-    struct.pack_into("<H", data, 8, 99)
-    with pytest.raises(UnsupportedVersionError, match="version 99"):
+    data[4] = 99
+    with pytest.raises(UnsupportedVersionError, match=r"version 99.*1, 2, 3"):
         decode_container(bytes(data))
 
 
 @given(st.data())
 def test_every_truncation_is_reported_as_truncated(skv_bytes: bytes, data: st.DataObject) -> None:
-    cut = data.draw(st.integers(8, len(skv_bytes) - 1))
-    with pytest.raises(TruncatedFileError, match=r"truncated|ends after"):
+    cut = data.draw(st.integers(5, len(skv_bytes) - 1))
+    with pytest.raises(TruncatedFileError, match=r"truncated|ends"):
         decode_container(skv_bytes[:cut])
 
 
 @given(st.data())
 def test_every_flipped_byte_is_caught(skv_bytes: bytes, data: st.DataObject) -> None:
-    position = data.draw(st.integers(8 + 4, len(skv_bytes) - 1))  # past magic, version, reserved
+    position = data.draw(st.integers(6, len(skv_bytes) - 1))  # past magic, version, count
     damaged = bytearray(skv_bytes)
     damaged[position] ^= data.draw(st.integers(1, 255))
     with pytest.raises((CorruptFileError, TruncatedFileError)):
@@ -73,13 +104,37 @@ def test_trailing_bytes_are_corruption(skv_bytes: bytes) -> None:
 
 
 def test_malformed_header_with_valid_checksum_is_corruption(skv_bytes: bytes) -> None:
-    container = decode_container(skv_bytes)
-    header = dataclasses.replace(container.header, writer="x")
-    data = encode_container(dataclasses.replace(container, header=header))
-    forged = data.replace(b'"writer": "x"', b'"writer_": 1 ')  # same length, unknown field
-    body = forged[:-32]
-    with pytest.raises(CorruptFileError, match="header"):
-        decode_container(body + hashlib.sha256(body).digest())
+    body = bytearray(skv_bytes[:-4])
+    lengths_end = 6 + 3  # three one-byte section lengths
+    body[lengths_end + 1] = 200  # level id out of range
+    with pytest.raises(CorruptFileError, match="level id"):
+        decode_container(_reframe(bytes(body)))
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LEGACY.glob("*.skv")))
+def test_files_of_formats_1_and_2_still_decode(tiny_model: CausalLM, name: str) -> None:
+    data = (LEGACY / name).read_bytes()
+    assert decode_container(data).header.format_version in (1, 2)
+    assert decompress(tiny_model, data).tokens == LEGACY_TOKENS
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LEGACY.glob("*.skv")))
+def test_upgrade_rewrites_without_recoding(tiny_model: CausalLM, name: str,
+                                           tmp_path: Path) -> None:
+    data = (LEGACY / name).read_bytes()
+    descriptions = Descriptions(tmp_path)
+    upgraded = upgrade(data, descriptions, tiny_model)
+    container = decode_container(upgraded)
+    assert container.header.format_version == FORMAT_VERSION
+    assert container.token_code == decode_container(data).token_code
+    assert len(data) - len(upgraded) > 800  # the JSON header
+    old, new = decompress(tiny_model, data), decompress(tiny_model, upgraded)
+    assert new.tokens == old.tokens == LEGACY_TOKENS
+    assert new.kv.equal(old.kv)
+    assert upgrade(upgraded, descriptions) == upgraded
+    legacy = decode_container(data).header.legacy
+    assert legacy is not None
+    assert descriptions.model(container.header.model_digest) == legacy.model
 
 
 def test_atomic_write_replaces_whole_file(tmp_path: Path, skv_bytes: bytes) -> None:
@@ -112,3 +167,9 @@ def test_written_files_get_the_usual_permissions(tmp_path: Path, skv_bytes: byte
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_the_header_dataclasses_hold_no_mutable_state(skv_bytes: bytes) -> None:
+    header = decode_container(skv_bytes).header
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        header.count = 1  # type: ignore[misc]

@@ -65,7 +65,7 @@ def test_the_cli_compress_exits_2_with_one_line_and_writes_nothing(
     real_model: CausalLM, degraded: str, text: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(cli, "_load", lambda path: real_model)
+    monkeypatch.setattr(cli.common, "load", lambda path: real_model)
     output = tmp_path / "out.skv"
     output.write_bytes(b"an existing file")
     status = cli.main(["compress", str(text), "-o", str(output), "--json"])
@@ -81,7 +81,7 @@ def test_the_cli_check_exits_1_naming_the_bounds(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(seqkv.levels.base, "model_distribution", _sharpened)
-    monkeypatch.setattr(cli, "_load", lambda path: real_model)
+    monkeypatch.setattr(cli.common, "load", lambda path: real_model)
     status = cli.main(["check", str(text), "--report", str(tmp_path / "r.md"), "--json",
                        "--kv-positions", "2", "--entropy-contexts", "2"])
     report = json.loads(capsys.readouterr().out)

@@ -69,7 +69,7 @@ def test_the_cli_gate_exits_1_on_a_changed_figure_and_records(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(gate, "measure_figures", lambda model: gate_figures)
-    monkeypatch.setattr("seqkv.cli._load", lambda path: real_model)
+    monkeypatch.setattr("seqkv.cli.common.load", lambda path: real_model)
     assert main(["bench", "figures", "--record", "--baselines", str(tmp_path)]) == 0
     assert main(["bench", "figures", "--baselines", str(tmp_path)]) == 0
     path = gate.baseline_path(gate.profile_key(real_model), tmp_path)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,8 @@ from seqkv.codec import compress, decompress, decompress_batch, decompress_token
 from seqkv.coding.frequencies import TOTAL_FREQUENCY, cumulative_from_counts
 from seqkv.coding.ngram import AdaptiveNgram
 from seqkv.container import Container, decode_container, encode_container
+from seqkv.descriptions import Descriptions
+from seqkv.digests import profile_digest
 from seqkv.errors import (
     CorruptFileError,
     EnvironmentMismatchError,
@@ -35,6 +39,8 @@ from seqkv.levels import (
 )
 from seqkv.models import CausalLM
 
+LEGACY = Path(__file__).parent / "data" / "legacy"
+
 VOCAB = 512
 LEVELS = ["tokens", "rows", "segments:2", "segments:5", "ngram", "plain"]
 token_lists = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40)
@@ -49,7 +55,7 @@ def test_every_level_round_trips_tokens_and_kv(tiny_model: CausalLM, tokens: lis
     decoded = decompress(tiny_model, result.data)
     assert decoded.tokens == tokens
     assert (decoded.kv - tensor_from_cache(kv)).abs().max().item() <= tolerance
-    assert decoded.header.tokens.level == family(parse_level(level))
+    assert decoded.header.level == parse_level(level).spec.name
     assert np.array_equal(decoded.trace.surprisal_bits, result.trace.surprisal_bits)
     assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2 + 2e-5 * len(tokens)
 
@@ -147,53 +153,40 @@ def test_bad_level_names_are_refused(text: str) -> None:
         parse_level(text)
 
 
-def _rewrite_header(data: bytes, **tokens_fields: object) -> bytes:
-    container = decode_container(data)
-    header = container.header
-    changed = dataclasses.replace(header, tokens=dataclasses.replace(header.tokens,
-                                                                     **tokens_fields))
-    return encode_container(Container(changed, container.token_code, container.residual))
+def _legacy_with(name: str, **token_fields: object) -> bytes:
+    """A format-2 file of tests/data/legacy with fields of its JSON header changed."""
+    data = (LEGACY / name).read_bytes()
+    prefix = struct.Struct("<8sHHIQQQ")
+    magic, version, reserved, header_len, *lengths = prefix.unpack_from(data)
+    header = json.loads(data[prefix.size : prefix.size + header_len])
+    header["tokens"].update(token_fields)
+    raw = json.dumps(header, sort_keys=True).encode()
+    body = (prefix.pack(magic, version, reserved, len(raw), *lengths) + raw
+            + data[prefix.size + header_len : -32])
+    return body + hashlib.sha256(body).digest()
 
 
 def test_unknown_level_is_refused_by_name(tiny_model: CausalLM) -> None:
-    data = _rewrite_header(compress(tiny_model, [1, 2, 3]).data, level="quantum")
     with pytest.raises(UnsupportedVersionError, match="quantum"):
-        decompress(tiny_model, data)
+        decompress(tiny_model, _legacy_with("v2-tokens.skv", level="quantum"))
 
 
 def test_segment_lengths_that_do_not_add_up_are_corruption(tiny_model: CausalLM) -> None:
-    data = compress(tiny_model, [1, 2, 3, 4], level="segments:2").data
     with pytest.raises(CorruptFileError, match="segment lengths"):
-        decompress(tiny_model, _rewrite_header(data, segments=[2, 1]))
+        decompress(tiny_model, _legacy_with("v2-segments-3.skv", segments=[2, 1]))
 
 
-def test_version_1_files_still_decode(tiny_model: CausalLM) -> None:
-    """A file written before coding levels (format 1) reads as the tokens level."""
-    tokens = [4, 8, 15, 16, 23, 42]
-    data = compress(tiny_model, tokens).data
-    prefix = struct.Struct("<8sHHIQQQ")
-    magic, _, reserved, header_len, *lengths = prefix.unpack_from(data)
-    header = json.loads(data[prefix.size : prefix.size + header_len])
-    header["format_version"] = 1
-    for name in ("level", "segments", "vocab_size"):
-        del header["tokens"][name]
-    raw = json.dumps(header, sort_keys=True).encode()
-    body = (prefix.pack(magic, 1, reserved, len(raw), *lengths) + raw
-            + data[prefix.size + header_len : -32])
-    import hashlib
-
-    old = body + hashlib.sha256(body).digest()
-    assert decompress(tiny_model, old).tokens == tokens
-
-
-def test_portable_level_on_another_device_points_to_tokens_only(tiny_model: CausalLM) -> None:
-    data = compress(tiny_model, [1, 2, 3], level="ngram").data
-    container = decode_container(data)
-    profile = dataclasses.replace(container.header.profile, device_class="cuda:NVIDIA H200")
-    moved = encode_container(Container(dataclasses.replace(container.header, profile=profile),
-                                       container.token_code, container.residual))
+def test_portable_level_on_another_device_points_to_tokens_only(tiny_model: CausalLM,
+                                                                tmp_path: Path) -> None:
+    result = compress(tiny_model, [1, 2, 3], level="ngram")
+    profile = dataclasses.replace(result.profile, device_class="cuda:NVIDIA H200")
+    descriptions = Descriptions(tmp_path)
+    descriptions.remember(profile=profile)
+    container = decode_container(result.data)
+    header = dataclasses.replace(container.header, profile_digest=profile_digest(profile))
+    moved = encode_container(Container(header, container.token_code, container.residual))
     with pytest.raises(EnvironmentMismatchError, match="decompress_tokens"):
-        decompress(tiny_model, moved)
+        decompress(tiny_model, moved, descriptions=descriptions)
     assert decompress_tokens(moved) == [1, 2, 3]
 
 

@@ -21,11 +21,10 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from dataclasses import dataclass, replace
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -43,18 +42,19 @@ from seqkv.bounds import (
     residual_within_tolerance,
 )
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
-from seqkv.coding.residual import ResidualCode, decode_residual, encode_residual
+from seqkv.coding.residual import decode_residual, encode_residual
+from seqkv.coding.residual_code import ResidualCode
 from seqkv.container import (
     FORMAT_VERSION,
     Container,
     Header,
-    KVSection,
-    PrefixSection,
-    ResidualSection,
-    TokenSection,
+    PrefixRef,
     decode_container,
+    encode_container,
     encode_container_with_sections,
 )
+from seqkv.descriptions import Descriptions
+from seqkv.digests import Digest, digest, model_digest, profile_digest
 from seqkv.errors import (
     CorruptFileError,
     DecodeVerificationError,
@@ -75,15 +75,14 @@ from seqkv.levels import (
     DecodeRequest,
     EncodeRequest,
     TraceColumns,
-    family,
     parse_level,
 )
-from seqkv.levels.segments import MAX_SEGMENTS, SegmentsLevel
 from seqkv.models.adapter import CausalLM
+from seqkv.models.profiles import execution_profile
+from seqkv.schedule import current_profile
 from seqkv.trie.keys import PrefixHash
 from seqkv.trie.radix import ResolvedPrefix
-from seqkv.types import Schedule
-from seqkv.version import __version__
+from seqkv.types import ExecutionProfile, ModelIdentity
 
 # NOTE: 1e-4 is below fp16's resolution for any KV component above 0.2 in magnitude, and above
 # the ~3e-5 by which one prefill and token-by-token recomputation differ on SmolLM2-135M (CPU),
@@ -126,6 +125,7 @@ class CompressStats:
     kv_components_per_token: int
     encode_seconds: float
     max_abs_kv_error: float | None
+    tolerance: float | None  # the residual's, when a KV was given
     # Model forwards the encoder ran (a cached start row counts as one): deterministic per level.
     forwards: int = 0
 
@@ -138,9 +138,14 @@ class CompressStats:
         return self.cross_entropy_bits / self.tokens
 
     @property
-    def total_bits_per_token(self) -> float:
-        """Token code plus residual code per token position (container overhead excluded)."""
+    def payload_bits_per_token(self) -> float:
+        """Token code plus residual code per token position: the payload, framing excluded."""
         return (self.code_bits + self.residual_bits) / self.tokens
+
+    @property
+    def file_bits_per_token(self) -> float:
+        """Every byte of the file, per coded token position: the headline figure."""
+        return 8 * self.file_bytes / self.tokens
 
     @property
     def fp16_bits_per_token(self) -> int:
@@ -148,7 +153,8 @@ class CompressStats:
 
     @property
     def ratio_vs_fp16(self) -> float:
-        return self.fp16_bits_per_token / self.total_bits_per_token
+        """fp16 KV over the whole file, per token position."""
+        return self.fp16_bits_per_token / self.file_bits_per_token
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,9 @@ class CompressResult:
     trace: CodingTrace
     bounds: tuple[Bound, ...]  # all hold unless compress was told to return violations
     sections: dict[str, int]  # the file's bytes, section by section
+    # The full descriptions the file names by digest (keep them: ``seqkv.descriptions``).
+    model_identity: ModelIdentity
+    profile: ExecutionProfile
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,7 @@ class DecompressStats:
     max_abs_residual: float  # max |decoded KV - recomputed KV|
     tokens_verified: bool
     kv_verified: bool
+    tolerance: float | None  # the encoder's promise, as the file states it
     # Model forwards the decode ran; files decoded together share theirs (each reports the total).
     forwards: int = 0
 
@@ -195,13 +205,13 @@ class DecompressResult:
     trace: CodingTrace
 
 
-def _sha256(array: npt.NDArray[np.generic] | torch.Tensor) -> str:
-    data = array.contiguous().numpy() if isinstance(array, torch.Tensor) else array
-    return hashlib.sha256(np.ascontiguousarray(data).data).hexdigest()
+def kv_digest(kv: torch.Tensor) -> Digest:
+    """The digest of a KV tensor's float32 bytes."""
+    return digest(np.ascontiguousarray(kv.detach().to("cpu", torch.float32).numpy()).tobytes())
 
 
-def _tokens_sha256(tokens: Sequence[int]) -> str:
-    return _sha256(np.asarray(tokens, dtype="<i4"))
+def tokens_digest(tokens: Sequence[int]) -> Digest:
+    return digest(np.asarray(tokens, dtype="<i4").tobytes())
 
 
 class PrefixSource(Protocol):
@@ -269,45 +279,26 @@ def compress(
     encoded = coding_level.encode(EncodeRequest(model, tail, prefix, context, encoder, progress))
     token_code = encoder.finish()
     residual = None
-    residual_section = None
     rebuilt = encoded.kv
     max_error = None
     if target is not None:
         residual, rebuilt = encode_residual(target, encoded.kv, tolerance)
         max_error = float((rebuilt - target).abs().max())
-        residual_section = ResidualSection(
-            mode=residual.mode.value,
-            tolerance=tolerance,
-            scales=list(residual.scales),
-            num_escapes=residual.num_escapes,
-            max_abs_error=max_error,
-        )
     encode_seconds = time.perf_counter() - started
+    spec = coding_level.spec
+    profile = execution_profile(model, spec.schedule)
     header = Header(
         format_version=FORMAT_VERSION,
-        writer=f"seqkv {__version__}",
-        model=model.identity,
-        profile=model.profile(coding_level.spec.schedule),
-        prefix=None if prefix is None else PrefixSection(
-            prefix_hash=str(prefix.prefix_hash),
-            tokens=len(prefix.tokens),
-            kv_sha256=_sha256(prefix.kv.to(torch.float32)) if prefix.kv is not None else "",
-        ),
-        tokens=TokenSection(
-            count=len(tail),
-            num_bits=token_code.num_bits,
-            first_token_context=context,
-            sha256=_tokens_sha256(token_list),
-            level=family(coding_level),
-            segments=encoded.segments,
-            vocab_size=model.vocab_size,
-        ),
-        kv=KVSection(
-            shape=list(rebuilt.shape),
-            dtype="float32",
-            sha256=_sha256(rebuilt),
-            residual=residual_section,
-        ),
+        level=spec.name,
+        count=len(tail),
+        segments=tuple(encoded.segments),
+        vocab_size=None if spec.model_coded else model.vocab_size,
+        model_digest=model_digest(model.identity),
+        profile_digest=profile_digest(profile),
+        tokens_digest=tokens_digest(token_list),
+        kv_digest=kv_digest(rebuilt),
+        prefix=None if prefix is None or prefix.kv is None else PrefixRef(
+            str(prefix.prefix_hash), len(prefix.tokens), kv_digest(prefix.kv)),
     )
     data, sections = encode_container_with_sections(Container(header, token_code, residual))
     trace = _trace(encoded.trace)
@@ -328,9 +319,10 @@ def compress(
         kv_components_per_token=model.kv_components_per_token,
         encode_seconds=encode_seconds,
         max_abs_kv_error=max_error,
+        tolerance=None if residual is None else residual.tolerance,
         forwards=encoded.forwards,
     )
-    return CompressResult(data, header, stats, trace, bounds, sections)
+    return CompressResult(data, header, stats, trace, bounds, sections, model.identity, profile)
 
 
 def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[int],
@@ -357,41 +349,68 @@ def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[
 
 def level_of(header: Header) -> CodingLevel:
     """The coding level a file records, or UnsupportedVersionError for one unknown here."""
-    name = header.tokens.level
-    if name == "segments":
-        # A version-2 file records the segment lengths; the count is how many it has.
-        return SegmentsLevel(max(2, min(len(header.tokens.segments or []), MAX_SEGMENTS)))
     try:
-        return parse_level(name)
+        return parse_level(header.level)
     except InvalidLevelError:
         raise UnsupportedVersionError(
-            f"the file was coded at level {name!r}, which this seqkv does not know: use the "
-            "seqkv release that wrote it"
+            f"the file was coded at level {header.level!r}, which this seqkv does not know: use "
+            "the seqkv release that wrote it"
         ) from None
 
 
-def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch: bool) -> None:
-    """Raise unless ``model`` on this machine can reproduce the file's probabilities and KV."""
-    if not header.model.same_model(model.identity):
+def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch: bool,
+                    descriptions: Descriptions | None = None) -> None:
+    """Raise unless ``model`` on this machine can reproduce the file's probabilities and KV.
+
+    A format-3 file names its model and execution profile by digest; when ``descriptions``
+    holds the file's profile, a mismatch is explained field by field, else by digest.
+    """
+    level = level_of(header)
+    if header.legacy is not None:
+        recorded_model: ModelIdentity | None = header.legacy.model
+        same = header.legacy.model.same_model(model.identity)
+    else:
+        recorded_model = descriptions.model(header.model_digest) if descriptions else None
+        same = model_digest(model.identity) == header.model_digest
+    if not same:
+        theirs = (f"model {recorded_model.name!r} (weights {recorded_model.weights_sha256[:12]})"
+                  if recorded_model is not None else
+                  f"another model (digest {header.model_digest.hex()})")
         raise ModelMismatchError(
-            f"the file was coded with model {header.model.name!r} (weights "
-            f"{header.model.weights_sha256[:12]}), not with {model.name!r} (weights "
-            f"{model.identity.weights_sha256[:12]}): decode it with the model that coded it"
+            f"the file was coded with {theirs}, not with {model.name!r} (weights "
+            f"{model.identity.weights_sha256[:12]}, digest "
+            f"{model_digest(model.identity).hex()}): decode it with the model that coded it"
         )
-    schedule = header.profile.schedule
-    if schedule not in get_args(Schedule):
-        raise EnvironmentMismatchError(f"the file's schedule {schedule!r} is unknown here")
-    profile = model.profile(schedule)
-    portable = "" if level_of(header).spec.model_coded else (
+    portable = "" if level.spec.model_coded else (
         "; its tokens are portable: seqkv.decompress_tokens (CLI: --tokens-only) decodes them "
         "on any machine")
-    hard = header.profile.hard_mismatches(profile)
+    here = execution_profile(model, level.spec.schedule)
+    if header.legacy is not None:
+        # Files of formats 1 and 2 predate the CPU model and row block: compare the rest.
+        recorded: ExecutionProfile | None = replace(header.legacy.profile,
+                                                    cpu_model=here.cpu_model,
+                                                    row_block=here.row_block)
+    elif profile_digest(here) == header.profile_digest:
+        return
+    else:
+        recorded = descriptions.profile(header.profile_digest) if descriptions else None
+    if recorded is None:
+        if allow_environment_mismatch:
+            return
+        where = f" in {descriptions.root}" if descriptions is not None else ""
+        raise EnvironmentMismatchError(
+            f"the file was coded under another execution profile (digest "
+            f"{header.profile_digest.hex()}, this machine {profile_digest(here).hex()}; its "
+            f"description is not at hand{where}), so exact decoding is unlikely. Pass "
+            "allow_environment_mismatch=True (CLI: --allow-environment-mismatch) to try: the "
+            "checksums still catch any error" + portable)
+    hard = recorded.hard_mismatches(here)
     if hard:
         raise EnvironmentMismatchError(
             "this machine cannot reproduce the encoder's probabilities and KV: "
             + "; ".join(hard) + portable
         )
-    soft = header.profile.soft_mismatches(profile)
+    soft = recorded.soft_mismatches(here)
     if soft and not allow_environment_mismatch:
         raise EnvironmentMismatchError(
             "the file was coded under another environment (" + "; ".join(soft) + "); exact "
@@ -404,21 +423,20 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
 def _resolve_prefix(header: Header, prefixes: PrefixSource | None,
                     with_kv: bool = True) -> ResolvedPrefix | None:
     """The file's shared prefix from ``prefixes``; without ``with_kv`` its tokens only (the
-    tokens checksum then vouches for them)."""
-    section = header.prefix
-    if section is None:
+    tokens digest then vouches for them)."""
+    ref = header.prefix
+    if ref is None:
         return None
     if prefixes is None:
         raise PrefixUnavailableError(
-            f"the file codes only the tokens after a shared prefix of {section.tokens} tokens "
-            f"(hash {section.prefix_hash[:16]}): pass the PrefixTrie that holds it"
+            f"the file codes only the tokens after a shared prefix of {ref.tokens} tokens "
+            f"(hash {ref.prefix_hash[:16]}): pass the PrefixTrie that holds it"
         )
-    prefix = prefixes.resolve(PrefixHash(section.prefix_hash), with_kv=with_kv)
-    kv_differs = with_kv and (prefix.kv is None
-                              or _sha256(prefix.kv.to(torch.float32)) != section.kv_sha256)
-    if len(prefix.tokens) != section.tokens or kv_differs:
+    prefix = prefixes.resolve(PrefixHash(ref.prefix_hash), with_kv=with_kv)
+    kv_differs = with_kv and (prefix.kv is None or kv_digest(prefix.kv) != ref.kv_digest)
+    if len(prefix.tokens) != ref.tokens or kv_differs:
         raise PrefixMismatchError(
-            f"the trie's prefix {section.prefix_hash[:16]} is not the one the file was coded "
+            f"the trie's prefix {ref.prefix_hash[:16]} is not the one the file was coded "
             "against: its tokens or KV differ"
         )
     return prefix
@@ -432,28 +450,42 @@ class _Pending:
     level: CodingLevel
     prefix: ResolvedPrefix | None
     started: float
+    context: int | None  # the start token the first token was coded after
+    vocab_size: int
     output: DecodeOutput | None = None
 
     def request(self, with_kv: bool, progress: bool = False) -> DecodeRequest:
-        tokens = self.container.header.tokens
-        lengths = tokens.segments or [tokens.count]
-        if sum(lengths) != tokens.count or min(lengths) < 1:
+        header = self.container.header
+        lengths = list(header.segments)
+        if sum(lengths) != header.count or min(lengths, default=0) < 1:
             raise CorruptFileError("the file's segment lengths are not positive or do not add "
                                    "up to its token count")
-        if tokens.vocab_size is None and not self.level.spec.model_coded:
-            raise CorruptFileError("the file's model-free level does not record the vocabulary "
-                                   "size")
-        return DecodeRequest(ArithmeticDecoder(self.container.token_code), tokens.count,
-                             list(lengths), tokens.first_token_context, tokens.vocab_size or 0,
-                             self.prefix, with_kv, progress)
+        return DecodeRequest(ArithmeticDecoder(self.container.token_code), header.count,
+                             lengths, self.context, self.vocab_size, self.prefix, with_kv,
+                             progress)
+
+
+def _pending(container: Container, model: CausalLM | None,
+             prefix: ResolvedPrefix | None) -> _Pending:
+    header = container.header
+    level = level_of(header)
+    if header.legacy is not None:
+        context = header.legacy.first_token_context
+    else:
+        context = model.start_token_id if model is not None else None
+    vocab = header.vocab_size if header.vocab_size is not None else (
+        model.vocab_size if model is not None else None)
+    if vocab is None:
+        raise CorruptFileError("the file's model-free level does not record the vocabulary "
+                               "size")
+    return _Pending(container, level, prefix, time.perf_counter(), context, vocab)
 
 
 def _begin(model: CausalLM, data: bytes, allow_environment_mismatch: bool,
-           prefixes: PrefixSource | None) -> _Pending:
+           prefixes: PrefixSource | None, descriptions: Descriptions | None) -> _Pending:
     container = decode_container(data)
-    check_decodable(model, container.header, allow_environment_mismatch)
-    prefix = _resolve_prefix(container.header, prefixes)
-    return _Pending(container, level_of(container.header), prefix, time.perf_counter())
+    check_decodable(model, container.header, allow_environment_mismatch, descriptions)
+    return _pending(container, model, _resolve_prefix(container.header, prefixes))
 
 
 def _decode(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
@@ -477,31 +509,33 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
     output = pending.output
     assert output is not None and output.kv is not None
     tokens = ([] if prefix is None else list(prefix.tokens)) + output.tail
-    tokens_verified = _tokens_sha256(tokens) == header.tokens.sha256
+    tokens_verified = tokens_digest(tokens) == header.tokens_digest
     if not tokens_verified:
         raise DecodeVerificationError(
             "the decoded tokens do not match the file's checksum: this machine did not "
             "reproduce the encoder's probabilities bit for bit"
         )
     recomputed = output.kv
-    if list(recomputed.shape) != header.kv.shape:
-        raise InvalidKVError(
-            f"recomputed KV has shape {list(recomputed.shape)}, the file {header.kv.shape}"
-        )
+    expected = (model.num_layers, 2, model.kv_heads, len(tokens), model.head_dim)
+    if header.legacy is not None and header.legacy.kv_shape != expected:
+        raise InvalidKVError(f"the file's KV has shape {list(header.legacy.kv_shape)}, this "
+                             f"model's for {len(tokens)} tokens {list(expected)}")
     residual_code = pending.container.residual
-    kv = recomputed if residual_code is None else decode_residual(residual_code, recomputed)
-    kv_verified = _sha256(kv) == header.kv.sha256
+    kv = recomputed if residual_code is None else decode_residual(
+        residual_code.with_shape(tuple(recomputed.shape)), recomputed)
+    kv_verified = kv_digest(kv) == header.kv_digest
     if not kv_verified:
         raise DecodeVerificationError(
             "the rebuilt KV cache does not match the file's checksum: the recomputation on this "
             "machine differs from the encoder's"
         )
     stats = DecompressStats(
-        tokens=header.tokens.count,
+        tokens=header.count,
         decode_seconds=time.perf_counter() - pending.started,
         max_abs_residual=float((kv - recomputed).abs().max()) if kv.numel() else 0.0,
         tokens_verified=tokens_verified,
         kv_verified=kv_verified,
+        tolerance=None if residual_code is None else residual_code.tolerance,
         forwards=output.forwards,
     )
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
@@ -514,12 +548,15 @@ def decompress(
     allow_environment_mismatch: bool = False,
     progress: bool = False,
     prefixes: PrefixSource | None = None,
+    descriptions: Descriptions | None = None,
 ) -> DecompressResult:
     """Decode .skv bytes into the exact tokens and KV cache, or raise.
 
     A file coded after a shared prefix needs ``prefixes``, the trie that holds that prefix.
+    ``descriptions`` (a ``seqkv.descriptions.Descriptions`` registry) lets a refusal say which
+    fields of the execution profile differ.
     """
-    pending = _begin(model, data, allow_environment_mismatch, prefixes)
+    pending = _begin(model, data, allow_environment_mismatch, prefixes, descriptions)
     _decode(model, [pending], with_kv=True, progress=progress)
     return _finish(model, pending)
 
@@ -529,6 +566,7 @@ def decompress_batch(
     files: Sequence[bytes],
     allow_environment_mismatch: bool = False,
     prefixes: PrefixSource | None = None,
+    descriptions: Descriptions | None = None,
 ) -> list[DecompressResult]:
     """Decode many .skv files, sharing forwards among files whose levels allow it.
 
@@ -537,7 +575,8 @@ def decompress_batch(
     are decoded one by one. Each result is verified as by ``decompress``; the first failure
     raises.
     """
-    pendings = [_begin(model, data, allow_environment_mismatch, prefixes) for data in files]
+    pendings = [_begin(model, data, allow_environment_mismatch, prefixes, descriptions)
+                for data in files]
     _decode(model, pendings, with_kv=True)
     return [_finish(model, pending) for pending in pendings]
 
@@ -558,15 +597,56 @@ def decompress_tokens(
     if level.spec.model_coded:
         if model is None:
             raise EnvironmentMismatchError(
-                f"the file's tokens are coded under the model (level {header.tokens.level!r}): "
-                "pass the model that coded it"
+                f"the file's tokens are coded under the model (level {header.level!r}): pass "
+                "the model that coded it"
             )
         return decompress(model, data, prefixes=prefixes).tokens
     prefix = _resolve_prefix(header, prefixes, with_kv=False)
-    pending = _Pending(container, level, prefix, time.perf_counter())
+    pending = _pending(container, None, prefix)
     _decode(None, [pending], with_kv=False)
     assert pending.output is not None
     tokens = ([] if prefix is None else list(prefix.tokens)) + pending.output.tail
-    if _tokens_sha256(tokens) != header.tokens.sha256:
+    if tokens_digest(tokens) != header.tokens_digest:
         raise DecodeVerificationError("the decoded tokens do not match the file's checksum")
     return tokens
+
+
+def upgrade(data: bytes, descriptions: Descriptions | None = None,
+            model: CausalLM | None = None) -> bytes:
+    """A format-1 or 2 file rewritten in the current format, without re-coding anything.
+
+    The token code and the residual are carried over as they are; the digests of the tokens and
+    KV are the old checksums truncated, so the rewritten file decodes to the same tokens and KV.
+    The old JSON header's model identity and execution profile go to ``descriptions``. Formats 1
+    and 2 predate the CPU model and the row block in the profile: when the rest of the old
+    profile is this machine's, they are taken as this machine's (the row block needs ``model``
+    for a file of the ``rows`` schedule; the checksums still catch a wrong guess); otherwise they
+    stay unknown and the decoder will see another profile. A file already in the current format
+    is returned unchanged.
+    """
+    container = decode_container(data)
+    header = container.header
+    legacy = header.legacy
+    if legacy is None:
+        return data
+    profile = legacy.profile
+    if model is not None:
+        here = execution_profile(model, profile.schedule)
+    else:
+        here = current_profile(_dtype_of(profile.dtype), torch.device("cpu"), profile.schedule)
+    if replace(here, cpu_model="", row_block=0) == replace(profile, cpu_model="", row_block=0):
+        profile = replace(profile, cpu_model=here.cpu_model, row_block=here.row_block)
+    if descriptions is not None:
+        descriptions.remember(legacy.model, profile)
+    model_coded = level_of(header).spec.model_coded
+    upgraded = replace(header, format_version=FORMAT_VERSION, legacy=None,
+                       vocab_size=None if model_coded else header.vocab_size,
+                       profile_digest=profile_digest(profile))
+    return encode_container(Container(upgraded, container.token_code, container.residual))
+
+
+def _dtype_of(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptFileError(f"the file's profile names an unknown dtype {name!r}")
+    return dtype

@@ -1,35 +1,52 @@
-"""The .skv container: a versioned header, the token code, the KV residual code, checksums.
+"""The .skv container: a compact binary header, the token code, the KV residual code.
 
-Layout (all integers little-endian)::
+Format 3 (written since this version) frames three sections with ``seqkv.framing`` (4-byte magic
+``\\x89SKV``, version byte, section lengths, CRC-32)::
 
-    magic        8 bytes   b"\\x89SKV\\r\\n\\x1a\\n" (PNG-style: catches text-mode mangling)
-    version      u16       FORMAT_VERSION
-    reserved     u16       0
-    header_len   u32       length of the JSON header
-    section_len  3 x u64   token code, residual words, residual escapes
-    header       JSON      ``Header``, UTF-8
-    sections     bytes     in the order above
-    sha256       32 bytes  of everything before it
+    header    flags            u8      bit 0 prefix, bit 1 residual, bit 2 vocabulary size
+                                       stored, bits 5-7 unused bits at the token code's end
+              level            u8      ``LEVEL_IDS``; then a varint parameter (segments N, else 0)
+              count            varint  tokens coded (after the prefix)
+              [vocab size]     varint  only for levels that decode without the model
+              model digest     8 bytes ``seqkv.digests.model_digest``: config, weights, tokenizer
+              profile digest   8 bytes ``seqkv.digests.profile_digest`` of the execution profile
+              tokens digest    8 bytes SHA-256 of all tokens (prefix included), truncated
+              KV digest        8 bytes SHA-256 of the KV the decoder must end with, truncated
+              [prefix]         32-byte content hash, varint token count, 8-byte KV digest
+    token code                 the arithmetic code's bytes
+    residual  mode             u8      0 quantized at a tolerance, 1 bit-exact
+              [tolerance]      f64     (quantized)
+              groups           varint  (layer, K/V) groups; then a bitmap of the used ones
+              scales           f32     one per used group
+              escapes          varint  escaped components; then the range coder's words, then
+                                       the escaped float32 values
+
+The full model identity and execution profile are not in the file: they are named by digest and
+kept once where they are needed (``seqkv.descriptions``; a store keeps its own), so a session of
+586 tokens costs 400 bytes instead of 1,783. Files of formats 1 and 2 (a JSON header,
+``seqkv.container_legacy``) still read, and ``seqkv upgrade`` rewrites them in format 3 without
+re-coding.
 
 Invariants:
-1. ``read_container`` checks, in this order, magic, version, length and checksum before it parses
-   the header, so each kind of damage gets its own error: NotASeqKVFileError,
-   UnsupportedVersionError, TruncatedFileError, CorruptFileError (enforced; one test each).
-2. ``write_container_file`` writes a temporary file beside the target and renames it, so an
-   existing file is replaced whole or not at all (enforced).
+1. ``decode_container`` checks emptiness, magic, version, lengths and checksum before it parses
+   anything (``seqkv.framing``), so each kind of damage gets its own error: EmptyInputError,
+   NotASeqKVFileError, UnsupportedVersionError, TruncatedFileError, CorruptFileError (enforced;
+   one test each). A header that passes the checksum but does not parse is CorruptFileError.
+2. ``decode_container(encode_container(c)) == c`` for a format-3 container (checked).
+3. This module imports neither torch nor transformers (enforced by ``tests/test_layering.py``).
+4. ``write_container_file`` replaces an existing file whole or not at all (enforced).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from seqkv.coding.arithmetic import BitStream
-from seqkv.coding.residual import ResidualCode, ResidualMode
+from seqkv.coding.residual_code import ResidualCode, ResidualMode
+from seqkv.container_legacy import LEGACY_MAGIC, LegacyFile, read_legacy
+from seqkv.digests import DIGEST_BYTES, Digest, model_digest, profile_digest
 from seqkv.errors import (
     CorruptFileError,
     EmptyInputError,
@@ -38,68 +55,61 @@ from seqkv.errors import (
     UnsupportedVersionError,
 )
 from seqkv.files import write_atomically
+from seqkv.framing import (
+    FramingErrors,
+    decode_varint,
+    encode_varint,
+    frame,
+    framing_overhead,
+    unframe,
+)
 from seqkv.types import ExecutionProfile, ModelIdentity
 
-MAGIC = b"\x89SKV\r\n\x1a\n"
-FORMAT_VERSION = 2
-# Version 1 files (before coding levels) read as the ``tokens`` level in one segment.
-READABLE_VERSIONS = (1, 2)
-_PREFIX = struct.Struct("<8sHHIQQQ")
-_DIGEST_BYTES = 32
+MAGIC = b"\x89SKV"
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+# The file's level ids: an id is never reused; a new level appends its family name here.
+LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain")
+PREFIX_HASH_BYTES = 32
+_ERRORS = FramingErrors(EmptyInputError, NotASeqKVFileError, UnsupportedVersionError,
+                        TruncatedFileError, CorruptFileError)
+_WHAT = "the .skv file"
+_FLAG_PREFIX, _FLAG_RESIDUAL, _FLAG_VOCAB = 1, 2, 4
 
 
 @dataclass(frozen=True)
-class TokenSection:
-    """How the tokens were coded: their count, level, code length and checksum."""
+class PrefixRef:
+    """The shared prefix (in a ``seqkv.trie.PrefixTrie`` or a store) the token code continues."""
 
-    count: int
-    num_bits: int
-    first_token_context: int | None  # None: a uniform prior; unused after a shared prefix
-    sha256: str
-    level: str = "tokens"  # a ``seqkv.levels.Level`` value
-    segments: list[int] | None = None  # segment lengths (rows/segments levels)
-    vocab_size: int | None = None  # what the portable levels decode over, without a model
-
-
-@dataclass(frozen=True)
-class ResidualSection:
-    """How the KV residual was coded (absent when no KV was given)."""
-
-    mode: str
-    tolerance: float
-    scales: list[float]
-    num_escapes: int
-    max_abs_error: float
-
-
-@dataclass(frozen=True)
-class KVSection:
-    """The KV the decoder must end with: its shape, dtype and checksum."""
-
-    shape: list[int]
-    dtype: str
-    sha256: str
-    residual: ResidualSection | None
-
-
-@dataclass(frozen=True)
-class PrefixSection:
-    """The shared prefix (held in a ``seqkv.trie.PrefixTrie``) that the token code continues."""
-
-    prefix_hash: str
+    prefix_hash: str  # 64 hex digits: the prefix's content hash
     tokens: int
-    kv_sha256: str
+    kv_digest: Digest  # of the prefix's stored KV
+
+
+@dataclass(frozen=True)
+class Legacy:
+    """What only a format-1 or 2 file says about itself (its full descriptions)."""
+
+    writer: str
+    model: ModelIdentity
+    profile: ExecutionProfile
+    first_token_context: int | None
+    kv_shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Header:
     format_version: int
-    writer: str
-    model: ModelIdentity
-    profile: ExecutionProfile
-    prefix: PrefixSection | None
-    tokens: TokenSection
-    kv: KVSection
+    level: str  # the level's name: "tokens", "segments:4", ...
+    count: int  # tokens coded (after the prefix)
+    segments: tuple[int, ...]  # segment lengths, in coding order
+    vocab_size: int | None  # stored for levels that decode without the model
+    model_digest: Digest
+    profile_digest: Digest
+    tokens_digest: Digest
+    kv_digest: Digest
+    prefix: PrefixRef | None
+    legacy: Legacy | None = None  # set for files of formats 1 and 2
 
 
 @dataclass(frozen=True)
@@ -111,121 +121,183 @@ class Container:
     residual: ResidualCode | None
 
 
+def split_lengths(count: int, segments: int) -> list[int]:
+    """``count`` tokens in ``segments`` consecutive parts, the first ones longer by at most 1."""
+    segments = max(1, min(segments, count))
+    base, extra = divmod(count, segments)
+    return [base + (1 if j < extra else 0) for j in range(segments)]
+
+
+def _level_parts(level: str) -> tuple[int, int]:
+    name, _, count = level.partition(":")
+    if name not in LEVEL_IDS:
+        raise ValueError(f"level {level!r} has no file id")
+    return LEVEL_IDS.index(name), int(count) if count else 0
+
+
 def encode_container(container: Container) -> bytes:
     return encode_container_with_sections(container)[0]
 
 
 def encode_container_with_sections(container: Container) -> tuple[bytes, dict[str, int]]:
-    """The file's bytes and the size of each of its sections, in file order."""
-    header = json.dumps(asdict(container.header), sort_keys=True).encode()
-    residual = container.residual
-    words = residual.words if residual is not None else b""
-    escapes = residual.escapes if residual is not None else b""
-    sections = {
-        "framing": _PREFIX.size,
-        "header": len(header),
-        "token_code": len(container.token_code.data),
-        "residual_code": len(words),
-        "residual_escapes": len(escapes),
-        "checksum": _DIGEST_BYTES,
-    }
-    body = b"".join([
-        _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(header), len(container.token_code.data),
-                     len(words), len(escapes)),
-        header,
-        container.token_code.data,
-        words,
-        escapes,
+    """The file's bytes (format 3) and the size of each of its parts, in file order."""
+    header = container.header
+    code = container.token_code
+    padding = 8 * len(code.data) - code.num_bits
+    flags = ((_FLAG_PREFIX if header.prefix is not None else 0)
+             | (_FLAG_RESIDUAL if container.residual is not None else 0)
+             | (_FLAG_VOCAB if header.vocab_size is not None else 0) | padding << 5)
+    level_id, parameter = _level_parts(header.level)
+    fields = [bytes([flags, level_id]), encode_varint(parameter), encode_varint(header.count)]
+    if header.vocab_size is not None:
+        fields.append(encode_varint(header.vocab_size))
+    fields += [header.model_digest, header.profile_digest, header.tokens_digest,
+               header.kv_digest]
+    if header.prefix is not None:
+        fields += [bytes.fromhex(header.prefix.prefix_hash), encode_varint(header.prefix.tokens),
+                   header.prefix.kv_digest]
+    sections = [b"".join(fields), code.data]
+    if container.residual is not None:
+        sections.append(_encode_residual(container.residual))
+    data = frame(MAGIC, FORMAT_VERSION, sections)
+    parts = {"framing": framing_overhead(sections), "header": len(sections[0]),
+             "token_code": len(code.data),
+             "residual_code": len(sections[2]) if len(sections) > 2 else 0}
+    return data, parts
+
+
+def _encode_residual(residual: ResidualCode) -> bytes:
+    used = [i for i, scale in enumerate(residual.scales) if scale != 0.0]
+    bitmap = bytearray((len(residual.scales) + 7) // 8)
+    for index in used:
+        bitmap[index // 8] |= 1 << (index % 8)
+    quantized = residual.mode is ResidualMode.QUANTIZED
+    return b"".join([
+        bytes([0 if quantized else 1]),
+        struct.pack("<d", residual.tolerance) if quantized else b"",
+        encode_varint(len(residual.scales)), bytes(bitmap),
+        b"".join(struct.pack("<f", residual.scales[i]) for i in used),
+        encode_varint(len(residual.escapes) // 4), residual.words, residual.escapes,
     ])
-    return body + hashlib.sha256(body).digest(), sections
+
+
+class _Reader:
+    """Reads the fixed fields of a section, raising CorruptFileError past its end."""
+
+    def __init__(self, data: bytes, what: str) -> None:
+        self.data = data
+        self.offset = 0
+        self.what = what
+
+    def take(self, count: int) -> bytes:
+        if self.offset + count > len(self.data):
+            raise CorruptFileError(f"the .skv {self.what} ends inside a field")
+        chunk = self.data[self.offset : self.offset + count]
+        self.offset += count
+        return chunk
+
+    def varint(self) -> int:
+        parsed = decode_varint(self.data, self.offset)
+        if parsed is None:
+            raise CorruptFileError(f"the .skv {self.what} has a malformed integer")
+        value, self.offset = parsed
+        return value
+
+    def rest(self) -> bytes:
+        chunk = self.data[self.offset :]
+        self.offset = len(self.data)
+        return chunk
 
 
 def decode_container(data: bytes) -> Container:
-    if len(data) == 0:
-        raise EmptyInputError("the .skv file is empty")
-    if len(data) < len(MAGIC) or data[: len(MAGIC)] != MAGIC:
-        raise NotASeqKVFileError("this is not a .skv file: its first bytes are not the magic")
-    if len(data) < _PREFIX.size:
-        raise TruncatedFileError(f"the .skv file ends after {len(data)} bytes, inside its prefix")
-    _, version, _, header_len, token_len, words_len, escapes_len = _PREFIX.unpack_from(data)
-    if version not in READABLE_VERSIONS:
-        raise UnsupportedVersionError(
-            f"the .skv file has format version {version}; this seqkv reads versions "
-            f"{', '.join(map(str, READABLE_VERSIONS))}: use the seqkv release that wrote it"
-        )
-    expected = _PREFIX.size + header_len + token_len + words_len + escapes_len + _DIGEST_BYTES
-    if len(data) < expected:
-        raise TruncatedFileError(
-            f"the .skv file is truncated: it has {len(data)} bytes, its header says {expected}"
-        )
-    if len(data) > expected:
-        raise CorruptFileError(
-            f"the .skv file has {len(data) - expected} unexpected bytes after its end"
-        )
-    body, digest = data[:-_DIGEST_BYTES], data[-_DIGEST_BYTES:]
-    if hashlib.sha256(body).digest() != digest:
-        raise CorruptFileError("the .skv file is corrupted: its SHA-256 checksum does not match")
-    offset = _PREFIX.size
-    header_bytes = body[offset : offset + header_len]
-    offset += header_len
-    token_data = body[offset : offset + token_len]
-    offset += token_len
-    words = body[offset : offset + words_len]
-    escapes = body[offset + words_len :]
-    try:
-        header = _parse_header(json.loads(header_bytes), version)
-        token_code = BitStream(token_data, header.tokens.num_bits)
-    except (ValueError, KeyError, TypeError) as error:
-        raise CorruptFileError(f"the .skv header is malformed: {error}") from error
-    residual = None
-    if header.kv.residual is not None:
-        section = header.kv.residual
-        residual = ResidualCode(
-            mode=ResidualMode(section.mode),
-            tolerance=section.tolerance,
-            shape=tuple(header.kv.shape),
-            scales=tuple(section.scales),
-            words=words,
-            escapes=escapes,
-        )
+    """Parse .skv bytes of any readable format (see the module invariants)."""
+    if len(data) >= len(LEGACY_MAGIC) and data[: len(LEGACY_MAGIC)] == LEGACY_MAGIC:
+        return _from_legacy(read_legacy(data))
+    _, sections = unframe(data, MAGIC, (FORMAT_VERSION,), _ERRORS, _WHAT, READABLE_VERSIONS)
+    if len(sections) not in (2, 3):
+        raise CorruptFileError(f"the .skv file has {len(sections)} sections, not 2 or 3")
+    header, flags = _decode_header(sections[0])
+    padding = flags >> 5
+    token_data = sections[1]
+    if padding and not token_data:
+        raise CorruptFileError("the .skv token code is empty but declares unused bits")
+    token_code = BitStream(token_data, 8 * len(token_data) - padding)
+    has_residual = bool(flags & _FLAG_RESIDUAL)
+    if has_residual != (len(sections) == 3):
+        raise CorruptFileError("the .skv file's residual flag and sections disagree")
+    residual = _decode_residual(sections[2]) if has_residual else None
     return Container(header, token_code, residual)
 
 
-def _fields(cls: type, raw: Any, absent: frozenset[str] = frozenset()) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise TypeError(f"{cls.__name__} must be a JSON object")
-    names = set(cls.__dataclass_fields__) - absent  # type: ignore[attr-defined]
-    if set(raw) != names:
-        raise KeyError(f"{cls.__name__} fields {sorted(raw)} differ from {sorted(names)}")
-    return raw
+def _decode_header(section: bytes) -> tuple[Header, int]:
+    reader = _Reader(section, "header")
+    flags, level_id = reader.take(2)
+    if flags & 0b11000 or level_id >= len(LEVEL_IDS):
+        raise CorruptFileError(f"the .skv header has unknown flags or level id {level_id}")
+    parameter = reader.varint()
+    count = reader.varint()
+    vocab = reader.varint() if flags & _FLAG_VOCAB else None
+    model, profile, tokens, kv = (Digest(reader.take(DIGEST_BYTES)) for _ in range(4))
+    prefix = None
+    if flags & _FLAG_PREFIX:
+        prefix_hash = reader.take(PREFIX_HASH_BYTES).hex()
+        prefix = PrefixRef(prefix_hash, reader.varint(), Digest(reader.take(DIGEST_BYTES)))
+    if reader.offset != len(section):
+        raise CorruptFileError("the .skv header has unexpected bytes after its fields")
+    family = LEVEL_IDS[level_id]
+    level = f"{family}:{parameter}" if parameter else family
+    segments = tuple(split_lengths(count, parameter)) if parameter else (count,)
+    header = Header(format_version=FORMAT_VERSION, level=level, count=count, segments=segments,
+                    vocab_size=vocab, model_digest=model, profile_digest=profile,
+                    tokens_digest=tokens, kv_digest=kv, prefix=prefix)
+    return header, flags
 
 
-_V2_TOKEN_FIELDS = frozenset({"level", "segments", "vocab_size"})
+def _decode_residual(section: bytes) -> ResidualCode:
+    reader = _Reader(section, "residual")
+    (mode_byte,) = reader.take(1)
+    if mode_byte not in (0, 1):
+        raise CorruptFileError(f"the .skv residual has unknown mode {mode_byte}")
+    mode = ResidualMode.QUANTIZED if mode_byte == 0 else ResidualMode.BIT_EXACT
+    tolerance = struct.unpack("<d", reader.take(8))[0] if mode_byte == 0 else 0.0
+    groups = reader.varint()
+    bitmap = reader.take((groups + 7) // 8)
+    used = [i for i in range(groups) if bitmap[i // 8] >> (i % 8) & 1]
+    values = dict(zip(used, struct.unpack(f"<{len(used)}f", reader.take(4 * len(used))),
+                      strict=True))
+    scales = tuple(float(values.get(i, 0.0)) for i in range(groups))
+    escapes = reader.varint()
+    rest = reader.rest()
+    if 4 * escapes > len(rest):
+        raise CorruptFileError("the .skv residual declares more escapes than it holds")
+    split = len(rest) - 4 * escapes
+    return ResidualCode(mode, tolerance, (), scales, rest[:split], rest[split:])
 
 
-def _parse_header(raw: Any, version: int) -> Header:
-    top = _fields(Header, raw)
-    if int(top["format_version"]) != version:
-        raise ValueError(f"header version {top['format_version']} differs from the file's")
-    kv = _fields(KVSection, top["kv"])
-    residual = kv["residual"]
-    prefix = top["prefix"]
-    return Header(
-        format_version=int(top["format_version"]),
-        writer=str(top["writer"]),
-        model=ModelIdentity(**_fields(ModelIdentity, top["model"])),
-        profile=ExecutionProfile(**_fields(ExecutionProfile, top["profile"])),
-        prefix=None if prefix is None else PrefixSection(**_fields(PrefixSection, prefix)),
-        tokens=TokenSection(**_fields(TokenSection, top["tokens"],
-                                      _V2_TOKEN_FIELDS if version == 1 else frozenset())),
-        kv=KVSection(
-            shape=[int(n) for n in kv["shape"]],
-            dtype=str(kv["dtype"]),
-            sha256=str(kv["sha256"]),
-            residual=None if residual is None
-            else ResidualSection(**_fields(ResidualSection, residual)),
-        ),
+def _from_legacy(file: LegacyFile) -> Container:
+    """A format-1 or 2 file as a container (its full descriptions kept in ``legacy``)."""
+    if sum(file.segments) != file.count:
+        raise CorruptFileError("the file's segment lengths do not add up to its token count")
+    parameter = len(file.segments) if file.level == "segments" else 0
+    level = f"segments:{parameter}" if parameter else file.level
+    prefix = None
+    if file.prefix_hash is not None:
+        prefix = PrefixRef(file.prefix_hash, file.prefix_tokens,
+                           Digest(bytes.fromhex(file.prefix_kv_sha256)[:DIGEST_BYTES]))
+    try:
+        tokens_digest = Digest(bytes.fromhex(file.tokens_sha256)[:DIGEST_BYTES])
+        kv_digest = Digest(bytes.fromhex(file.kv_sha256)[:DIGEST_BYTES])
+    except ValueError as error:
+        raise CorruptFileError(f"the .skv header holds a malformed digest: {error}") from error
+    header = Header(
+        format_version=file.version, level=level, count=file.count, segments=file.segments,
+        vocab_size=file.vocab_size, model_digest=model_digest(file.model),
+        profile_digest=profile_digest(file.profile), tokens_digest=tokens_digest,
+        kv_digest=kv_digest, prefix=prefix,
+        legacy=Legacy(file.writer, file.model, file.profile, file.first_token_context,
+                      file.kv_shape),
     )
+    return Container(header, file.token_code, file.residual)
 
 
 def write_container_file(path: str | Path, data: bytes) -> None:

@@ -25,8 +25,11 @@ Invariants:
 
 from __future__ import annotations
 
+import platform
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import transformers
@@ -45,9 +48,20 @@ def schedule_threads(schedule: Schedule) -> int:
     return ROW_THREADS if schedule == "rows" else CODING_THREADS
 
 
+def cpu_model() -> str:
+    """The CPU's vendor, family and model number (Linux), or the machine's architecture name."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine() or "unknown"
+    values = dict(re.findall(r"^(vendor_id|cpu family|model)\s*:\s*(.+)$", info, re.M))
+    return "-".join(values.get(k, "?").strip() for k in ("vendor_id", "cpu family", "model"))
+
+
 def current_profile(dtype: torch.dtype, device: torch.device,
-                    schedule: Schedule = "token-by-token") -> ExecutionProfile:
-    """The profile this process runs ``schedule`` under for a model of ``dtype`` on ``device``."""
+                    schedule: Schedule = "token-by-token", row_block: int = 0) -> ExecutionProfile:
+    """The profile this process runs ``schedule`` under for a model of ``dtype`` on ``device``
+    (``row_block``: the row-invariant forward's calibration, for the ``rows`` schedule)."""
     if device.type == "cuda":
         device_class = f"cuda:{torch.cuda.get_device_name(device)}"
     else:
@@ -60,6 +74,8 @@ def current_profile(dtype: torch.dtype, device: torch.device,
         num_threads=schedule_threads(schedule),
         torch_version=torch.__version__,
         transformers_version=transformers.__version__,
+        cpu_model=cpu_model(),
+        row_block=row_block,
     )
 
 

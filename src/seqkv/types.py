@@ -81,15 +81,21 @@ class ExecutionProfile:
     num_threads: int
     torch_version: str
     transformers_version: str
+    # The CPU's vendor, family and model ("" where unknown, as in files of format 1 and 2):
+    # kernels choose code paths by CPU model, below what ``cpu_capability`` names.
+    cpu_model: str = ""
+    # The row-invariant forward's calibrated row block (``rows`` schedule; 0 otherwise).
+    row_block: int = 0
 
     def hard_mismatches(self, other: ExecutionProfile) -> list[str]:
         """Differences that make exact decoding impossible."""
-        return _differences(self, other, ("schedule", "dtype", "device_class", "num_threads"))
+        return _differences(self, other, ("schedule", "dtype", "device_class", "num_threads",
+                                          "row_block"))
 
     def soft_mismatches(self, other: ExecutionProfile) -> list[str]:
         """Differences under which exact decoding is unlikely but can be attempted and verified."""
         return _differences(
-            self, other, ("cpu_capability", "torch_version", "transformers_version")
+            self, other, ("cpu_capability", "cpu_model", "torch_version", "transformers_version")
         )
 
 

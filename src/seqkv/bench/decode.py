@@ -41,7 +41,7 @@ class LevelRun:
     name: str
     exact: bool
     bits_per_token: float  # token code only
-    total_bits_per_token: float  # token code + KV residual
+    payload_bits_per_token: float  # token code + KV residual
     cross_entropy_bits_per_token: float  # of the probabilities this level coded under
     encode_seconds: float
     decode_seconds: float
@@ -63,7 +63,7 @@ class LevelSummary:
     name: str
     exact: bool
     bits_per_token: float
-    total_bits_per_token: float
+    payload_bits_per_token: float
     encode_tokens_per_second: float
     decode_tokens_per_second: float
     speedup_vs_token_by_token: float
@@ -203,7 +203,7 @@ def run_level(model: CausalLM, tokens: list[int], kv: DynamicCache, level: str,
     seconds = time.perf_counter() - started
     exact = _exact(decoded.tokens, decoded.kv, tokens, tensor_from_cache(kv), tolerance)
     stats = result.stats
-    return LevelRun(level, exact, stats.bits_per_token, stats.total_bits_per_token,
+    return LevelRun(level, exact, stats.bits_per_token, stats.payload_bits_per_token,
                     stats.cross_entropy_bits_per_token, stats.encode_seconds, seconds,
                     len(tokens) / seconds)
 
@@ -278,7 +278,7 @@ def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int 
         summaries.append(LevelSummary(
             level, all(r.exact for r in runs),
             sum(r.bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True)) / total,
-            sum(r.total_bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True))
+            sum(r.payload_bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True))
             / total, total / sum(r.encode_seconds for r in runs), speed, speed / baseline))
     batched, batched_exact, batched_baseline = run_batched(model, sessions, tokens_per_text,
                                                            tolerance)
@@ -318,7 +318,7 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
     for level in bench.levels:
         lines.append(
             f"| {level.name} | {'yes' if level.exact else 'NO'} | {level.bits_per_token:.3f} | "
-            f"{level.total_bits_per_token:.3f} | {level.encode_tokens_per_second:.1f} | "
+            f"{level.payload_bits_per_token:.3f} | {level.encode_tokens_per_second:.1f} | "
             f"{level.decode_tokens_per_second:.1f} | {level.speedup_vs_token_by_token:.2f}x |")
     lines += [
         "",

@@ -159,7 +159,7 @@ def check_text_tokens(
     coded = _Coded(tokens, [tokens], [], model.kv_tensor(kv), result.trace,
                    CodeLengths(stats.tokens, stats.code_bits, stats.residual_bits,
                                stats.residual_escapes),
-                   result.bounds, result.header.tokens.level)
+                   result.bounds, result.header.level)
     data = DataFingerprint(source, "text", _tokens_sha256(tokens), len(tokens))
     return _report(model, coded, data, options or CheckOptions(), baselines)
 
@@ -172,10 +172,10 @@ def check_skv(
     container = decode_container(skv)
     decoded = decompress(model, skv, progress=progress)
     header = container.header
-    count = header.tokens.count
+    count = header.count
     prefix = decoded.tokens[: len(decoded.tokens) - count]
     tail = decoded.tokens[len(prefix):]
-    lengths_list = header.tokens.segments or [count]
+    lengths_list = list(header.segments)
     offsets = np.concatenate([[0], np.cumsum(lengths_list)]).astype(int)
     segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths_list))]
     residual = container.residual
@@ -184,7 +184,7 @@ def check_skv(
                           0 if residual is None else residual.num_escapes)
     bounds = (code_within_table_cost(lengths.code_bits, float(decoded.trace.code_cost_bits.sum())),)
     coded = _Coded(decoded.tokens, segments, prefix, decoded.kv, decoded.trace, lengths, bounds,
-                   header.tokens.level)
+                   header.level)
     data = DataFingerprint(source, "skv", hashlib.sha256(skv).hexdigest(), count)
     return _report(model, coded, data, options or CheckOptions(), baselines)
 

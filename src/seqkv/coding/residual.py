@@ -22,13 +22,11 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum
-
 import constriction
 import numpy as np
 import torch
 
+from seqkv.coding.residual_code import ResidualCode, ResidualMode
 from seqkv.errors import CorruptFileError, InvalidKVError
 
 # NOTE: symbols beyond +-ALPHABET_LIMIT are escapes. 2**12 keeps the leaky-quantization floor of
@@ -36,36 +34,9 @@ from seqkv.errors import CorruptFileError, InvalidKVError
 ALPHABET_LIMIT = 1 << 12
 _ESCAPE = ALPHABET_LIMIT
 _MIN_SCALE = 1e-3
-
-
-class ResidualMode(Enum):
-    QUANTIZED = "quantized"
-    BIT_EXACT = "bit-exact"
-
-
-@dataclass(frozen=True)
-class ResidualCode:
-    """A coded residual: the fitted scales, the range-coded symbols and the escaped values."""
-
-    mode: ResidualMode
-    tolerance: float
-    shape: tuple[int, ...]
-    scales: tuple[float, ...]
-    words: bytes
-    escapes: bytes
-
-    @property
-    def num_bits(self) -> int:
-        """Coded size: symbols, escaped values, one flag bit per group, a float32 per used scale.
-
-        The container stores the scales in its JSON header; its file size is reported apart.
-        """
-        used_scales = sum(1 for scale in self.scales if scale != 0.0)
-        return 8 * (len(self.words) + len(self.escapes)) + len(self.scales) + 32 * used_scales
-
-    @property
-    def num_escapes(self) -> int:
-        return len(self.escapes) // 4
+# NOTE: the largest scale a real residual fits is about ALPHABET_LIMIT (every symbol escaping);
+# a larger one in a file is corruption.
+_MAX_SCALE = float(2 * ALPHABET_LIMIT)
 
 
 def _ordered(x: torch.Tensor) -> torch.Tensor:
@@ -138,15 +109,32 @@ def decode_residual(code: ResidualCode, recomputed: torch.Tensor) -> torch.Tenso
     groups = _groups(code.shape)
     if len(code.scales) != groups:
         raise CorruptFileError(f"the KV residual has {len(code.scales)} scales, expected {groups}")
+    if not all(scale == 0.0 or (np.isfinite(scale) and _MIN_SCALE <= scale <= _MAX_SCALE)
+               for scale in code.scales):
+        raise CorruptFileError("the KV residual holds a scale that is not finite and within "
+                               f"[{_MIN_SCALE:g}, {_MAX_SCALE:g}]")
+    if code.mode is ResidualMode.QUANTIZED and not (np.isfinite(code.tolerance)
+                                                   and code.tolerance > 0):
+        raise CorruptFileError(f"the KV residual's tolerance {code.tolerance!r} is not a "
+                               "finite positive number")
+    if len(code.words) % 4:
+        raise CorruptFileError("the KV residual's code is not a whole number of 32-bit words")
     per_group = int(np.prod(code.shape)) // groups
     words = np.frombuffer(code.words, dtype="<u4").astype(np.uint32)
-    decoder = constriction.stream.queue.RangeDecoder(words)
     rows = []
-    for scale in code.scales:
-        if scale == 0.0:
-            rows.append(np.zeros(per_group, dtype=np.int64))
-        else:
-            rows.append(decoder.decode(_laplace(scale), per_group).astype(np.int64))
+    # NOTE: constriction reports a malformed stream by panicking (a BaseException, not an
+    # Exception); the checks above exclude what makes it panic, and anything else is caught.
+    try:
+        decoder = constriction.stream.queue.RangeDecoder(words)
+        for scale in code.scales:
+            if scale == 0.0:
+                rows.append(np.zeros(per_group, dtype=np.int64))
+            else:
+                rows.append(decoder.decode(_laplace(scale), per_group).astype(np.int64))
+    except BaseException as error:
+        if isinstance(error, KeyboardInterrupt | SystemExit | MemoryError):
+            raise
+        raise CorruptFileError(f"the KV residual's code does not decode: {error}") from None
     symbols = torch.from_numpy(np.stack(rows)).reshape(code.shape)
     escaped = symbols == _ESCAPE
     escape_bits = np.frombuffer(code.escapes, dtype="<i4")

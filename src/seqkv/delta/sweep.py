@@ -332,7 +332,7 @@ def _token_codec_point(model: CausalLM, tokens: list[int], original: torch.Tenso
     return RatePoint(
         kind="token_codec", predictor="exact token codec (seqkv.compress)", quantizer="-",
         allocation="-", budget_bits=None, mean_width=None,
-        bits_per_token=stats.total_bits_per_token,
+        bits_per_token=stats.payload_bits_per_token,
         payload_bits_per_token=stats.residual_bits / count, side_bits_per_token=0.0,
         token_bits_per_token=stats.bits_per_token, packed_bits_per_token=None,
         residual_energy=None, distortion=measure(model, reference, decoded.kv),

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from seqkv.container import split_lengths
 from seqkv.errors import InvalidLevelError
 from seqkv.levels.base import (
     CodingLevel,
@@ -39,7 +40,6 @@ from seqkv.levels.base import (
     LevelSpec,
     TraceColumns,
     segment_order,
-    split_lengths,
 )
 from seqkv.levels.ngram import NgramLevel
 from seqkv.levels.plain import PlainLevel

@@ -137,13 +137,6 @@ class CodingLevel(Protocol):
         ...
 
 
-def split_lengths(count: int, segments: int) -> list[int]:
-    """``count`` tokens in ``segments`` consecutive parts, the first ones longer by at most 1."""
-    segments = max(1, min(segments, count))
-    base, extra = divmod(count, segments)
-    return [base + (1 if j < extra else 0) for j in range(segments)]
-
-
 def segment_order(lengths: Sequence[int]) -> Iterator[tuple[int, int]]:
     """(segment, index in segment) in coding order: round by round, segment by segment."""
     for step in range(max(lengths, default=0)):

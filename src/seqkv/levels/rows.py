@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from seqkv.container import split_lengths
 from seqkv.levels.base import (
     DecodeOutput,
     DecodeRequest,
     EncodeOutput,
     EncodeRequest,
     LevelSpec,
-    split_lengths,
 )
 from seqkv.levels.row_streams import decode_rows, encode_rows, new_job, recompute_kv
 from seqkv.models.adapter import CausalLM

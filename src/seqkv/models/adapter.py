@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -64,6 +64,13 @@ class Stepper:
         output = self._model(input_ids=ids, cache=self.cache, use_cache=True)
         logits: npt.NDArray[np.float32] = output.logits[0, -1].float().cpu().numpy()
         return logits
+
+    @torch.inference_mode()
+    def advance(self, token: int) -> None:
+        """Append ``token``'s keys and values as ``step`` does, without computing the logits
+        (the backbone alone: the same KV bits, a fifth less work on SmolLM2-135M)."""
+        ids = torch.tensor([[token]], dtype=torch.long, device=self._model.device)  # [1, 1]
+        self._model.base_model(input_ids=ids, cache=self.cache, use_cache=True)
 
 
 class CausalLM:
@@ -131,6 +138,8 @@ class CausalLM:
         return int(bos) if isinstance(bos, int) and 0 <= bos < self.vocab_size else None
 
     def profile(self, schedule: Schedule = "token-by-token") -> ExecutionProfile:
+        """The execution profile of ``schedule`` for this model here, without the row block
+        (``seqkv.models.profiles.execution_profile`` adds it for the ``rows`` schedule)."""
         return current_profile(self.dtype, self.device, schedule)
 
     @cached_property
@@ -182,6 +191,14 @@ class CausalLM:
             self._derived[kind] = held
         assert isinstance(held, kind), "a derived object is kept under its own type"
         return held
+
+    def stepped_kv(self, tokens: Sequence[int]) -> torch.Tensor:
+        """The KV ``[layers, 2, kv_heads, T, head_dim]`` (float32, CPU) that stepping ``tokens``
+        one at a time leaves: what the ``tokens`` level's decoder rebuilds."""
+        stepper = self.new_stepper()
+        for token in tokens:
+            stepper.advance(int(token))
+        return self.kv_tensor(stepper.cache)
 
     def new_stepper(self, kv: torch.Tensor | None = None) -> Stepper:
         """A stepper whose cache starts empty, or holding ``kv`` ``[L, 2, H, T, D]``."""

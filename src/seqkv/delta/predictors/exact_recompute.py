@@ -30,7 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from seqkv.delta.predictors.base import (
     ForwardCost,
@@ -43,15 +42,10 @@ from seqkv.delta.predictors.base import (
 from seqkv.models.adapter import CausalLM
 
 
-@torch.inference_mode()
 def recompute_kv(model: CausalLM, tokens: list[int]) -> torch.Tensor:
-    """KV of token-by-token forwards over ``tokens``: ``[layers, 2, kv_heads, T, head_dim]``."""
-    base = model.model.base_model
-    cache = DynamicCache()
-    for token in tokens:
-        ids = torch.tensor([[token]], dtype=torch.long, device=model.device)  # [1, 1]
-        base(input_ids=ids, cache=cache, use_cache=True)
-    return model.kv_tensor(cache)
+    """KV of token-by-token forwards over ``tokens``: ``[layers, 2, kv_heads, T, head_dim]``, the
+    tokens level's decoder KV (``CausalLM.stepped_kv``)."""
+    return model.stepped_kv(tokens)
 
 
 class _ExactSession:

@@ -1,0 +1,128 @@
+"""``seqkv bench``: each layer measured on a generated workload, and the deterministic gate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+
+from seqkv.bench.decode import forward_costs, render_markdown, run_decode_bench
+from seqkv.cli import common
+
+
+def _cmd_bench_trie(args: argparse.Namespace) -> int:
+    from seqkv.trie import run_trie_bench
+
+    result = run_trie_bench(seed=args.seed)
+    common.print_figures(result.to_json_dict(), args.json,
+                         "seqkv bench trie: generated multi-session workload")
+    return 0
+
+
+def _cmd_bench_quant(args: argparse.Namespace) -> int:
+    from seqkv.delta import RatePoint, run_default_sweep, run_quant_bench
+
+    points: list[RatePoint] = []
+    if not args.no_sweep:
+        model = common.load(args.model)
+        log = None if args.json else print
+        points, _ = run_default_sweep(model, Path(args.reports), args.tokens, log=log)
+    result = run_quant_bench(rate_distortion=points).to_json_dict()
+    if args.json:
+        print(json.dumps(result, default=str))
+    else:
+        Console().print_json(json.dumps(result["turboquant_mse"]))
+        if points:
+            print(f"rate-distortion table and plot written under {args.reports}/")
+    return 0
+
+
+def _cmd_bench_decode(args: argparse.Namespace) -> int:
+    model = common.load(args.model)
+    if args.forwards_only:
+        costs = asdict(forward_costs(model)) | {"model": model.name}
+        common.print_figures(costs, args.json, "seqkv bench decode --forwards-only")
+        return 0
+    log = None if args.json else print
+    bench = run_decode_bench(model, args.tokens, args.sessions, log=log)
+    command = f"seqkv bench decode --tokens {args.tokens} --sessions {args.sessions}"
+    target = Path(args.report)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    common.write_text(str(target), render_markdown(bench, command))
+    if args.json:
+        print(json.dumps(bench.to_json_dict() | {"report": str(target)}, default=str))
+    else:
+        print(f"decode levels written to {target}")
+    return 0
+
+
+def _cmd_bench_figures(args: argparse.Namespace) -> int:
+    from seqkv.bench import figures as gate
+
+    model = common.load(args.model)
+    key = gate.profile_key(model)
+    path = gate.baseline_path(key, Path(args.baselines))
+    current = gate.measure_figures(model)
+    if args.record:
+        gate.write_baseline(path, key, model, current)
+        print(f"recorded {len(current)} rows of deterministic figures for profile {key} "
+              f"in {path}")
+        return 0
+    changes = gate.compare_figures(gate.read_baseline(path), current)
+    if args.json:
+        print(json.dumps({"profile": key, "baseline": str(path), "passed": not changes,
+                          "figures": [asdict(f) for f in current],
+                          "changes": [asdict(c) for c in changes]}))
+    elif changes:
+        print(gate.render_changes(changes, key))
+    else:
+        print(f"seqkv bench figures: {len(current)} rows equal the baseline of profile {key}")
+    return 1 if changes else 0
+
+
+def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = commands.add_parser("bench", help="measure a layer on a generated workload")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    bt = benches.add_parser("trie", help="prefix trie vs vLLM-style hashed blocks")
+    bt.add_argument("--seed", type=int, default=0)
+    bt.add_argument("--json", action="store_true", help="print one JSON object")
+    bt.set_defaults(run=_cmd_bench_trie)
+
+    bq = benches.add_parser("quant", help="per-vector quantizers, and the rate-distortion sweep of "
+                                         "predictive delta coding on the embedded model")
+    common.model_option(bq)
+    bq.add_argument("--no-sweep", action="store_true",
+                    help="only the quantizers on random unit vectors (seconds, no model)")
+    bq.add_argument("--tokens", type=int, default=160, help="cached tokens in the sweep")
+    bq.add_argument("--reports", default="reports", help="folder for rate_distortion.md/.png")
+    bq.add_argument("--json", action="store_true", help="print one JSON object")
+    bq.set_defaults(run=_cmd_bench_quant)
+
+    bd = benches.add_parser("decode", help="bits per token and decode speed of every coding "
+                                          "level, on prose, code, legal and technical text")
+    common.model_option(bd)
+    bd.add_argument("--tokens", type=int, default=200, help="tokens per text")
+    bd.add_argument("--sessions", type=int, default=16, help="sessions decoded as one batch")
+    bd.add_argument("--report", default="reports/decode_levels.md", metavar="PATH",
+                    help="markdown Pareto table (default reports/decode_levels.md)")
+    bd.add_argument("--forwards-only", action="store_true",
+                    help="only the cost of one forward (1 row, 4 and 16 rows) and the probe of "
+                         "which row counts give row-invariant matrix products (about a minute)")
+    bd.add_argument("--json", action="store_true", help="print one JSON object")
+    bd.set_defaults(run=_cmd_bench_decode)
+
+    bf = benches.add_parser("figures", help="deterministic figures of every level (code bits, "
+                            "file bytes, residual bits, forwards) against the committed baseline "
+                            "of this execution profile; exit 1 on any difference")
+    common.model_option(bf)
+    bf.add_argument("--record", action="store_true",
+                    help="write this profile's baseline instead of comparing with it")
+    bf.add_argument("--baselines", default=str(Path("benchmarks") / "baselines" / "figures"),
+                    metavar="DIR", help="folder of the baselines (default "
+                    "benchmarks/baselines/figures)")
+    bf.add_argument("--json", action="store_true", help="print one JSON object")
+    bf.set_defaults(run=_cmd_bench_figures)
+

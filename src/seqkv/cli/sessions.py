@@ -1,0 +1,320 @@
+"""The session-file verbs: ``compress``, ``decompress``, ``inspect``, ``upgrade`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from seqkv.bench.decode import time_token_by_token
+from seqkv.cli import common
+from seqkv.codec import (
+    DEFAULT_TOLERANCE,
+    CompressResult,
+    DecompressResult,
+    compress,
+    decompress,
+    decompress_tokens,
+    level_of,
+    upgrade,
+)
+from seqkv.container import Container, decode_container, write_container_file
+from seqkv.descriptions import Descriptions
+from seqkv.errors import SeqKVError
+from seqkv.levels import DEFAULT_LEVEL, CodingLevel, parse_level
+from seqkv.models import CausalLM
+from seqkv.quantizers import TurboQuantMSE
+from seqkv.schedule import pinned_threads
+
+_QUANTIZER_BITS = 3  # the per-vector comparison point: TurboQuant at 3 bits per component
+
+
+def compress_figures(
+    model: CausalLM, result: CompressResult, verified: bool, verify_seconds: float | None
+) -> dict[str, object]:
+    """The JSON object ``seqkv compress --json`` prints.
+
+    Headline figures count every byte of the file (``file_bits_per_token``, ``ratio_vs_fp16``,
+    ``ratio_vs_turboquant3``); payload-only figures are labelled ``payload_``. The 3-bit
+    TurboQuant cost is what that quantizer stores for this KV (codes and fp16 norms), counted by
+    ``seqkv.quantizers``, not a nominal 3 bits per component.
+    """
+    stats = result.stats
+    positions = stats.tokens + stats.prefix_tokens
+    shape = (model.num_layers, 2, model.kv_heads, positions, model.head_dim)
+    turboquant = TurboQuantMSE(model.head_dim, _QUANTIZER_BITS).num_bits_for(shape) / positions
+    return {
+        "model": model.name,
+        "level": result.header.level,
+        "tokens": stats.tokens,
+        "code_bits": stats.code_bits,
+        "bits_per_token": stats.bits_per_token,
+        "cross_entropy_bits_per_token": stats.cross_entropy_bits_per_token,
+        "code_overhead_vs_cross_entropy": stats.code_bits / stats.cross_entropy_bits - 1,
+        "residual_bits": stats.residual_bits,
+        "residual_escapes": stats.residual_escapes,
+        "payload_bits_per_token": stats.payload_bits_per_token,
+        "file_bytes": stats.file_bytes,
+        "file_bits_per_token": stats.file_bits_per_token,
+        "kv_components_per_token": stats.kv_components_per_token,
+        "fp16_bits_per_token": stats.fp16_bits_per_token,
+        "ratio_vs_fp16": stats.ratio_vs_fp16,
+        "payload_ratio_vs_fp16": stats.fp16_bits_per_token / stats.payload_bits_per_token,
+        "turboquant3_bits_per_token": turboquant,
+        "ratio_vs_turboquant3": turboquant / stats.file_bits_per_token,
+        "tolerance": stats.tolerance,
+        "max_abs_kv_error": stats.max_abs_kv_error,
+        "encode_seconds": stats.encode_seconds,
+        "verify_seconds": verify_seconds,
+        "verified": verified,
+        "sections": result.sections,
+        "bounds": [{"name": b.name, "bound": b.bound, "measured": b.measured, "holds": b.holds}
+                   for b in result.bounds],
+    }
+
+
+def decompress_figures(result: DecompressResult) -> dict[str, object]:
+    """The JSON object ``seqkv decompress --json`` prints."""
+    stats = result.stats
+    return {
+        "tokens": stats.tokens,
+        "decode_seconds": stats.decode_seconds,
+        "decode_tokens_per_second": stats.tokens / stats.decode_seconds,
+        "max_abs_residual": stats.max_abs_residual,
+        "tolerance": stats.tolerance,
+        "tokens_verified": stats.tokens_verified,
+        "kv_verified": stats.kv_verified,
+        "verified": stats.verified,
+    }
+
+
+def _compress_and_verify(
+    model: CausalLM, tokens: list[int], kv_mode: str, tolerance: float, verify: bool,
+    level: CodingLevel | None = None,
+) -> tuple[CompressResult, dict[str, object]]:
+    kv = model.prefill(tokens) if kv_mode == "prefill" else None
+    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=True,
+                      level=level or parse_level(DEFAULT_LEVEL))
+    verify_seconds = None
+    if verify:
+        started = time.perf_counter()
+        decoded = decompress(model, result.data, progress=True)
+        verify_seconds = time.perf_counter() - started
+        assert decoded.tokens == tokens  # decompress already checked both checksums
+    figures = compress_figures(model, result, verify, verify_seconds)
+    return result, figures
+
+
+def _cmd_compress(args: argparse.Namespace) -> int:
+    text = common.read_text(args.text)
+    model = common.load(args.model)
+    tokens = model.encode_text(text)
+    result, figures = _compress_and_verify(model, tokens, args.kv, args.tolerance,
+                                           not args.no_verify, args.level)
+    Descriptions().remember(result.model_identity, result.profile)
+    write_container_file(args.output, result.data)
+    common.print_figures(figures, args.json, f"compressed {args.text} -> {args.output}")
+    return 0
+
+
+def _cmd_decompress(args: argparse.Namespace) -> int:
+    data = common.read_bytes(args.file)
+    container = decode_container(data)  # fail on a damaged file before loading the model
+    if args.tokens_only:
+        portable = not level_of(container.header).spec.model_coded
+        tokens = decompress_tokens(data, None if portable else common.load(args.model))
+        common.write_text(args.output, json.dumps(tokens) + "\n")
+        return 0
+    model = common.load(args.model)
+    result = decompress(model, data, allow_environment_mismatch=args.allow_environment_mismatch,
+                        progress=True, descriptions=Descriptions())
+    common.write_text(args.output, model.decode_tokens(result.tokens))
+    if args.kv_out:
+        kv = result.kv  # [L, 2, H, T, D]
+        save_file(
+            {"keys": kv[:, 0].contiguous(), "values": kv[:, 1].contiguous(),
+             "tokens": torch.tensor(result.tokens, dtype=torch.int64)},
+            args.kv_out,
+            metadata={"model": model.name, "layout": "[layers, kv_heads, tokens, head_dim]"},
+        )
+    figures = decompress_figures(result)
+    if args.output == "-" and not args.json:
+        return 0
+    common.print_figures(figures, args.json, f"decompressed {args.file} -> {args.output}")
+    return 0
+
+
+def inspect_figures(container: Container, file_bytes: int,
+                    descriptions: Descriptions) -> dict[str, object]:
+    """What ``seqkv inspect`` prints: the header's fields, the sections' sizes, and the full
+    model and profile descriptions when the file carries them or the registry has them."""
+    header = container.header
+    residual = container.residual
+    legacy = header.legacy
+    model = legacy.model if legacy is not None else descriptions.model(header.model_digest)
+    profile = legacy.profile if legacy is not None else descriptions.profile(
+        header.profile_digest)
+    return {
+        "format_version": header.format_version,
+        "level": header.level,
+        "tokens": header.count,
+        "segments": list(header.segments),
+        "vocab_size": header.vocab_size,
+        "model_digest": header.model_digest.hex(),
+        "profile_digest": header.profile_digest.hex(),
+        "tokens_digest": header.tokens_digest.hex(),
+        "kv_digest": header.kv_digest.hex(),
+        "prefix": None if header.prefix is None else {
+            "prefix_hash": header.prefix.prefix_hash, "tokens": header.prefix.tokens,
+            "kv_digest": header.prefix.kv_digest.hex()},
+        "token_code_bits": container.token_code.num_bits,
+        "residual": None if residual is None else {
+            "mode": residual.mode.value, "tolerance": residual.tolerance,
+            "bits": residual.num_bits, "escapes": residual.num_escapes},
+        "file_bytes": file_bytes,
+        "model": None if model is None else asdict(model),
+        "profile": None if profile is None else asdict(profile),
+        "descriptions": "in the file (format 1 or 2)" if legacy is not None
+        else f"registry {descriptions.root}" if model is not None or profile is not None
+        else f"not found in the registry {descriptions.root}",
+    }
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    data = common.read_bytes(args.file)
+    figures = inspect_figures(decode_container(data), len(data), Descriptions())
+    common.print_figures(figures, args.json, f"{args.file}")
+    return 0
+
+
+def _cmd_upgrade(args: argparse.Namespace) -> int:
+    descriptions = Descriptions()
+    rows = []
+    model: CausalLM | None = None
+    for name in args.files:
+        data = common.read_bytes(name)
+        legacy = decode_container(data).header.legacy
+        if legacy is not None and legacy.profile.schedule == "rows" and model is None:
+            model = common.load(args.model)  # the row block is calibrated on the model
+        rewritten = upgrade(data, descriptions, model)
+        if rewritten != data:
+            write_container_file(name, rewritten)
+        rows.append({"file": name, "old_bytes": len(data), "new_bytes": len(rewritten),
+                     "upgraded": rewritten != data})
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        for row in rows:
+            state = "rewritten" if row["upgraded"] else "already in the current format"
+            print(f"{row['file']}: {state}, {row['old_bytes']:,} -> {row['new_bytes']:,} bytes")
+    return 0
+
+
+@dataclass(frozen=True)
+class DemoFigures:
+    """What ``seqkv demo`` measures, beside the compress and decompress figures."""
+
+    model_load_seconds: float
+    prefill_seconds: float
+    token_by_token_seconds: float
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    model = common.load(args.model)
+    load_seconds = time.perf_counter() - started
+    text = (importlib.resources.files("seqkv") / "data" / "sample.txt").read_text("utf-8")
+    tokens = model.encode_text(text)
+    started = time.perf_counter()
+    model.prefill(tokens)
+    prefill_seconds = time.perf_counter() - started
+    result, figures = _compress_and_verify(model, tokens, "prefill", args.tolerance, False)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(args.output) if args.output else Path(folder) / "sample.skv"
+        write_container_file(path, result.data)
+        decoded = decompress(model, path.read_bytes(), progress=True)
+    if decoded.tokens != tokens or model.decode_tokens(decoded.tokens) != model.decode_tokens(
+        tokens
+    ):
+        raise SeqKVError("the demo's round trip did not reproduce the tokens")
+    with pinned_threads():  # the decoder's thread count, so the two are comparable
+        token_by_token = time_token_by_token(model, tokens)
+    demo = DemoFigures(load_seconds, prefill_seconds, token_by_token)
+    decode = decompress_figures(decoded)
+    figures.update({f"decode_{k}" if k in ("tokens", "tolerance") else k: v
+                    for k, v in decode.items()})
+    figures["verified"] = decoded.stats.verified
+    figures.update(asdict(demo))
+    figures["encode_vs_prefill"] = result.stats.encode_seconds / prefill_seconds
+    figures["decode_vs_token_by_token"] = decoded.stats.decode_seconds / token_by_token
+    figures["text"] = "seqkv/data/sample.txt"
+    figures["machine"] = (
+        f"{os.cpu_count()} CPU cores ({platform.machine()}, "
+        f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}; coding and "
+        f"token-by-token steps on 1 thread, prefill on {torch.get_num_threads()}"
+    )
+    common.print_figures(figures, args.json,
+                         "seqkv demo: the shipped sample text, round trip verified")
+    return 0
+
+
+def add_session_verbs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    c = commands.add_parser("compress", help="compress a text (and its prefill KV) to .skv")
+    c.add_argument("text", metavar="TEXT", help="UTF-8 text file, or - for stdin")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.skv")
+    common.model_option(c)
+    c.add_argument("--kv", choices=["prefill", "none"], default="prefill",
+                   help="store the KV of one prefill over the text (default) or tokens only")
+    c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help=f"max abs KV error (default {DEFAULT_TOLERANCE}; 0 = bit-exact)")
+    c.add_argument("--level", type=common.level_argument, default=parse_level(DEFAULT_LEVEL),
+                   metavar="LEVEL", help="rate-compute dial: tokens (default: fewest bits), rows "
+                   "(same bits, fast encode, batched decoding), segments:N (N segments decoded "
+                   "in parallel, more bits), ngram, plain (no model per token)")
+    c.add_argument("--no-verify", action="store_true", help="skip the verifying decode")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.set_defaults(run=_cmd_compress)
+
+    d = commands.add_parser("decompress", help="decode a .skv file to text (and KV)")
+    d.add_argument("file", metavar="FILE.skv")
+    d.add_argument("-o", "--output", required=True, metavar="TEXT", help="text file, or -")
+    common.model_option(d)
+    d.add_argument("--kv-out", metavar="KV.safetensors", help="also write the KV cache")
+    d.add_argument("--tokens-only", action="store_true",
+                   help="write the token ids as JSON, verified; ngram and plain files need no "
+                        "model and decode on any machine")
+    d.add_argument("--allow-environment-mismatch", action="store_true",
+                   help="try to decode a file coded under other CPU kernels or library versions")
+    d.add_argument("--json", action="store_true", help="print one JSON object")
+    d.set_defaults(run=_cmd_decompress)
+
+    i = commands.add_parser("inspect", help="print a .skv file's header")
+    i.add_argument("file", metavar="FILE.skv")
+    i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.set_defaults(run=_cmd_inspect)
+
+    u = commands.add_parser("upgrade", help="rewrite .skv files of formats 1 and 2 in the "
+                                           "current format, in place, without re-coding")
+    u.add_argument("files", metavar="FILE.skv", nargs="+")
+    common.model_option(u)
+    u.add_argument("--json", action="store_true", help="print one JSON array")
+    u.set_defaults(run=_cmd_upgrade)
+
+
+
+def add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = commands.add_parser("demo", help="round trip of the shipped sample text, with figures")
+    common.model_option(demo)
+    demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
+    demo.add_argument("-o", "--output", metavar="FILE.skv", help="keep the .skv file here")
+    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    demo.set_defaults(run=_cmd_demo)
