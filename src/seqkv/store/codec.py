@@ -87,6 +87,11 @@ class SessionCodec(Protocol):
         ...
 
     @property
+    def uses_kv(self) -> bool:
+        """Whether spans carry KV (then a prefix must come with its KV)."""
+        ...
+
+    @property
     def max_prefix_error(self) -> float:
         """How far a caller's KV over a stored prefix may be from the stored prefix's KV for a
         session to be coded against that prefix (the residual tolerance)."""

@@ -132,6 +132,10 @@ class SkvCodec:
         return self._choice
 
     @property
+    def uses_kv(self) -> bool:
+        return True
+
+    @property
     def max_prefix_error(self) -> float:
         return self._tolerance
 
@@ -236,6 +240,7 @@ class SkvCodec:
         context = model.start_token_id
         tails: list[list[int]] = []
         kvs: list[torch.Tensor | None] = []
+        rebuilt: torch.Tensor
         if level == Level.TOKENS:
             for item, prefix in zip(parsed, prefixes, strict=True):
                 tail, kv = self._decode_tokens_level(item, prefix)
@@ -260,22 +265,25 @@ class SkvCodec:
                 tails.append(tail)
                 kvs.append(None)
         results = []
-        for item, prefix, tail, kv in zip(parsed, prefixes, tails, kvs, strict=True):
-            if kv is None:
+        for item, prefix, tail, kept in zip(parsed, prefixes, tails, kvs, strict=True):
+            if kept is None:
                 with pinned_threads(schedule_threads("rows")):
-                    kv = recompute_kv(row_forward(model), tail, prefix)
+                    rebuilt = recompute_kv(row_forward(model), tail, prefix)
+            else:
+                rebuilt = kept
             if item.residual:
                 mode = ResidualMode.QUANTIZED if item.residual == 1 else ResidualMode.BIT_EXACT
-                kv = decode_residual(ResidualCode(mode, self._tolerance, tuple(kv.shape),
-                                                  item.scales, item.words, item.escapes), kv)
+                rebuilt = decode_residual(ResidualCode(
+                    mode, self._tolerance, tuple(rebuilt.shape), item.scales, item.words,
+                    item.escapes), rebuilt)
             chain = (list(prefix.tokens) if prefix is not None else []) + tail
-            if chain_digest(tokens_sha256(chain), kv_sha256(kv)) != item.digest:
+            if chain_digest(tokens_sha256(chain), kv_sha256(rebuilt)) != item.digest:
                 raise StoreVerificationError(
                     "a decoded span does not match its digest: this worker did not reproduce "
                     "the encoder's probabilities and KV bit for bit, or the span was coded "
                     "against another prefix"
                 )
-            results.append(DecodedSpan(tail, kv))
+            results.append(DecodedSpan(tail, rebuilt))
         return results
 
     def _decode_tokens_level(self, item: _Parsed, prefix: ResolvedPrefix | None
@@ -305,6 +313,10 @@ class PortableTokenCodec:
         if self._choice.level.model_coded:
             raise ValueError(f"PortableTokenCodec codes at 'plain' or 'ngram', not {level!r}")
         self._vocab = vocab_size
+
+    @property
+    def uses_kv(self) -> bool:
+        return False
 
     @property
     def max_prefix_error(self) -> float:
