@@ -81,6 +81,12 @@ class HotTier:
         self._entries.move_to_end(key)
         return state
 
+    def discard(self, key: HotKey) -> None:
+        """Forget ``key`` (its span was deleted)."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._nbytes -= old.nbytes
+
     def put(self, key: HotKey, state: ChainState) -> None:
         if state.nbytes > self._capacity:
             return

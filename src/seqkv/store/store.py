@@ -335,6 +335,9 @@ class SessionStore:
                 return self._code_and_commit(ns, name, ns_name, token_list, target, codec, index,
                                              match, index_keys, None, started)
             except ParentGoneError:
+                # The matched chain was deleted after it was decoded (or found hot).
+                for span, _ in match.state.spans if match.state is not None else ():
+                    self._hot.discard(self._key(ns, span))
                 continue
         raise ConcurrentUpdateError(
             f"session {name!r}: the prefix it was coded against kept being deleted; retry")
