@@ -26,8 +26,10 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import redis
@@ -50,6 +52,7 @@ from seqkv.store.errors import (
     StoreUnavailableError,
 )
 from seqkv.store.ids import CodecDigest, NamespaceKey, SessionName, SpanId
+from seqkv.store.record import unpack
 
 _LIB = """
 local function varint(s, pos)
@@ -273,7 +276,8 @@ class RedisBackend:
     """``StoreBackend`` on one Redis server (``redis://host:port/db``)."""
 
     def __init__(self, url: str, prefix: str = "skv") -> None:
-        self._client: Any = redis.Redis.from_url(url)
+        self._client: Any = redis.Redis.from_url(url, socket_connect_timeout=5,
+                                                 socket_timeout=120)
         self._url = url
         self._prefix = prefix
         self._trips = 0
@@ -306,24 +310,31 @@ class RedisBackend:
     def _ns(self, ns: NamespaceKey) -> str:
         return f"{self._prefix}:{ns.hex()}"
 
-    def _run(self, name: str, args: Sequence[str | bytes | int], keys: Sequence[str] = ()
-             ) -> Any:
+    @contextmanager
+    def _request(self) -> Iterator[None]:
+        """Count one round trip; a lost or loading server becomes StoreUnavailableError."""
         self._trips += 1
         try:
-            return self._scripts[name](keys=list(keys), args=list(args))
-        except redis.ConnectionError as error:
+            yield
+        except (redis.ConnectionError, redis.TimeoutError) as error:
             raise StoreUnavailableError(f"lost Redis at {self._url}: {error}") from error
         except redis.ResponseError as error:
             if "SKV" in str(error):
                 raise CorruptRecordError(str(error).split("SKV", 1)[1].strip()) from error
             raise
 
+    def _run(self, name: str, args: Sequence[str | bytes | int], keys: Sequence[str] = ()
+             ) -> Any:
+        with self._request():
+            return self._scripts[name](keys=list(keys), args=list(args))
+
     def store_id(self) -> str:
         if self._id is None:
             key = f"{self._prefix}:meta"
-            self._trips += 1
-            self._client.hsetnx(key, "id", secrets.token_hex(16))
-            self._id = self._client.hget(key, "id").decode()
+            with self._request():
+                self._client.hsetnx(key, "id", secrets.token_hex(16))
+                self._id = self._client.hget(key, "id").decode()
+            assert self._id is not None
         return self._id
 
     def register_codec(self, identity: CodecIdentity) -> int:
@@ -337,8 +348,8 @@ class RedisBackend:
 
     def codec(self, index: int) -> CodecIdentity:
         if index not in self._codecs:
-            self._trips += 1
-            raw = self._client.hget(f"{self._prefix}:codecs", index)
+            with self._request():
+                raw = self._client.hget(f"{self._prefix}:codecs", index)
             if raw is None:
                 raise CorruptRecordError(f"a span names codec {index}, which the store lacks")
             identity = CodecIdentity.of(_loads(raw))
@@ -352,8 +363,9 @@ class RedisBackend:
         pipe = self._client.pipeline(transaction=False)
         for key in keys:
             pipe.hget(f"{prefix}:i:{key[:2].hex()}", key[2:])
-        self._trips += 1
-        return [None if value is None else SpanId(int(value)) for value in pipe.execute()]
+        with self._request():
+            values = pipe.execute()
+        return [None if value is None else SpanId(int(value)) for value in values]
 
     def fetch_chain(self, ns: NamespaceKey, span: SpanId) -> tuple[StoredSpan, ...] | None:
         flat = self._run("span", [self._ns(ns), str(span)])
@@ -374,8 +386,8 @@ class RedisBackend:
     def refcounts(self, ns: NamespaceKey, spans: Sequence[SpanId]) -> list[int]:
         if not spans:
             return []
-        self._trips += 1
-        values = self._client.hmget(f"{self._ns(ns)}:c", [str(s) for s in spans])
+        with self._request():
+            values = self._client.hmget(f"{self._ns(ns)}:c", [str(s) for s in spans])
         return [0 if v is None else int(v) for v in values]
 
     def commit(self, ns: NamespaceKey, plan: CommitPlan) -> SpanId:
@@ -400,8 +412,9 @@ class RedisBackend:
         return bool(self._run("delete", [self._ns(ns), name]))
 
     def names(self, ns: NamespaceKey) -> list[SessionName]:
-        self._trips += 1
-        return sorted(SessionName(n.decode()) for n in self._client.hkeys(f"{self._ns(ns)}:n"))
+        with self._request():
+            names = self._client.hkeys(f"{self._ns(ns)}:n")
+        return sorted(SessionName(n.decode()) for n in names)
 
     def _audit(self, ns: NamespaceKey, fix: bool) -> list[int]:
         return [int(v) for v in self._run("audit", [self._ns(ns), "1" if fix else "0"])]
@@ -418,14 +431,13 @@ class RedisBackend:
     def byte_counts(self, ns: NamespaceKey) -> ByteCounts:
         records, spans, index, entries, sessions, ids, counts = (
             int(v) for v in self._run("bytes", [self._ns(ns)]))
-        memory = 0
         prefix = self._ns(ns)
-        keys = list(self._client.scan_iter(match=f"{prefix}:*", count=1000))
-        pipe = self._client.pipeline(transaction=False)
-        for key in keys:
-            pipe.memory_usage(key, samples=0)
-        memory = sum(int(v or 0) for v in pipe.execute())
-        self._trips += 2
+        with self._request():
+            keys = list(self._client.scan_iter(match=f"{prefix}:*", count=1000))
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.memory_usage(key, samples=0)
+            memory = sum(int(v or 0) for v in pipe.execute())
         return ByteCounts(records, spans, index, entries, sessions, ids, counts, memory)
 
     def close(self) -> None:
@@ -433,8 +445,6 @@ class RedisBackend:
 
 
 def _loads(raw: bytes) -> dict[str, object]:
-    import json
-
     value = json.loads(raw)
     assert isinstance(value, dict)
     return value
@@ -446,8 +456,6 @@ def _entry(raw: bytes) -> SessionEntry:
 
 
 def _chain_of(entry: SessionEntry, records: dict[int, bytes]) -> SessionChain:
-    from seqkv.store.record import unpack
-
     chain = []
     span: SpanId | None = entry.span
     while span is not None:
