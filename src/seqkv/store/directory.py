@@ -32,6 +32,7 @@ import json
 import os
 import secrets
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,8 +110,7 @@ class DirectoryBackend:
         except OSError as error:
             raise StoreUnavailableError(f"cannot create the store at {self._root}: {error}"
                                         ) from error
-        self._pid = -1
-        self._db: sqlite3.Connection | None = None
+        self._local = threading.local()
         self._trips = 0
         self._codecs: dict[int, CodecIdentity] = {}
         self._codec_index: dict[CodecDigest, int] = {}
@@ -126,8 +126,10 @@ class DirectoryBackend:
         return self._trips
 
     def _connection(self) -> sqlite3.Connection:
-        # NOTE: a SQLite connection must not cross fork(); each process opens its own.
-        if self._db is None or self._pid != os.getpid():
+        # NOTE: a SQLite connection must not cross fork() or threads (Ray runs an actor's
+        # constructor and its calls on different threads): one per process and thread.
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None or getattr(self._local, "pid", None) != os.getpid():
             try:
                 db = sqlite3.connect(self._root / "store.sqlite3", timeout=_BUSY_MS / 1000,
                                      isolation_level=None)
@@ -140,8 +142,8 @@ class DirectoryBackend:
             except sqlite3.Error as error:
                 raise StoreUnavailableError(f"cannot open the store at {self._root}: {error}"
                                             ) from error
-            self._db, self._pid = db, os.getpid()
-        return self._db
+            self._local.db, self._local.pid = db, os.getpid()
+        return db
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -420,6 +422,8 @@ class DirectoryBackend:
                           int(ids), int(counts), on_disk)
 
     def close(self) -> None:
-        if self._db is not None and self._pid == os.getpid():
-            self._db.close()
-        self._db = None
+        """Close this thread's connection (others close when their thread ends)."""
+        db = getattr(self._local, "db", None)
+        if db is not None and getattr(self._local, "pid", None) == os.getpid():
+            db.close()
+        self._local.db = None

@@ -73,7 +73,8 @@ def save_cache(cache: DynamicCache, path: str | os.PathLike[str], *,
     """
     kv = tensor_from_cache(cache)
     if kv.dtype not in _DTYPES:
-        raise InvalidKVError(f"save_cache stores float32, float16 or bfloat16 caches, not {kv.dtype}")
+        raise InvalidKVError(
+            f"save_cache stores float32, float16 or bfloat16 caches, not {kv.dtype}")
     ids = [int(t) for t in (tokens.reshape(-1).tolist() if isinstance(tokens, torch.Tensor)
                             else tokens)]
     if kv.shape[3] != len(ids):
