@@ -70,8 +70,12 @@ class PutJob:
 
 
 def put_worker(spec: StoreSpec, jobs: Sequence[PutJob], ack_path: str,
-               retry_seconds: float = 60.0) -> None:
-    """Put ``jobs`` in order, acknowledging each in ``ack_path`` (invariant 1)."""
+               retry_seconds: float = 60.0, skip_existing: bool = False) -> None:
+    """Put ``jobs`` in order, acknowledging each in ``ack_path`` (invariant 1).
+
+    ``skip_existing``: a job whose session exists is skipped unacknowledged (a restarted worker
+    resuming after a crash: its last put may have committed without an acknowledgement).
+    """
     store: SessionStore | None = None
     with open(ack_path, "a", encoding="utf-8") as acks:
         for job in jobs:
@@ -91,7 +95,7 @@ def put_worker(spec: StoreSpec, jobs: Sequence[PutJob], ack_path: str,
                     time.sleep(0.05)
                     continue
                 except SessionExistsError:
-                    if not retried:
+                    if not (retried or skip_existing):
                         raise
                     break  # committed before the server died; the reply was lost
                 acks.write(job.session + "\n")

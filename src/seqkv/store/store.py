@@ -119,6 +119,15 @@ class SessionStat:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """The longest stored prefix of some tokens, verified token by token."""
+
+    length: int
+    candidates: int  # index candidates decoded or found hot
+    round_trips: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Match:
     length: int
     state: ChainState | None
@@ -304,6 +313,22 @@ class SessionStore:
             if length >= position:
                 break
         return _Match(best.length, best.state, tried)
+
+    def find_prefix(self, tokens: Sequence[int], *, level: str, namespace: str) -> PrefixMatch:
+        """How many leading ``tokens`` a ``put`` at ``level`` would find stored; stores nothing.
+
+        One index request, then at most ``max_candidates`` chains fetched (each one request) or
+        found hot.
+        """
+        ns = namespace_key(check_namespace(namespace))
+        token_list = [int(t) for t in tokens]
+        codec, _ = self._codec_for_level(level)
+        started = self._backend.round_trips
+        positions = self._spacing.positions(len(token_list))
+        keys = chain_keys(ns, token_list, positions, self._spacing.key_bytes)
+        hits = self._backend.lookup(ns, keys)
+        match = self._match(ns, token_list, None, codec, positions, keys, hits)
+        return PrefixMatch(match.length, match.candidates, self._backend.round_trips - started)
 
     def put(self, session_id: str, tokens: Sequence[int],
             kv: DynamicCache | torch.Tensor | None = None, *, level: str,
