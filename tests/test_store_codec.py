@@ -56,8 +56,8 @@ def test_adapter_payload_is_the_file_without_its_header(tiny_model: CausalLM) ->
     container = decode_container(data)
     assert encoded.container_bytes == len(data)
     assert encoded.coded_bytes == len(container.token_code.data)
-    # count, bit length, residual mode, 8-byte digest: everything else was the header
-    assert len(encoded.payload) - encoded.coded_bytes == 1 + 2 + 1 + 8
+    # one varint byte (3 * 40 tokens + mode < 128) and the 8-byte digest: the rest was header
+    assert len(encoded.payload) - encoded.coded_bytes == 1 + 8
     assert encoded.container_bytes - len(encoded.payload) > 900
 
 
@@ -97,7 +97,7 @@ def test_record_round_trips(codec: int, parent: int, start: int, exact: bool,
     record = SpanRecord(codec, SpanId(parent) if parent else None, start if parent else 0,
                         exact, payload)
     assert unpack(pack(record)) == record
-    assert frame_bytes(record) <= 2 + 2 + 6 + 3 + 4
+    assert frame_bytes(record) <= 1 + 2 + 6 + 3 + 4
 
 
 def _packed() -> bytes:
@@ -111,7 +111,7 @@ def test_truncated_record_is_refused() -> None:
 
 def test_unknown_record_version_is_refused() -> None:
     with pytest.raises(CorruptRecordError, match="version"):
-        unpack(b"\x09" + _packed()[1:])
+        unpack(b"\x91" + _packed()[1:])
 
 
 def test_damaged_record_is_refused() -> None:

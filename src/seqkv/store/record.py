@@ -5,8 +5,7 @@ Per span the store keeps only this record: no JSON, no model identity or executi
 (those live once per store, under ``codec`` as an index), no prefix hash (the parent is a span
 id). Layout, integers as LEB128 varints unless noted::
 
-    version   u8       RECORD_VERSION
-    flags     u8       bit 0: kv_exact
+    head      u8       RECORD_VERSION << 4 | flags (bit 0: kv_exact)
     codec     varint   index of the codec identity in the store's codec table
     parent    varint   parent span id, 0 for a span that starts at the session's first token
     start     varint   tokens of the prefix (the parent's chain cut to this length)
@@ -17,10 +16,10 @@ Invariants:
 1. ``unpack`` checks the length, the version, then the CRC before it parses a field, and raises
    ``CorruptRecordError`` naming which failed (enforced; one test each).
 2. ``unpack(pack(r)) == r`` (checked by a hypothesis round trip).
-3. ``parent`` sits at a fixed place (after two bytes and one varint) so a Redis Lua script can
+3. ``parent`` sits at a fixed place (after one byte and one varint) so a Redis Lua script can
    read it without knowing the payload (enforced by the layout; used by the delete cascade).
 
-NOTE: the frame costs 2 + 1 + 1-4 + 1-3 + 4 = 9-14 bytes per span (measured in the store bench);
+NOTE: the frame costs 1 + 1 + 1-4 + 1-3 + 4 = 8-13 bytes per span (measured in the store bench);
 the checksum of the decoded tokens and KV lives in the codec payload, where the codec can check
 it against what it decoded.
 """
@@ -36,7 +35,7 @@ from seqkv.store.ids import SpanId
 
 RECORD_VERSION = 1
 _CRC = struct.Struct("<I")
-_MIN_SIZE = 2 + 3 + _CRC.size
+_MIN_SIZE = 1 + 3 + _CRC.size
 
 
 def write_varint(out: bytearray, value: int) -> None:
@@ -79,7 +78,7 @@ class SpanRecord:
 
 
 def pack(record: SpanRecord) -> bytes:
-    out = bytearray((RECORD_VERSION, 1 if record.kv_exact else 0))
+    out = bytearray((RECORD_VERSION << 4 | (1 if record.kv_exact else 0),))
     write_varint(out, record.codec)
     write_varint(out, 0 if record.parent is None else int(record.parent))
     write_varint(out, record.start)
@@ -91,22 +90,23 @@ def pack(record: SpanRecord) -> bytes:
 def unpack(data: bytes) -> SpanRecord:
     if len(data) < _MIN_SIZE:
         raise CorruptRecordError(f"a span record of {len(data)} bytes is truncated")
-    if data[0] != RECORD_VERSION:
+    if data[0] >> 4 != RECORD_VERSION:
         raise CorruptRecordError(
-            f"a span record has version {data[0]}; this seqkv reads version {RECORD_VERSION}: "
-            "use the seqkv release that wrote the store"
+            f"a span record has version {data[0] >> 4}; this seqkv reads version "
+            f"{RECORD_VERSION}: use the seqkv release that wrote the store"
         )
     body = data[: -_CRC.size]
     if zlib.crc32(body) != _CRC.unpack_from(data, len(body))[0]:
         raise CorruptRecordError("a span record fails its CRC32: the stored bytes were damaged")
-    if body[1] > 1:
-        raise CorruptRecordError(f"a span record has unknown flags {body[1]:#x}")
+    flags = body[0] & 0x0F
+    if flags > 1:
+        raise CorruptRecordError(f"a span record has unknown flags {flags:#x}")
     try:
-        codec, position = read_varint(body, 2)
+        codec, position = read_varint(body, 1)
         parent, position = read_varint(body, position)
         start, position = read_varint(body, position)
         return SpanRecord(codec, None if parent == 0 else SpanId(parent), start,
-                          body[1] == 1, body[position:])
+                          flags == 1, body[position:])
     except ValueError as error:
         raise CorruptRecordError(f"a span record is malformed: {error}") from error
 

@@ -66,7 +66,7 @@ local function varint(s, pos)
   end
 end
 local function parent_of(rec)
-  local _, pos = varint(rec, 3)
+  local _, pos = varint(rec, 2)
   local parent = varint(rec, pos)
   if parent == 0 then return nil end
   return string.format('%d', parent)

@@ -19,15 +19,15 @@ file.
 
 Payload layout (varints as in ``seqkv.store.record``)::
 
-    count      varint   tokens coded
-    num_bits   varint   of the token code
-    residual   u8       0 none, 1 quantized, 2 bit-exact
+    head       varint   3 * tokens coded + residual mode (0 none, 1 quantized, 2 bit-exact)
       words    varint   bytes of residual words          (when residual != 0)
       escapes  varint   number of escaped values         (when residual != 0)
       used     bitmap   one bit per (layer, K/V) group whose scale is non-zero
       scales   f32le    one per used group
     digest     8 bytes  SHA-256(tokens SHA-256 || KV SHA-256)[:8], both of the whole chain
-    code       bytes    the token code, ceil(num_bits / 8) bytes
+    code       bytes    the token code, ceil(num_bits / 8) bytes (its bit length is not kept: the
+                        decoder reads zeros past a stream's end, and the last byte's padding is
+                        zeros, so decoding 8 * bytes bits gives the same symbols)
     words, escapes
 
 Invariants:
@@ -162,10 +162,9 @@ class SkvCodec:
         container = decode_container(result.data)
         header = container.header
         out = bytearray()
-        write_varint(out, header.tokens.count)
-        write_varint(out, container.token_code.num_bits)
         residual = container.residual
-        out.append(_RESIDUAL_MODES[None if residual is None else residual.mode])
+        write_varint(out, 3 * header.tokens.count
+                     + _RESIDUAL_MODES[None if residual is None else residual.mode])
         coded = len(container.token_code.data)
         if residual is not None:
             write_varint(out, len(residual.words))
@@ -197,14 +196,10 @@ class SkvCodec:
 
     def _parse(self, payload: bytes) -> _Parsed:
         try:
-            count, position = read_varint(payload, 0)
-            num_bits, position = read_varint(payload, position)
-            mode = payload[position]
-            position += 1
+            head, position = read_varint(payload, 0)
+            count, mode = divmod(head, 3)
             words_len = escapes = 0
             scales: tuple[float, ...] = ()
-            if mode not in (0, 1, 2):
-                raise ValueError(f"unknown residual mode {mode}")
             if mode:
                 words_len, position = read_varint(payload, position)
                 escapes, position = read_varint(payload, position)
@@ -220,11 +215,13 @@ class SkvCodec:
                 scales = tuple(values)
             digest = payload[position : position + DIGEST_BYTES]
             position += DIGEST_BYTES
-            code_len = (num_bits + 7) // 8
-            code = BitStream(payload[position : position + code_len], num_bits)
-            position += code_len
-            words = payload[position : position + words_len]
-            rest = payload[position + words_len :]
+            tail_len = words_len + 4 * escapes
+            if tail_len > len(payload) - position:
+                raise ValueError("the residual runs past the payload's end")
+            end = len(payload) - tail_len
+            code = BitStream(payload[position:end], 8 * (end - position))
+            words = payload[end : end + words_len]
+            rest = payload[end + words_len :]
         except (ValueError, IndexError, struct.error) as error:
             raise CorruptRecordError(f"a span payload is malformed: {error}") from error
         if count < 1 or len(words) != words_len or len(rest) != 4 * escapes:
@@ -305,7 +302,8 @@ class PortableTokenCodec:
     """``SessionCodec`` for tokens only, at the ``plain`` or ``ngram`` level: no model, no KV.
 
     For stores that keep token streams (and for measuring the index at scale without model
-    forwards). Payload: ``count`` varint, ``num_bits`` varint, 8-byte token digest, the code.
+    forwards). Payload: ``count`` varint, 8-byte token digest, the code (bit length as in
+    ``SkvCodec``).
     """
 
     def __init__(self, vocab_size: int, level: str = "plain") -> None:
@@ -342,7 +340,6 @@ class PortableTokenCodec:
         code = encoder.finish()
         out = bytearray()
         write_varint(out, len(tail))
-        write_varint(out, code.num_bits)
         out += tokens_sha256(token_list)[:DIGEST_BYTES]
         out += code.data
         return EncodedSpan(bytes(out), len(tail), len(code.data), 0, None, True)
@@ -353,9 +350,9 @@ class PortableTokenCodec:
         for payload, prefix in items:
             try:
                 count, position = read_varint(payload, 0)
-                num_bits, position = read_varint(payload, position)
                 digest = payload[position : position + DIGEST_BYTES]
-                code = BitStream(payload[position + DIGEST_BYTES :], num_bits)
+                data = payload[position + DIGEST_BYTES :]
+                code = BitStream(data, 8 * len(data))
             except ValueError as error:
                 raise CorruptRecordError(f"a span payload is malformed: {error}") from error
             before = list(prefix.tokens) if prefix is not None else []
