@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
@@ -49,7 +49,6 @@ from seqkv.store.redis_server import RedisServer
 from seqkv.store.skv_adapter import PortableTokenCodec
 from seqkv.store.store import SessionStore, skv_codecs
 
-_SPAWN = multiprocessing.get_context("spawn")
 # NOTE: 6 GiB of decoded KV per store object: ~60 chains through a 4,300-token document
 # (23,040 float32 bytes per SmolLM2 token); the machine has 24 GiB.
 _HOT_BYTES = 6 << 30
@@ -71,6 +70,8 @@ class StoreBenchConfig:
     throughput_sessions: int = 2_000
     fault_sessions: int = 300
     seed: int = 0
+    # "spawn" for real runs; tests may "fork" (the workers run the tokens-only codec, no torch).
+    start_method: Literal["spawn", "fork"] = "spawn"
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,11 @@ def _scale_run(config: StoreBenchConfig, vocab: int, url: str, progress: bool
     return tuple(points)
 
 
+def _context(method: str) -> Any:
+    """A multiprocessing context (typed ``Any``: its ``Process`` differs per start method)."""
+    return multiprocessing.get_context("fork" if method == "fork" else "spawn")
+
+
 def _throughput_worker(spec: StoreSpec, jobs: Sequence[PutJob], barrier: Any,
                        results: Any) -> None:
     store = spec.open()
@@ -444,10 +450,11 @@ def _throughput(config: StoreBenchConfig, vocab: int, url: str, workdir: Path
             tag = f"tp-{kind}-{workers}"
             spec = (StoreSpec("directory", str(workdir / tag), vocab_size=vocab)
                     if kind == "directory" else StoreSpec("redis", url, tag, vocab_size=vocab))
-            barrier = _SPAWN.Barrier(workers)
-            results = _SPAWN.Queue()
+            context = _context(config.start_method)
+            barrier = context.Barrier(workers)
+            results = context.Queue()
             shares = [jobs[w::workers] for w in range(workers)]
-            processes = [_SPAWN.Process(target=_throughput_worker,
+            processes = [context.Process(target=_throughput_worker,
                                         args=(spec, share, barrier, results))
                          for share in shares]
             for process in processes:
@@ -476,8 +483,9 @@ def _fault_run(config: StoreBenchConfig, vocab: int, kind: str, workdir: Path,
     def start(worker: int) -> Any:
         done = set(read_acks(acks[worker]))
         remaining = [j for j in per_worker[worker] if j.session not in done]
-        process = _SPAWN.Process(target=put_worker,
-                                 args=(spec, remaining, str(acks[worker]), 120.0, True))
+        process = _context(config.start_method).Process(
+            target=put_worker,
+            args=(spec, remaining, str(acks[worker]), 120.0, True))
         process.start()
         return process
 
