@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from seqkv.errors import EmptyInputError, InvalidKVError
 from seqkv.models import CausalLM
+from seqkv.store.codec import CodecIdentity, DecodedSpan, EncodedSpan, PrefixState, SessionCodec
 from seqkv.store.directory import DirectoryBackend
 from seqkv.store.errors import SessionExistsError, SessionNotFoundError
 from seqkv.store.hot import HotTier
@@ -20,11 +21,10 @@ from seqkv.store.ids import SessionName, check_namespace, namespace_key
 from seqkv.store.index import IndexSpacing
 from seqkv.store.redis_backend import RedisBackend
 from seqkv.store.redis_server import RedisServer
-from seqkv.store.skv_adapter import PortableTokenCodec
+from seqkv.store.skv_adapter import PortableTokenCodec, SkvCodec
 from seqkv.store.store import CodecFactory, SessionStore, skv_codecs
 
 KINDS = ["directory", "redis"]
-_COUNTER = itertools.count()
 NS = namespace_key(check_namespace("n"))
 
 
@@ -39,9 +39,9 @@ def make_store(kind: str, tmp_path: Path, server: RedisServer, codecs: CodecFact
                spacing: IndexSpacing | None = None, hot_bytes: int = 1 << 28) -> SessionStore:
     if kind == "directory":
         backend: DirectoryBackend | RedisBackend = DirectoryBackend(
-            tmp_path / f"store{next(_COUNTER)}")
+            tmp_path / f"store-{uuid.uuid4().hex}")
     else:
-        backend = RedisBackend(server.url, prefix=f"t{next(_COUNTER)}")
+        backend = RedisBackend(server.url, prefix=f"t{uuid.uuid4().hex}")
     return SessionStore(backend, codecs, spacing=spacing, hot_bytes=hot_bytes)
 
 
@@ -224,3 +224,46 @@ def test_hot_tier_keeps_its_budget() -> None:
     assert len(tier) == 3
     assert tier.get(("s", NamespaceKey(b"n"), SpanId(0))) is None
     assert tier.get(("s", NamespaceKey(b"n"), SpanId(4))) is not None
+
+
+class _CountingCodec:
+    """Wraps a codec and records the batch size of every ``decode_many`` call."""
+
+    def __init__(self, inner: SessionCodec) -> None:
+        self.inner = inner
+        self.batches: list[int] = []
+
+    def identity(self) -> CodecIdentity:
+        return self.inner.identity()
+
+    @property
+    def uses_kv(self) -> bool:
+        return self.inner.uses_kv
+
+    @property
+    def max_prefix_error(self) -> float:
+        return self.inner.max_prefix_error
+
+    def encode(self, tokens: Sequence[int], kv: torch.Tensor | None,
+               prefix: PrefixState | None) -> EncodedSpan:
+        return self.inner.encode(tokens, kv, prefix)
+
+    def decode_many(self, items: Sequence[tuple[bytes, PrefixState | None]]
+                    ) -> list[DecodedSpan]:
+        self.batches.append(len(items))
+        return self.inner.decode_many(items)
+
+
+def test_get_many_decodes_sibling_spans_in_one_batch(tiny_model: CausalLM,
+                                                    tmp_path: Path) -> None:
+    counting = _CountingCodec(SkvCodec(tiny_model, "rows"))
+    store = SessionStore(DirectoryBackend(tmp_path / "s"), lambda level: counting)
+    for index in range(3):
+        store.put(f"s{index}", [*SYSTEM, *_tokens(6, 700 + index)], level="rows",
+                  namespace="n")
+    cold = SessionStore(store.backend, lambda level: counting)
+    counting.batches.clear()
+    got = cold.get_many(["s0", "s1", "s2"], namespace="n")
+    assert [len(s.tokens) for s in got] == [len(SYSTEM) + 6] * 3
+    # s0's span holds the shared prefix and s0's tail; s1 and s2 continue it, decoded together
+    assert counting.batches == [1, 2]

@@ -179,19 +179,23 @@ class SessionStore:
 
     @classmethod
     def directory(cls, path: str | os.PathLike[str], model: CausalLM, *,
-                  tolerance: float = DEFAULT_TOLERANCE, **options: object) -> SessionStore:
+                  tolerance: float = DEFAULT_TOLERANCE, spacing: IndexSpacing | None = None,
+                  hot_bytes: int = DEFAULT_HOT_BYTES) -> SessionStore:
         """A store in a local directory, coding with ``model``."""
         from seqkv.store.directory import DirectoryBackend
 
-        return cls(DirectoryBackend(path), skv_codecs(model, tolerance), **options)  # type: ignore[arg-type]
+        return cls(DirectoryBackend(path), skv_codecs(model, tolerance), spacing=spacing,
+                   hot_bytes=hot_bytes)
 
     @classmethod
     def redis(cls, url: str, model: CausalLM, *, tolerance: float = DEFAULT_TOLERANCE,
-              prefix: str = "skv", **options: object) -> SessionStore:
+              prefix: str = "skv", spacing: IndexSpacing | None = None,
+              hot_bytes: int = DEFAULT_HOT_BYTES) -> SessionStore:
         """A store on the Redis server at ``url``, coding with ``model``."""
         from seqkv.store.redis_backend import RedisBackend
 
-        return cls(RedisBackend(url, prefix), skv_codecs(model, tolerance), **options)  # type: ignore[arg-type]
+        return cls(RedisBackend(url, prefix), skv_codecs(model, tolerance), spacing=spacing,
+                   hot_bytes=hot_bytes)
 
     @property
     def backend(self) -> StoreBackend:
