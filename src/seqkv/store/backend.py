@@ -97,7 +97,9 @@ class ByteCounts:
     sessions: int  # session table: ids + entries
     session_ids: int  # of which the ids themselves
     refcounts: int  # span id + count per span
-    backend_bytes: int | None  # what the backend itself reports (Redis memory, files on disk)
+    # What the backend itself reports: Redis MEMORY USAGE of the namespace's keys, or the blocks
+    # on disk of the whole directory store (its records and database are not per namespace).
+    backend_bytes: int | None
 
     @property
     def metadata(self) -> int:

@@ -27,6 +27,11 @@ Invariants:
 
 What mutates: ``put``/``append``/``delete``/``gc`` change the backend; ``put``, ``append``,
 ``get`` and ``get_many`` also fill this process's hot tier.
+
+Limits: a ``SessionStore`` object serves one thread (its hot tier is unlocked); open one per
+thread or process, all on the same backend. Two writers that code the same new prefix at the
+same moment both store it (each finds nothing in the index); later sessions reference the one the
+index names first, as with vLLM's concurrently computed blocks.
 """
 
 from __future__ import annotations
