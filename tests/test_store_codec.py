@@ -3,6 +3,9 @@ the span record format and the id rules."""
 
 from __future__ import annotations
 
+import doctest
+import importlib
+
 import pytest
 import torch
 from hypothesis import given
@@ -135,3 +138,9 @@ def test_non_string_namespace_is_refused() -> None:
 def test_namespace_keys_differ_and_have_one_shape() -> None:
     keys = {namespace_key(check_namespace(n)) for n in ("a", "b", "tenant-1", "x" * 128)}
     assert len(keys) == 4 and {len(k) for k in keys} == {16}
+
+
+@pytest.mark.parametrize("name", ["seqkv.store.ids", "seqkv.store.codec", "seqkv.store.index"])
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
