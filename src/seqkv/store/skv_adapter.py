@@ -356,8 +356,11 @@ class PortableTokenCodec:
             except ValueError as error:
                 raise CorruptRecordError(f"a span payload is malformed: {error}") from error
             before = list(prefix.tokens) if prefix is not None else []
-            tail, _ = decode_portable(self._choice.level, ArithmeticDecoder(code), count,
-                                      self._vocab, before)
+            decoder = ArithmeticDecoder(code)
+            tail: list[int] = []
+            tables = _portable_tables(self._choice.level, self._vocab, before, tail)
+            for _ in range(count):  # as in encode: no per-token trace
+                tail.append(decoder.decode(next(tables)[0]))
             if tokens_sha256(before + tail)[:DIGEST_BYTES] != digest:
                 raise StoreVerificationError("decoded tokens do not match the span's digest")
             results.append(DecodedSpan(tail, None))
