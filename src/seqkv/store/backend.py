@@ -1,0 +1,161 @@
+"""The backend seam: the few atomic operations the store needs from a directory or Redis.
+
+Data model (per namespace): span records (immutable, ``seqkv.store.record``), a reference count
+per span, a session table (id -> the span holding the session's last token, and its length) and
+the prefix index (key -> span). A span's reference count is the number of sessions whose entry
+names it plus the number of spans whose parent it is.
+
+Invariants every backend keeps:
+1. ``commit`` is atomic: the new span, its index entries, the reference counts and the session
+   entry all become visible together or not at all, also across ``kill -9`` of the writer
+   (enforced per backend; fault-tested).
+2. A span with reference count 0 is deleted in the same atomic step that made it 0, and the
+   release cascades to its parent (enforced), so ``audit`` finds counts equal to a recount.
+3. A commit whose parent span is gone, whose session exists (create) or changed (append) changes
+   nothing and raises (enforced).
+4. Span ids only grow and are never reused (enforced: a counter), so a cached decoded span can
+   never stand for another span's tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from seqkv.store.codec import CodecIdentity
+from seqkv.store.ids import NamespaceKey, SessionName, SpanId
+
+
+class ParentGoneError(Exception):
+    """Internal: the span a commit builds on was deleted meanwhile; the store retries."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSpan:
+    span: SpanId
+    record: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEntry:
+    span: SpanId  # the span holding the session's last token
+    length: int  # tokens of the session
+
+
+@dataclass(frozen=True, slots=True)
+class SessionChain:
+    entry: SessionEntry
+    chain: tuple[StoredSpan, ...]  # root span first, ``entry.span`` last
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPlan:
+    """One atomic change: create a session (``expect is None``) or move it (append)."""
+
+    session: SessionName
+    length: int
+    expect: SessionEntry | None
+    record: bytes | None  # a new span continuing ``parent``; None: the session ends in ``parent``
+    parent: SpanId | None
+    index_keys: tuple[bytes, ...]  # keys that name the new span (set where absent or dangling)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """A recount of one namespace against its stored reference counts."""
+
+    sessions: int
+    spans: int
+    refcount_mismatches: int
+    missing_records: int  # spans with a count but no record (never expected)
+    orphan_records: int  # records without a count: garbage of a crashed writer
+    dangling_index_entries: int  # index entries naming deleted spans (harmless; gc drops them)
+    index_entries: int
+
+    @property
+    def consistent(self) -> bool:
+        return self.refcount_mismatches == 0 and self.missing_records == 0
+
+
+@dataclass(frozen=True, slots=True)
+class GcReport:
+    orphan_records_removed: int
+    index_entries_removed: int
+    refcounts_fixed: int
+    spans_removed: int
+
+
+@dataclass(frozen=True, slots=True)
+class ByteCounts:
+    """Logical bytes of one namespace: what the backend stores, before its own overheads."""
+
+    records: int  # span record bytes
+    spans: int
+    index: int  # index keys + values
+    index_entries: int
+    sessions: int  # session table: ids + entries
+    session_ids: int  # of which the ids themselves
+    refcounts: int  # span id + count per span
+    # What the backend itself reports: Redis MEMORY USAGE of the namespace's keys, or the blocks
+    # on disk of the whole directory store (its records and database are not per namespace).
+    backend_bytes: int | None
+
+    @property
+    def metadata(self) -> int:
+        """Everything but the records and the session ids."""
+        return self.index + (self.sessions - self.session_ids) + self.refcounts
+
+
+class StoreBackend(Protocol):
+    """Where a ``SessionStore`` keeps its spans, sessions and index."""
+
+    @property
+    def round_trips(self) -> int:
+        """Requests sent so far (a pipeline or a script counts once)."""
+        ...
+
+    def store_id(self) -> str: ...
+
+    def register_codec(self, identity: CodecIdentity) -> int:
+        """The codec's index in the store's table, adding it if new (idempotent)."""
+        ...
+
+    def codec(self, index: int) -> CodecIdentity: ...
+
+    def lookup(self, ns: NamespaceKey, keys: Sequence[bytes]) -> list[SpanId | None]:
+        """The span each index key names (None: absent), in one request."""
+        ...
+
+    def fetch_chain(self, ns: NamespaceKey, span: SpanId) -> tuple[StoredSpan, ...] | None:
+        """The records from the root to ``span``, in one request; None if ``span`` is gone."""
+        ...
+
+    def fetch_sessions(self, ns: NamespaceKey, names: Sequence[SessionName]
+                       ) -> list[SessionChain | None]:
+        """Each session's entry and chain, in one request."""
+        ...
+
+    def refcounts(self, ns: NamespaceKey, spans: Sequence[SpanId]) -> list[int]: ...
+
+    def commit(self, ns: NamespaceKey, plan: CommitPlan) -> SpanId:
+        """Apply ``plan`` atomically; return the session's span. Raises ``SessionExistsError``,
+        ``ConcurrentUpdateError`` or ``ParentGoneError`` and then changes nothing."""
+        ...
+
+    def delete(self, ns: NamespaceKey, name: SessionName) -> bool:
+        """Remove a session and release its chain; False if it did not exist."""
+        ...
+
+    def names(self, ns: NamespaceKey) -> list[SessionName]: ...
+
+    def audit(self, ns: NamespaceKey) -> AuditReport: ...
+
+    def gc(self, ns: NamespaceKey) -> GcReport:
+        """Remove what crashed writers left, fix counts that differ from a recount, drop
+        dangling index entries and spans nothing references."""
+        ...
+
+    def byte_counts(self, ns: NamespaceKey) -> ByteCounts: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,53 @@
+"""Errors of the session store, one class per problem, all ``SeqKVError``s.
+
+A read in the wrong namespace and a read of a session that never existed raise the same
+``SessionNotFoundError`` with the same message (invariant 3 of ``seqkv.store.store``), so an error
+never tells one tenant that another tenant's session exists.
+"""
+
+from __future__ import annotations
+
+from seqkv.errors import SeqKVError
+
+
+class StoreError(SeqKVError):
+    """Base class of the session store's errors."""
+
+
+class InvalidSessionIdError(StoreError, ValueError):
+    """A session id or namespace that breaks the length or character rules."""
+
+
+class SessionNotFoundError(StoreError, KeyError):
+    """No session of that id in that namespace (whatever other namespaces hold)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "session not found"
+
+
+class SessionExistsError(StoreError):
+    """``put`` of a session id that the namespace already holds."""
+
+
+class ConcurrentUpdateError(StoreError):
+    """Another writer changed the session between this call's read and its commit."""
+
+
+class CorruptRecordError(StoreError):
+    """A stored record fails its checksum or cannot be parsed: the storage was damaged."""
+
+
+class StoreVerificationError(StoreError):
+    """Decoding a stored span gave tokens or KV other than those its digest vouches for."""
+
+
+class CodecMismatchError(StoreError):
+    """A span was coded by a codec (model, profile, level) that this worker does not have."""
+
+
+class StoreUnavailableError(StoreError):
+    """The backend (a directory or a Redis server) cannot be reached or opened."""
+
+
+class BatchInputError(StoreError, ValueError):
+    """A line of a JSON-lines batch file that is not a valid session."""
