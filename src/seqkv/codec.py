@@ -22,7 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
@@ -168,6 +168,7 @@ class CompressResult:
     # The full descriptions the file names by digest (keep them: ``seqkv.descriptions``).
     model_identity: ModelIdentity
     profile: ExecutionProfile
+    kv: torch.Tensor  # the KV a decode rebuilds, bit for bit
 
 
 @dataclass(frozen=True)
@@ -322,7 +323,8 @@ def compress(
         tolerance=None if residual is None else residual.tolerance,
         forwards=encoded.forwards,
     )
-    return CompressResult(data, header, stats, trace, bounds, sections, model.identity, profile)
+    return CompressResult(data, header, stats, trace, bounds, sections, model.identity, profile,
+                          rebuilt)
 
 
 def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[int],
@@ -502,33 +504,46 @@ def _decode(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
             pending.output = output
 
 
-def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
-    """Verify the tokens, rebuild and verify the KV."""
+SessionCheck = Callable[[Header, Sequence[int], torch.Tensor], None]
+"""Verifies a decoded session (all its tokens, its rebuilt KV) against what its container holds;
+raises ``DecodeVerificationError`` on a mismatch."""
+
+
+def check_header_digests(header: Header, tokens: Sequence[int], kv: torch.Tensor) -> None:
+    """The file's own check: its tokens and KV digests."""
+    if tokens_digest(tokens) != header.tokens_digest:
+        raise DecodeVerificationError(
+            "the decoded tokens do not match the file's checksum: this machine did not "
+            "reproduce the encoder's probabilities bit for bit"
+        )
+    if kv_digest(kv) != header.kv_digest:
+        raise DecodeVerificationError(
+            "the rebuilt KV cache does not match the file's checksum: the recomputation on this "
+            "machine differs from the encoder's"
+        )
+
+
+def _finish(model: CausalLM, pending: _Pending,
+            check: SessionCheck = check_header_digests) -> DecompressResult:
+    """Rebuild the KV, then verify tokens and KV with ``check``."""
     header = pending.container.header
     prefix = pending.prefix
     output = pending.output
     assert output is not None and output.kv is not None
     tokens = ([] if prefix is None else list(prefix.tokens)) + output.tail
-    tokens_verified = tokens_digest(tokens) == header.tokens_digest
-    if not tokens_verified:
-        raise DecodeVerificationError(
-            "the decoded tokens do not match the file's checksum: this machine did not "
-            "reproduce the encoder's probabilities bit for bit"
-        )
     recomputed = output.kv
     expected = (model.num_layers, 2, model.kv_heads, len(tokens), model.head_dim)
     if header.legacy is not None and header.legacy.kv_shape != expected:
         raise InvalidKVError(f"the file's KV has shape {list(header.legacy.kv_shape)}, this "
                              f"model's for {len(tokens)} tokens {list(expected)}")
+    if tuple(recomputed.shape) != expected:
+        raise DecodeVerificationError(
+            f"the decoder rebuilt KV of shape {list(recomputed.shape)}, not {list(expected)}")
     residual_code = pending.container.residual
     kv = recomputed if residual_code is None else decode_residual(
         residual_code.with_shape(tuple(recomputed.shape)), recomputed)
-    kv_verified = kv_digest(kv) == header.kv_digest
-    if not kv_verified:
-        raise DecodeVerificationError(
-            "the rebuilt KV cache does not match the file's checksum: the recomputation on this "
-            "machine differs from the encoder's"
-        )
+    check(header, tokens, kv)
+    tokens_verified = kv_verified = True
     stats = DecompressStats(
         tokens=header.count,
         decode_seconds=time.perf_counter() - pending.started,
@@ -575,10 +590,28 @@ def decompress_batch(
     are decoded one by one. Each result is verified as by ``decompress``; the first failure
     raises.
     """
-    pendings = [_begin(model, data, allow_environment_mismatch, prefixes, descriptions)
-                for data in files]
+    containers = [decode_container(data) for data in files]
+    return decode_containers(model, containers, allow_environment_mismatch, prefixes,
+                             descriptions)
+
+
+def decode_containers(
+    model: CausalLM,
+    containers: Sequence[Container],
+    allow_environment_mismatch: bool = False,
+    prefixes: PrefixSource | None = None,
+    descriptions: Descriptions | None = None,
+    check: SessionCheck = check_header_digests,
+) -> list[DecompressResult]:
+    """``decompress_batch`` of parsed containers, e.g. rebuilt from a store's records, which may
+    bring their own ``check`` of what was decoded (a store keeps one digest per span)."""
+    pendings = []
+    for container in containers:
+        check_decodable(model, container.header, allow_environment_mismatch, descriptions)
+        prefix = _resolve_prefix(container.header, prefixes)
+        pendings.append(_pending(container, model, prefix))
     _decode(model, pendings, with_kv=True)
-    return [_finish(model, pending) for pending in pendings]
+    return [_finish(model, pending, check) for pending in pendings]
 
 
 def decompress_tokens(

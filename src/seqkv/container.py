@@ -158,7 +158,7 @@ def encode_container_with_sections(container: Container) -> tuple[bytes, dict[st
                    header.prefix.kv_digest]
     sections = [b"".join(fields), code.data]
     if container.residual is not None:
-        sections.append(_encode_residual(container.residual))
+        sections.append(encode_residual_section(container.residual))
     data = frame(MAGIC, FORMAT_VERSION, sections)
     parts = {"framing": framing_overhead(sections), "header": len(sections[0]),
              "token_code": len(code.data),
@@ -166,7 +166,8 @@ def encode_container_with_sections(container: Container) -> tuple[bytes, dict[st
     return data, parts
 
 
-def _encode_residual(residual: ResidualCode) -> bytes:
+def encode_residual_section(residual: ResidualCode) -> bytes:
+    """The residual's bytes as a file's third section holds them (see the module docstring)."""
     used = [i for i, scale in enumerate(residual.scales) if scale != 0.0]
     bitmap = bytearray((len(residual.scales) + 7) // 8)
     for index in used:
@@ -225,7 +226,7 @@ def decode_container(data: bytes) -> Container:
     has_residual = bool(flags & _FLAG_RESIDUAL)
     if has_residual != (len(sections) == 3):
         raise CorruptFileError("the .skv file's residual flag and sections disagree")
-    residual = _decode_residual(sections[2]) if has_residual else None
+    residual = decode_residual_section(sections[2]) if has_residual else None
     return Container(header, token_code, residual)
 
 
@@ -253,7 +254,8 @@ def _decode_header(section: bytes) -> tuple[Header, int]:
     return header, flags
 
 
-def _decode_residual(section: bytes) -> ResidualCode:
+def decode_residual_section(section: bytes) -> ResidualCode:
+    """The residual a third section holds; its shape is set by the decoder (``with_shape``)."""
     reader = _Reader(section, "residual")
     (mode_byte,) = reader.take(1)
     if mode_byte not in (0, 1):
