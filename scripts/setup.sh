@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python_bin="${PYTHON:-python3}"
+# The store's Redis tests run a real redis-server (Debian's package); installed once, here.
+scripts/redis.sh install >/dev/null
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
 
 stamp=.venv/.seqkv-installed

@@ -1,4 +1,4 @@
-"""The ``seqkv`` command: compress, decompress, inspect, upgrade, check, bench and demo.
+"""The ``seqkv`` command: compress, decompress, inspect, upgrade, check, store, bench, demo.
 
 Every ``SeqKVError`` (bad input, damaged file, wrong model) ends the command with one line on
 stderr and exit status 2, never a traceback. ``check`` exits 1 when a bound is violated. Output
@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from seqkv.cli import bench, check, sessions
+from seqkv.cli import bench, check, sessions, store
 from seqkv.errors import SeqKVError
 
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     sessions.add_session_verbs(commands)
     check.add_check(commands)
+    store.add_store(commands)
     bench.add_bench(commands)
     sessions.add_demo(commands)
     return parser

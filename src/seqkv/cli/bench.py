@@ -83,6 +83,22 @@ def _cmd_bench_figures(args: argparse.Namespace) -> int:
     return 1 if changes else 0
 
 
+def _cmd_bench_store(args: argparse.Namespace) -> int:
+    from seqkv.bench.store import StoreBenchConfig, run_store_bench
+
+    model = common.load(args.model)
+    config = StoreBenchConfig(sessions=args.sessions, scale_sessions=args.scale_sessions,
+                              level=args.level)
+    result = run_store_bench(model, config, workdir=args.workdir, progress=not args.json,
+                             parts=args.parts.split(","))
+    figures = result.to_json_dict()
+    if args.json:
+        print(json.dumps(figures, default=str))
+    else:
+        Console().print_json(json.dumps(figures, default=str))
+    return 0
+
+
 def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = commands.add_parser("bench", help="measure a layer on a generated workload")
     benches = bench.add_subparsers(dest="bench", required=True)
@@ -113,6 +129,21 @@ def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                          "which row counts give row-invariant matrix products (about a minute)")
     bd.add_argument("--json", action="store_true", help="print one JSON object")
     bd.set_defaults(run=_cmd_bench_decode)
+
+    bs = benches.add_parser("store", help="the session store on a generated multi-tenant chat "
+                            "workload: bytes against fp16 KV, zstd -19 and one .skv per session; "
+                            "the index at scale; throughput; a fault run")
+    common.model_option(bs)
+    bs.add_argument("--sessions", type=int, default=200, help="sessions coded with the model")
+    bs.add_argument("--scale-sessions", type=int, default=100_000,
+                    help="sessions of the index-scale run (no model forwards)")
+    bs.add_argument("--level", default="ngram", help="level of the model run (default ngram)")
+    bs.add_argument("--parts", default="model,scale,throughput,faults",
+                    help="comma-separated parts to run")
+    bs.add_argument("--workdir", default="store-bench", metavar="DIR",
+                    help="scratch folder (stores and Redis servers)")
+    common.json_option(bs)
+    bs.set_defaults(run=_cmd_bench_store)
 
     bf = benches.add_parser("figures", help="deterministic figures of every level (code bits, "
                             "file bytes, residual bits, forwards) against the committed baseline "
