@@ -480,7 +480,34 @@ def _pending(container: Container, model: CausalLM | None,
     if vocab is None:
         raise CorruptFileError("the file's model-free level does not record the vocabulary "
                                "size")
+    _check_sizes(header, model, vocab, prefix)
     return _Pending(container, level, prefix, time.perf_counter(), context, vocab)
+
+
+# NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram
+# level builds a table per token): a file may ask for at most this much work, about 10 s here.
+MAX_MODEL_FREE_WORK = 1 << 32
+
+
+def _check_sizes(header: Header, model: CausalLM | None, vocab: int,
+                 prefix: ResolvedPrefix | None) -> None:
+    """Refuse, before any allocation or forward, a file whose sizes this decode cannot honour."""
+    positions = header.count + (len(prefix.tokens) if prefix is not None else 0)
+    if header.count < 1:
+        raise CorruptFileError("the file declares no tokens")
+    if model is not None:
+        context = int(getattr(model.config, "max_position_embeddings", positions))
+        if positions > context:
+            raise CorruptFileError(
+                f"the file declares {positions:,} positions, more than the model's context of "
+                f"{context:,}")
+        if vocab != model.vocab_size:
+            raise CorruptFileError(f"the file declares a vocabulary of {vocab:,}, the model has "
+                                   f"{model.vocab_size:,}")
+    elif header.count * vocab > MAX_MODEL_FREE_WORK:
+        raise CorruptFileError(
+            f"the file declares {header.count:,} tokens over a vocabulary of {vocab:,}: more "
+            "work than a model-free decode allows; pass the model, whose context bounds it")
 
 
 def _begin(model: CausalLM, data: bytes, allow_environment_mismatch: bool,
