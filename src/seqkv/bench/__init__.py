@@ -1,0 +1,1 @@
+"""Benchmarks that measure seqkv on generated workloads."""

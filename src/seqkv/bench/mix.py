@@ -1,0 +1,447 @@
+"""``run_mix_bench``: what a store dictionary and the exact mixer save on a RAG-style workload.
+
+The workload is generated from the texts seqkv ships (prose, code, legal, technical), split into
+passages. Ten passages form a corpus of retrievable documents; four are "unique" text that no
+dictionary session contains. A session is a fixed system prompt, two or three retrieved documents
+in varying order under varying labels, a question and an answer. The dictionary is built from the
+tokens of ``dictionary_sessions`` such sessions (short template answers); the measured sessions
+are others, never the same ones: RAG sessions whose answer is a unique passage, and one session of
+unique passages only (text without useful dictionary content).
+
+Every measured sequence is coded under the base model's per-position tables (one full forward per
+sequence, tables computed once and reused by every mixer variant; the ``tokens`` level steps token
+by token and its tables differ in the last bits, not in their cost), alone and through
+``MixingPredictor``. Code lengths are the ideal sums of -log2(count / 2**32) under each table
+(the arithmetic coder adds at most 2 bits per sequence). The same runs are repeated with the
+``ngram`` level's adaptive count model as the base (a cheap integer base).
+
+Also reported: the fraction of measured tokens that quote dictionary content (inside a span of
+``QUOTE_SPAN`` or more tokens that occurs in the dictionary), the dictionary's serialized size and
+its cost amortised over the measured sessions, the mixer's cost per token, and each shipped text
+coded with no dictionary at all (the mixer's session match only), against the guarantee of at
+most 1.001x the base's code length + 16 bits.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import lzma
+import platform
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from transformers import DynamicCache
+
+from seqkv.coding.frequencies import cumulative_from_counts, table_and_log2p
+from seqkv.coding.ngram import AdaptiveNgram
+from seqkv.mixing.dictionary import Dictionary, build_dictionary
+from seqkv.mixing.fixedpoint import FixedPoint
+from seqkv.mixing.match import DictionaryIndex
+from seqkv.mixing.mixer import MixerConfig, MixingPredictor
+from seqkv.models.adapter import CausalLM
+from seqkv.schedule import pinned_threads
+
+TEXT_FILES = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
+              "technical": "kinds/technical.txt"}
+QUOTE_SPAN = 16
+GUARANTEE_FACTOR = 1.001
+GUARANTEE_BITS = 16.0
+# Passages (kind, index) that appear only in measured sessions: the unique text.
+UNIQUE_PASSAGES = (("prose", 4), ("legal", 2), ("technical", 1), ("code", 3))
+SYSTEM_PROMPT = ("You are a careful assistant. Answer the question using only the documents "
+                 "below, and cite each document you use by its number.\n\n")
+QUESTIONS = (
+    "Which of these documents describes a procedure, and what is its first step?",
+    "Summarise what the documents say about obligations and time limits.",
+    "What changed over the years, according to the documents?",
+    "Which document would help a new maintainer most, and why?",
+    "List the numbers that appear in the documents and what each one measures.",
+    "What should be checked at the end, according to the documents?",
+)
+TEMPLATE_ANSWERS = (
+    "Answer: Document {n} covers this most directly; the others give background.",
+    "Answer: See document {n}; it states the relevant details in its first paragraph.",
+    "Answer: The documents do not agree fully, but document {n} is the most specific.",
+)
+
+
+@dataclass(frozen=True)
+class Passage:
+    kind: str
+    index: int
+    text: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.index}"
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    text: str
+    documents: tuple[str, ...]  # passage names retrieved into the session, in order
+    unique: tuple[str, ...]  # passage names that no dictionary session holds
+
+
+@dataclass(frozen=True)
+class Workload:
+    dictionary_sessions: tuple[Session, ...]
+    measured_sessions: tuple[Session, ...]
+
+
+def shipped_text(kind: str) -> str:
+    return (importlib.resources.files("seqkv") / "data" / TEXT_FILES[kind]).read_text("utf-8")
+
+
+def passages() -> list[Passage]:
+    """The shipped texts split at blank lines; code blocks under 150 characters join the next."""
+    result = []
+    for kind in TEXT_FILES:
+        blocks = [block.strip("\n") for block in shipped_text(kind).split("\n\n") if block.strip()]
+        merged: list[str] = []
+        carry = ""
+        for block in blocks:
+            carry = f"{carry}\n\n{block}" if carry else block
+            if kind != "code" or len(carry) >= 150:
+                merged.append(carry)
+                carry = ""
+        if carry:
+            merged.append(carry)
+        result += [Passage(kind, j, text) for j, text in enumerate(merged)]
+    return result
+
+
+def rag_workload(dictionary_sessions: int = 12, seed: int = 0) -> Workload:
+    """The generated workload (deterministic for a seed)."""
+    rng = random.Random(seed)
+    everything = passages()
+    unique = [p for p in everything if (p.kind, p.index) in UNIQUE_PASSAGES]
+    corpus = [p for p in everything if (p.kind, p.index) not in UNIQUE_PASSAGES]
+    draws: list[Passage] = []
+
+    def retrieve(count: int) -> list[Passage]:
+        chosen: list[Passage] = []
+        while len(chosen) < count:
+            if not draws:
+                draws.extend(rng.sample(corpus, len(corpus)))
+            candidate = draws.pop()
+            if candidate not in chosen:
+                chosen.append(candidate)
+        return chosen
+
+    def session(name: str, documents: list[Passage], answer: str,
+                answer_unique: tuple[str, ...]) -> Session:
+        parts = [SYSTEM_PROMPT]
+        parts += [f"Document {n + 1}:\n{p.text}\n\n" for n, p in enumerate(documents)]
+        parts.append(f"Question: {rng.choice(QUESTIONS)}\n{answer}\n")
+        return Session(name, "".join(parts), tuple(p.name for p in documents), answer_unique)
+
+    built = []
+    for j in range(dictionary_sessions):
+        documents = retrieve(3)
+        answer = rng.choice(TEMPLATE_ANSWERS).format(n=rng.randrange(1, 4))
+        built.append(session(f"sample-{j}", documents, answer, ()))
+    measured = []
+    for j, passage in enumerate(unique):
+        documents = retrieve(rng.choice((2, 3)))
+        measured.append(session(f"rag-{j}", documents, f"Answer: {passage.text}",
+                                (passage.name,)))
+    measured.append(Session("unique-only", "\n\n".join(p.text for p in unique) + "\n", (),
+                            tuple(p.name for p in unique)))
+    return Workload(tuple(built), tuple(measured))
+
+
+def quoted_tokens(dictionary: Dictionary, tokens: Sequence[int], span: int = QUOTE_SPAN) -> int:
+    """How many of ``tokens`` lie inside a run of ``span`` or more tokens found in the dictionary."""
+    content = dictionary.tokens.tolist()
+    windows: dict[tuple[int, ...], list[int]] = {}
+    for start in range(len(content) - span + 1):
+        windows.setdefault(tuple(content[start : start + span]), []).append(start)
+    covered = np.zeros(len(tokens), dtype=bool)
+    for i in range(len(tokens) - span + 1):
+        if tuple(tokens[i : i + span]) in windows:
+            covered[i : i + span] = True
+    return int(covered.sum())
+
+
+class BaseTables:
+    """Per-position base tables of one sequence, kept as uint32 counts (4 bytes per entry)."""
+
+    def __init__(self, counts: npt.NDArray[np.uint32]) -> None:
+        self.counts = counts  # [T, V]
+
+    def __len__(self) -> int:
+        return int(self.counts.shape[0])
+
+    def table(self, position: int) -> npt.NDArray[np.int64]:
+        cumulative = np.zeros(self.counts.shape[1] + 1, dtype=np.int64)
+        np.cumsum(self.counts[position], out=cumulative[1:])
+        return cumulative
+
+    def bits(self, tokens: Sequence[int]) -> float:
+        picked = self.counts[np.arange(len(tokens)), np.asarray(tokens)].astype(np.float64)
+        return float((32.0 - np.log2(picked)).sum())
+
+
+@torch.inference_mode()
+def model_tables(model: CausalLM, tokens: Sequence[int], chunk: int = 256) -> BaseTables:
+    """The model's table for each position: position 0 after the start token (or uniform)."""
+    vocab = model.vocab_size
+    counts = np.zeros((len(tokens), vocab), dtype=np.uint32)
+    start = model.start_token_id
+    inputs = ([start] if start is not None else []) + list(tokens[:-1])
+    offset = 0 if start is not None else 1
+    if start is None:
+        counts[0] = np.diff(cumulative_from_counts(np.ones(vocab, dtype=np.int64)))
+    cache = DynamicCache()
+    for begin in range(0, len(inputs), chunk):
+        ids = torch.tensor([inputs[begin : begin + chunk]], dtype=torch.long)  # [1, C]
+        logits = model.model(input_ids=ids, cache=cache, use_cache=True).logits[0]  # [C, V]
+        rows = logits.float().numpy()
+        for r in range(rows.shape[0]):
+            counts[offset + begin + r] = np.diff(table_and_log2p(rows[r])[0])
+    return BaseTables(counts)
+
+
+def ngram_tables(vocab: int, tokens: Sequence[int]) -> BaseTables:
+    """The ``ngram`` level's tables (``AdaptiveNgram``) for each position."""
+    model = AdaptiveNgram(vocab)
+    counts = np.zeros((len(tokens), vocab), dtype=np.uint32)
+    for position, token in enumerate(tokens):
+        counts[position] = np.diff(cumulative_from_counts(model.weights()))
+        model.update(token)
+    return BaseTables(counts)
+
+
+@dataclass(frozen=True)
+class MixRun:
+    bits: float
+    seconds: float  # mixer only: table + update, base tables excluded
+
+
+def run_mixer(predictor: MixingPredictor, base: BaseTables, tokens: Sequence[int]) -> MixRun:
+    bits = 0.0
+    seconds = 0.0
+    for position, token in enumerate(tokens):
+        table = base.table(position)
+        started = time.perf_counter()
+        mixed = predictor.table(table)
+        predictor.update(token)
+        seconds += time.perf_counter() - started
+        bits += 32.0 - float(np.log2(int(mixed[token + 1] - mixed[token])))
+    return MixRun(bits, seconds)
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    name: str
+    base: str  # "model" or "ngram"
+    tokens: int
+    quoted_fraction: float
+    base_bits_per_token: float
+    mixed_bits_per_token: float
+    ratio: float  # mixed / base code length
+    within_guarantee: bool  # mixed <= 1.001 * base + 16 bits
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One mixer configuration over all measured sessions (model base)."""
+
+    name: str
+    bits_per_token: float
+    quoting_bits_per_token: float  # over the sessions that quote the dictionary
+    unique_bits_per_token: float  # over the session without dictionary content
+
+
+@dataclass(frozen=True)
+class TextResult:
+    kind: str
+    tokens: int
+    model_bits_per_token: float
+    mixed_bits_per_token: float  # no dictionary: session match only
+    ratio: float
+    within_guarantee: bool
+
+
+@dataclass(frozen=True)
+class MixBench:
+    model: str
+    machine: str
+    dictionary_sessions: int
+    dictionary_sample_tokens: int
+    dictionary_tokens: int
+    dictionary_bytes: int
+    dictionary_lzma_bytes: int  # the serialized dictionary through lzma, for reference
+    dictionary_digest: str
+    measured_sessions: int
+    measured_tokens: int
+    quoted_fraction: float
+    model_bits_per_token: float
+    mixed_bits_per_token: float
+    quoting_model_bits_per_token: float  # sessions that quote the dictionary
+    quoting_mixed_bits_per_token: float
+    dictionary_bits_per_measured_token: float  # serialized size amortised over these sessions
+    gain_without_dictionary_cost: float  # 1 - mixed / model over the measured sessions
+    gain_with_dictionary_cost: float  # 1 - (mixed + dictionary) / model
+    break_even_sessions: float  # sessions like these after which the dictionary has paid
+    ngram_bits_per_token: float
+    ngram_mixed_bits_per_token: float
+    mixer_ms_per_token: float
+    model_step_ms: float
+    sessions: list[SessionResult]
+    variants: list[VariantResult]
+    texts: list[TextResult]
+
+    def to_json_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+DEFAULT_VARIANTS: tuple[tuple[str, MixerConfig], ...] = (
+    ("full", MixerConfig()),
+    ("no-apm", MixerConfig(apm=False)),
+    ("no-session-match", MixerConfig(session_match=False)),
+    ("no-dictionary", MixerConfig(dictionary_match=False)),
+)
+
+
+def _within(mixed: float, base: float) -> bool:
+    return mixed <= GUARANTEE_FACTOR * base + GUARANTEE_BITS
+
+
+def _model_step_ms(model: CausalLM, context: int = 128, repeats: int = 5) -> float:
+    generator = torch.Generator().manual_seed(0)
+    ids = [int(t) for t in torch.randint(3, model.vocab_size, (context,), generator=generator)]
+    with pinned_threads(1):
+        stepper = model.new_stepper()
+        for token in ids[:-repeats]:
+            stepper.step(token)
+        samples = []
+        for token in ids[-repeats:]:
+            started = time.perf_counter()
+            stepper.step(token)
+            samples.append(time.perf_counter() - started)
+    return 1e3 * sorted(samples)[repeats // 2]
+
+
+def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, seed: int = 0,
+                  variants: Sequence[tuple[str, MixerConfig]] = DEFAULT_VARIANTS,
+                  texts: Sequence[str] = tuple(TEXT_FILES),
+                  log: Callable[[str], None] | None = None) -> MixBench:
+    """Run the workload (see the module docstring); the first variant is the reported mixer."""
+    say = log or (lambda _: None)
+    workload = rag_workload(dictionary_sessions, seed)
+    vocab = model.vocab_size
+    sample = [model.encode_text(s.text) for s in workload.dictionary_sessions]
+    dictionary = build_dictionary(sample, vocab, namespace="bench")
+    fixed = FixedPoint.build()
+    indexes: dict[int, DictionaryIndex] = {}
+
+    def predictor(config: MixerConfig, with_dictionary: bool = True) -> MixingPredictor:
+        if not with_dictionary:
+            return MixingPredictor(None, vocab, config, fixed)
+        if config.min_match not in indexes:
+            indexes[config.min_match] = DictionaryIndex(dictionary, config.min_match)
+        return MixingPredictor(indexes[config.min_match], vocab, config, fixed)
+
+    sessions: list[SessionResult] = []
+    variant_bits = {name: [0.0, 0.0, 0.0] for name, _ in variants}  # all, quoting, unique
+    totals = {"tokens": 0, "quoted": 0, "model": 0.0, "ngram": 0.0, "ngram_mixed": 0.0,
+              "quoting_tokens": 0, "quoting_model": 0.0, "unique_tokens": 0}
+    mixer_seconds = 0.0
+    mixer_tokens = 0
+    for session in workload.measured_sessions:
+        tokens = model.encode_text(session.text)
+        quoted = quoted_tokens(dictionary, tokens)
+        quoting = quoted > 0
+        fraction = quoted / len(tokens)
+        tables = model_tables(model, tokens)
+        model_bits = tables.bits(tokens)
+        for j, (name, config) in enumerate(variants):
+            run = run_mixer(predictor(config), tables, tokens)
+            variant_bits[name][0] += run.bits
+            variant_bits[name][1 if quoting else 2] += run.bits
+            if j == 0:
+                mixer_seconds += run.seconds
+                mixer_tokens += len(tokens)
+                sessions.append(SessionResult(
+                    session.name, "model", len(tokens), fraction, model_bits / len(tokens),
+                    run.bits / len(tokens), run.bits / model_bits, _within(run.bits, model_bits)))
+                say(f"{session.name:12s} {len(tokens):4d} tokens quoted {fraction:5.1%} model "
+                    f"{model_bits / len(tokens):6.3f} mixed {run.bits / len(tokens):6.3f} bits/token")
+        del tables
+        ngram = ngram_tables(vocab, tokens)
+        ngram_bits = ngram.bits(tokens)
+        ngram_run = run_mixer(predictor(variants[0][1]), ngram, tokens)
+        sessions.append(SessionResult(
+            session.name, "ngram", len(tokens), fraction, ngram_bits / len(tokens),
+            ngram_run.bits / len(tokens), ngram_run.bits / ngram_bits,
+            _within(ngram_run.bits, ngram_bits)))
+        totals["tokens"] += len(tokens)
+        totals["quoted"] += quoted
+        totals["model"] += model_bits
+        totals["ngram"] += ngram_bits
+        totals["ngram_mixed"] += ngram_run.bits
+        if quoting:
+            totals["quoting_tokens"] += len(tokens)
+            totals["quoting_model"] += model_bits
+        else:
+            totals["unique_tokens"] += len(tokens)
+    count = int(totals["tokens"])
+    quoting_count = max(1, int(totals["quoting_tokens"]))
+    unique_count = max(1, int(totals["unique_tokens"]))
+    variant_results = [VariantResult(name, bits[0] / count, bits[1] / quoting_count,
+                                     bits[2] / unique_count)
+                       for name, bits in variant_bits.items()]
+    texts_results = []
+    for kind in texts:
+        tokens = model.encode_text(shipped_text(kind))
+        tables = model_tables(model, tokens)
+        model_bits = tables.bits(tokens)
+        run = run_mixer(predictor(variants[0][1], with_dictionary=False), tables, tokens)
+        del tables
+        texts_results.append(TextResult(kind, len(tokens), model_bits / len(tokens),
+                                        run.bits / len(tokens), run.bits / model_bits,
+                                        _within(run.bits, model_bits)))
+        say(f"{kind:12s} {len(tokens):4d} tokens model {model_bits / len(tokens):6.3f} "
+            f"mixed {run.bits / len(tokens):6.3f} bits/token (no dictionary)")
+    mixed_total = variant_bits[variants[0][0]][0]
+    dictionary_bits = 8.0 * dictionary.size_bytes
+    saved_per_session = (float(totals["model"]) - mixed_total) / len(workload.measured_sessions)
+    return MixBench(
+        model=model.name,
+        machine=f"{platform.machine()} {platform.processor() or platform.system()}, "
+                f"{torch.get_num_threads()} torch threads",
+        dictionary_sessions=dictionary_sessions,
+        dictionary_sample_tokens=sum(len(s) for s in sample),
+        dictionary_tokens=len(dictionary),
+        dictionary_bytes=dictionary.size_bytes,
+        dictionary_lzma_bytes=len(lzma.compress(dictionary.to_bytes(), preset=9)),
+        dictionary_digest=dictionary.digest,
+        measured_sessions=len(workload.measured_sessions),
+        measured_tokens=count,
+        quoted_fraction=int(totals["quoted"]) / count,
+        model_bits_per_token=float(totals["model"]) / count,
+        mixed_bits_per_token=mixed_total / count,
+        quoting_model_bits_per_token=float(totals["quoting_model"]) / quoting_count,
+        quoting_mixed_bits_per_token=variant_bits[variants[0][0]][1] / quoting_count,
+        dictionary_bits_per_measured_token=dictionary_bits / count,
+        gain_without_dictionary_cost=1.0 - mixed_total / float(totals["model"]),
+        gain_with_dictionary_cost=1.0 - (mixed_total + dictionary_bits) / float(totals["model"]),
+        break_even_sessions=(dictionary_bits / saved_per_session if saved_per_session > 0
+                             else float("inf")),
+        ngram_bits_per_token=float(totals["ngram"]) / count,
+        ngram_mixed_bits_per_token=float(totals["ngram_mixed"]) / count,
+        mixer_ms_per_token=1e3 * mixer_seconds / max(1, mixer_tokens),
+        model_step_ms=_model_step_ms(model),
+        sessions=sessions,
+        variants=variant_results,
+        texts=texts_results,
+    )
+

@@ -1,0 +1,382 @@
+"""An exact mixer: the base model's table refined by what the model cannot see, bit-identically.
+
+The base predictor (the transformer, or any integer model) gives a cumulative table over the whole
+vocabulary. The predictors of this package (``seqkv.mixing.match``: a match model over the
+dictionary, one over the session) each name at most one candidate token. For every candidate the
+mixer makes a binary decision "is the next token this one?": its probability is the squashed dot
+product of learned weights with the candidate's inputs (the stretch of the base's probability and
+of each predictor's confidence), weights chosen by a small context (which predictors name the
+candidate, how long their match is). An APM (adaptive probability map) refines that probability.
+The candidates get the refined probabilities; every other token keeps the base's probability
+rescaled to the mass that is left. A final switch mixes that table with the base's own table by
+weights that follow each one's coding success (fixed-share Bayes), so the mixer never costs much
+more than the base alone.
+
+Regret bound (against the base table, any tokens, any dictionary): with ``w0 = 1/2`` the switch's
+initial base weight, the code length of the mixed tables is at most
+
+    base + log2(1/w0) + shared + sum_t log2(y_t / floor(y_t))
+
+where ``shared <= 8 + 0.0005 * base`` bits is what sharing weight cost (a ledger allows a share
+step only while it stays within that budget; each step costs at most ``SHARE_COST`` units of
+2**-24 bit) and ``y_t`` is the switch's unrounded count for the coded token (the last term is
+below 1.5/(y_t - 1) bits, ~1e-9 bits for tokens the base gives more than 2**-20). Hence at most
+``1.0005 * base + 9`` bits plus that rounding: within the target of ``1.001 * base + 16`` bits.
+
+Fixed point (``seqkv.mixing.fixedpoint``): probabilities are counts out of 2**32, stretch values
+in 1/4096 bit of log2-odds, weights in 1/65536. Table arithmetic on the whole vocabulary is
+numpy uint64 products of two 32-bit values, floor divisions and shifts; no float touches a table.
+
+Invariants:
+1. ``table`` and ``update`` depend only on the base tables and tokens given so far (and on the
+   dictionary), in integer arithmetic (enforced), so the decoder, calling them in the same order,
+   computes the encoder's tables bit for bit (tested).
+2. Every output table has every count >= 1 and total 2**32 (enforced, asserted).
+3. When no predictor names a candidate the output is the base table itself (enforced).
+4. The switch's base weight never drops below its Bayes posterior times ``(1 - 2**-share_shift)``
+   per shared step, and it rounds in the base's favour (enforced): the regret bound above.
+5. ``update`` mutates the predictor only; the dictionary index is shared and never mutated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from seqkv.coding.frequencies import CumulativeTable
+from seqkv.mixing.dictionary import Dictionary
+from seqkv.mixing.fixedpoint import ONE, STRETCH_LIMIT, TOTAL, FixedPoint
+from seqkv.mixing.match import (
+    DictionaryIndex,
+    MatchConfidence,
+    MatchModel,
+    MatchPrediction,
+    SessionSource,
+)
+
+_WEIGHT_ONE = 1 << 16
+_WEIGHT_LIMIT = 16 * _WEIGHT_ONE
+_SWITCH_BITS = 31
+_SWITCH_ONE = 1 << _SWITCH_BITS
+_LEDGER_ONE = 1 << 24  # ledger units per bit
+# NOTE: -log2(1 - 2**-12) = 3.5227e-4 bits = 5910.0004 ledger units; the tests check the constant
+# for every share_shift it is used with (it must round up).
+SHARE_COST = {10: 23_649, 11: 11_822, 12: 5_911, 13: 2_955, 14: 1_478}
+_LEDGER_GRACE = 8 * _LEDGER_ONE
+_LEDGER_RATE = 2000  # the ledger earns 1/2000 of the base's code length
+_APM_KNOTS = 33
+_APM_STEP = 2 * ONE  # knots every 2 bits of log2-odds, from -32 to +32
+_LENGTH_CLASSES = 4
+_LENGTH_CLASS_BOUNDS = (8, 16, 32)  # match lengths that start classes 1, 2, 3
+# Mixer inputs: base stretch, dictionary match, session match, bias.
+_INPUTS = 4
+_BIAS = ONE
+
+
+@dataclass(frozen=True)
+class MixerConfig:
+    """The mixer's settings. Encoder and decoder must use equal configs (part of a level's id)."""
+
+    dictionary_match: bool = True
+    session_match: bool = True
+    apm: bool = True
+    # NOTE: 4 tokens of context (~15 characters) before a dictionary match counts: shorter
+    # windows fire on common phrases and cost more than they gain (measured, see the report).
+    min_match: int = 4
+    session_min_match: int = 4
+    # Learning rate of the mixer weights, in 1/1024 (weights move by rate * error * input).
+    learning_rate: int = 16
+    apm_rate_shift: int = 6
+    # Whether the match length (4 classes) selects the mixer's weight set besides the sources.
+    length_classes: bool = True
+    share_shift: int = 12
+    # Initial weights of the inputs (base, dictionary match, session match, bias) in 1/65536.
+    initial_weights: tuple[int, int, int, int] = (_WEIGHT_ONE, _WEIGHT_ONE // 2,
+                                                  _WEIGHT_ONE // 4, 0)
+
+    def __post_init__(self) -> None:
+        if self.share_shift not in SHARE_COST:
+            raise ValueError(f"share_shift must be one of {sorted(SHARE_COST)}")
+        if self.min_match < 1 or self.session_min_match < 1:
+            raise ValueError("match lengths must be at least 1 token")
+
+
+@dataclass
+class _Candidate:
+    token: int
+    inputs: list[int]
+    sources: int = 0  # bit 1: the dictionary match names it, bit 2: the session match
+    length: int = 0  # the longest match naming it
+    weight_set: int = 0
+    mixed: int = 0  # the mixer's probability, counts out of 2**32
+    refined: int = 0  # after the APM
+    apm_index: int = 0
+    apm_weight: int = 0
+
+
+@dataclass
+class _Pending:
+    """What ``table`` decided, kept for ``update`` to learn from."""
+
+    base_counts: npt.NDArray[np.int64]
+    mixed_counts: npt.NDArray[np.int64] | None
+    candidates: list[_Candidate]
+    predictions: list[tuple[int, MatchPrediction]] = field(default_factory=list)
+
+
+class Switch:
+    """Fixed-share Bayes over two experts (base, mixed), with a regret ledger.
+
+    ``mixed_weight`` is the mixed table's share in 1/2**31. After each token both weights become
+    their posterior (the base's rounded up); then, if the ledger allows, 2**-share_shift of each
+    weight moves to the other.
+    """
+
+    def __init__(self, share_shift: int, fixed: FixedPoint) -> None:
+        self.mixed_weight = _SWITCH_ONE // 2
+        self.share_shift = share_shift
+        self._share_cost = SHARE_COST[share_shift]
+        self._fixed = fixed
+        self.spent = 0  # ledger units spent on sharing
+        self.earned = 0  # ledger units of base code length (a lower bound)
+
+    def combine(self, base: npt.NDArray[np.int64], mixed: npt.NDArray[np.int64]
+                ) -> npt.NDArray[np.int64]:
+        """floor((w_base * base + w_mixed * mixed) / 2**31), then settled on the total."""
+        weight = np.uint64(self.mixed_weight)
+        rest = np.uint64(_SWITCH_ONE - self.mixed_weight)
+        combined = (base.astype(np.uint64) * rest + mixed.astype(np.uint64) * weight) >> np.uint64(
+            _SWITCH_BITS)
+        return _settle(combined.astype(np.int64))
+
+    def update(self, base_count: int, mixed_count: int) -> None:
+        base_weight = _SWITCH_ONE - self.mixed_weight
+        evidence_base = base_weight * base_count
+        evidence = evidence_base + self.mixed_weight * mixed_count
+        base_weight = -(-(evidence_base << _SWITCH_BITS) // evidence)  # posterior, rounded up
+        mixed_weight = _SWITCH_ONE - base_weight
+        cost = (32 * ONE - self._fixed.log2_fixed(base_count) - 2) << 12  # <= base's cost
+        self.earned += max(0, cost)
+        if self.spent + self._share_cost <= _LEDGER_GRACE + self.earned // _LEDGER_RATE:
+            self.spent += self._share_cost
+            shift = self.share_shift
+            base_weight += (mixed_weight >> shift) - (base_weight >> shift)
+        self.mixed_weight = _SWITCH_ONE - base_weight
+
+
+class Apm:
+    """An adaptive probability map: a probability refined by interpolating learned knots."""
+
+    def __init__(self, contexts: int, rate_shift: int, fixed: FixedPoint) -> None:
+        knots = [fixed.squash((k - _APM_KNOTS // 2) * _APM_STEP) for k in range(_APM_KNOTS)]
+        self.knots = [list(knots) for _ in range(contexts)]
+        self.rate_shift = rate_shift
+
+    def refine(self, context: int, stretch: int) -> tuple[int, int, int]:
+        """(probability, knot index, weight of the upper knot in 1/_APM_STEP)."""
+        position = max(0, min(stretch + STRETCH_LIMIT, 2 * STRETCH_LIMIT - 1))
+        index, weight = divmod(position, _APM_STEP)
+        knots = self.knots[context]
+        value = (knots[index] * (_APM_STEP - weight) + knots[index + 1] * weight) // _APM_STEP
+        return value, index, weight
+
+    def update(self, context: int, index: int, weight: int, hit: bool) -> None:
+        target = TOTAL - 1 if hit else 1
+        knots = self.knots[context]
+        for knot, share in ((index, _APM_STEP - weight), (index + 1, weight)):
+            knots[knot] += (target - knots[knot]) * share // (_APM_STEP << self.rate_shift)
+
+
+class MixingPredictor:
+    """The base table mixed with a dictionary match model and a session match model.
+
+    Call ``table(base)`` for the next position, code the token under the result, then
+    ``update(token)``; the decoder calls the same methods in the same order. ``prime`` feeds
+    context tokens (a shared prefix) that are not coded.
+
+    >>> import numpy as np
+    >>> from seqkv.coding.frequencies import uniform_cumulative
+    >>> predictor = MixingPredictor(None, vocab_size=8)
+    >>> base = uniform_cumulative(8)
+    >>> bool(np.array_equal(predictor.table(base), base))  # nothing to add yet
+    True
+    """
+
+    def __init__(self, dictionary: Dictionary | DictionaryIndex | None, vocab_size: int,
+                 config: MixerConfig | None = None, fixed: FixedPoint | None = None) -> None:
+        self.config = config = config or MixerConfig()
+        self.vocab_size = vocab_size
+        self._fixed = fixed = fixed or FixedPoint.build()
+        if isinstance(dictionary, Dictionary):
+            dictionary = DictionaryIndex(dictionary, config.min_match)
+        if dictionary is not None:
+            if dictionary.dictionary.vocab_size != vocab_size:
+                raise ValueError(
+                    f"the dictionary is for a vocabulary of {dictionary.dictionary.vocab_size} "
+                    f"tokens, the base model has {vocab_size}")
+            if dictionary.min_length != config.min_match:
+                raise ValueError(
+                    f"the dictionary index uses {dictionary.min_length}-token windows, the "
+                    f"config {config.min_match}: build the index with the config's min_match")
+        self.index = dictionary
+        self._session = SessionSource(config.session_min_match)
+        self._models: list[tuple[int, MatchModel, MatchConfidence]] = []
+        if dictionary is not None and config.dictionary_match:
+            self._models.append((1, MatchModel(dictionary, config.min_match), MatchConfidence()))
+        if config.session_match:
+            self._models.append((2, MatchModel(self._session, config.session_min_match),
+                                 MatchConfidence()))
+        sets = 4 * _LENGTH_CLASSES
+        self._weights = [list(config.initial_weights) for _ in range(sets)]
+        self._apm = Apm(sets, config.apm_rate_shift, fixed)
+        self.switch = Switch(config.share_shift, fixed)
+        self._pending: _Pending | None = None
+
+    @property
+    def history(self) -> list[int]:
+        """Every token seen so far (primed and coded), oldest first."""
+        return self._session.tokens
+
+    def prime(self, tokens: Iterable[int]) -> None:
+        """Feed context tokens that are not coded (e.g. a shared prefix)."""
+        for token in tokens:
+            self._pending = None
+            self._advance(int(token))
+
+    def table(self, base: CumulativeTable) -> CumulativeTable:
+        """The mixed cumulative table for the next token, given the base's table."""
+        if base.shape != (self.vocab_size + 1,) or base[0] != 0 or base[-1] != TOTAL:
+            raise ValueError(
+                f"expected a cumulative table of {self.vocab_size + 1} entries from 0 to 2**32, "
+                f"got shape {base.shape}")
+        counts = np.diff(base)
+        candidates, predictions = self._candidates(counts)
+        if not candidates:
+            self._pending = _Pending(counts, None, [], predictions)
+            return base
+        mixed = self._mixed_counts(counts, candidates)
+        self._pending = _Pending(counts, mixed, candidates, predictions)
+        final = self.switch.combine(counts, mixed)
+        cumulative = np.zeros(self.vocab_size + 1, dtype=np.int64)
+        np.cumsum(final, out=cumulative[1:])
+        return cumulative
+
+    def update(self, token: int) -> None:
+        """Learn from the coded ``token`` and move to the next position."""
+        if not 0 <= token < self.vocab_size:
+            raise ValueError(f"token {token} is outside the vocabulary of {self.vocab_size}")
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._learn(pending, token)
+        self._advance(token)
+
+    def _advance(self, token: int) -> None:
+        self._session.append(token)
+        history = self._session.tokens
+        for _, model, _ in self._models:
+            model.update(history, token)
+
+    def _candidates(self, counts: npt.NDArray[np.int64]
+                    ) -> tuple[list[_Candidate], list[tuple[int, MatchPrediction]]]:
+        predictions: list[tuple[int, MatchPrediction]] = []
+        found: dict[int, _Candidate] = {}
+        fixed = self._fixed
+        for slot, (source, model, confidence) in enumerate(self._models):
+            prediction = model.prediction()
+            if prediction is None:
+                continue
+            predictions.append((slot, prediction))
+            candidate = found.get(prediction.token)
+            if candidate is None:
+                stretch = fixed.stretch(int(counts[prediction.token]))
+                candidate = _Candidate(prediction.token, [stretch, 0, 0, _BIAS])
+                found[prediction.token] = candidate
+            candidate.inputs[source] = fixed.stretch(confidence.probability[prediction.context])
+            candidate.sources |= source
+            candidate.length = max(candidate.length, prediction.length)
+        for candidate in found.values():
+            length_class = (sum(candidate.length >= bound for bound in _LENGTH_CLASS_BOUNDS)
+                            if self.config.length_classes else 0)
+            candidate.weight_set = candidate.sources * _LENGTH_CLASSES + length_class
+        return list(found.values()), predictions
+
+    def _mixed_counts(self, counts: npt.NDArray[np.int64], candidates: list[_Candidate]
+                      ) -> npt.NDArray[np.int64]:
+        fixed = self._fixed
+        for candidate in candidates:
+            weights = self._weights[candidate.weight_set]
+            dot = sum(w * x for w, x in zip(weights, candidate.inputs, strict=True))
+            stretch = max(-STRETCH_LIMIT, min(STRETCH_LIMIT, dot >> 16))
+            candidate.mixed = fixed.squash(stretch)
+            if self.config.apm:
+                refined, candidate.apm_index, candidate.apm_weight = self._apm.refine(
+                    candidate.weight_set, stretch)
+                candidate.refined = max(1, (candidate.mixed + 3 * refined) >> 2)
+            else:
+                candidate.refined = candidate.mixed
+        vocab = self.vocab_size
+        chosen = [candidate.token for candidate in candidates]
+        # NOTE: the candidates together keep at most 1 - 2**-12 of the mass (3.5e-4 bits is the
+        # least a candidate can cost) and leave every other token a count of at least 1.
+        cap = TOTAL - max(TOTAL >> 12, 2 * vocab)
+        total = sum(candidate.refined for candidate in candidates)
+        if total > cap:
+            for candidate in candidates:
+                candidate.refined = max(1, candidate.refined * cap // total)
+            total = sum(candidate.refined for candidate in candidates)
+        left = TOTAL - total - (vocab - len(candidates))  # mass to share after a floor of 1 each
+        base_left = TOTAL - int(counts[chosen].sum())
+        mixed = (counts.astype(np.uint64) * np.uint64(left)) // np.uint64(base_left) + np.uint64(1)
+        result = mixed.astype(np.int64)
+        result[chosen] = [candidate.refined for candidate in candidates]
+        return _settle(result)
+
+    def _learn(self, pending: _Pending, token: int) -> None:
+        config = self.config
+        for slot, prediction in pending.predictions:
+            self._models[slot][2].update(prediction.context, prediction.token == token)
+        rate = config.learning_rate
+        for candidate in pending.candidates:
+            hit = candidate.token == token
+            error = (TOTAL if hit else 0) - candidate.mixed
+            weights = self._weights[candidate.weight_set]
+            for i, x in enumerate(candidate.inputs):
+                weights[i] = max(-_WEIGHT_LIMIT, min(_WEIGHT_LIMIT,
+                                                     weights[i] + ((error * x * rate) >> 38)))
+            if config.apm:
+                self._apm.update(candidate.weight_set, candidate.apm_index, candidate.apm_weight,
+                                 hit)
+        mixed = pending.mixed_counts
+        base_count = int(pending.base_counts[token])
+        self.switch.update(base_count, base_count if mixed is None else int(mixed[token]))
+
+
+def _settle(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Give the counts' deficit below 2**32 (never negative here) to the largest count."""
+    deficit = TOTAL - int(counts.sum())
+    assert 0 <= deficit, "the counts exceed the total"
+    counts[int(np.argmax(counts))] += deficit
+    assert int(counts.min()) >= 1
+    return counts
+
+
+def mixed_tables(predictor: MixingPredictor, base_tables: Iterable[CumulativeTable],
+                 tokens: Sequence[int]) -> Iterator[CumulativeTable]:
+    """The encoder's run: the mixed table of each position, given every position's base table.
+
+    The decoder reaches the same tables by calling ``table`` and ``update`` itself as it decodes.
+    """
+    for base, token in zip(base_tables, tokens, strict=True):
+        yield predictor.table(base)
+        predictor.update(token)
+
+
+def code_length_bits(tables: Iterable[CumulativeTable], tokens: Sequence[int]) -> float:
+    """Sum of -log2(count / 2**32) of each token under its table."""
+    total = 0.0
+    for table, token in zip(tables, tokens, strict=True):
+        total += 32.0 - float(np.log2(int(table[token + 1] - table[token])))
+    return total
