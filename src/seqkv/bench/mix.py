@@ -158,7 +158,7 @@ def rag_workload(dictionary_sessions: int = 12, seed: int = 0) -> Workload:
 
 
 def quoted_tokens(dictionary: Dictionary, tokens: Sequence[int], span: int = QUOTE_SPAN) -> int:
-    """How many of ``tokens`` lie inside a run of ``span`` or more tokens found in the dictionary."""
+    """How many ``tokens`` lie inside a run of ``span`` or more tokens found in the dictionary."""
     content = dictionary.tokens.tolist()
     windows: dict[tuple[int, ...], list[int]] = {}
     for start in range(len(content) - span + 1):
@@ -374,7 +374,8 @@ def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, seed: int = 0,
                     session.name, "model", len(tokens), fraction, model_bits / len(tokens),
                     run.bits / len(tokens), run.bits / model_bits, _within(run.bits, model_bits)))
                 say(f"{session.name:12s} {len(tokens):4d} tokens quoted {fraction:5.1%} model "
-                    f"{model_bits / len(tokens):6.3f} mixed {run.bits / len(tokens):6.3f} bits/token")
+                    f"{model_bits / len(tokens):6.3f} mixed {run.bits / len(tokens):6.3f} "
+                    "bits/token")
         del tables
         ngram = ngram_tables(vocab, tokens)
         ngram_bits = ngram.bits(tokens)

@@ -41,6 +41,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -206,7 +207,8 @@ class Dictionary:
         try:
             return cls(tokens, lengths.tolist(), vocab, namespace)
         except InvalidDictionaryInputError as error:
-            raise CorruptDictionaryError(f"the dictionary's content is inconsistent: {error}")
+            raise CorruptDictionaryError(
+                f"the dictionary's content is inconsistent: {error}") from None
 
 
 def _token_width(vocab_size: int) -> int:
@@ -250,7 +252,7 @@ def build_dictionary(sequences: Iterable[Sequence[int]], vocab_size: int, namesp
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     if len(content) > policy.max_tokens:
         scores = [repeats[start:end].sum() / (end - start)
-                  for start, end in zip(starts[:-1], starts[1:], strict=True)]
+                  for start, end in itertools.pairwise(starts)]
         ranked = sorted(range(len(lengths)), key=lambda j: (-scores[j], j))
         kept: list[int] = []
         budget = policy.max_tokens

@@ -1,20 +1,24 @@
-"""Match models: the token that followed the longest earlier occurrence of the current context.
+"""The mixer's predictors: each names at most one candidate for the next token, with a context.
 
-Two sources share one model: the dictionary (content the model never saw in this session) and the
-session itself. A source answers "where did these last ``min_length`` tokens occur before?"
-through a hash index; the model keeps a pointer into its source while the source goes on
-predicting the session's tokens, and while its match is short it looks again for a longer one.
-Its confidence is an adaptive probability that the predicted token is right, learned per context
-of (match length bucket, misses among the last eight predictions): ``MatchConfidence``.
+- ``MatchModel``: the token that followed the longest earlier occurrence of the current context,
+  in the dictionary (content the model never saw in this session) or in the session itself. A
+  source answers "where did these last ``min_length`` tokens occur before?" through a hash index;
+  the model keeps a pointer into its source while the source goes on predicting the session's
+  tokens, and while its match is short it looks again for a longer one. Its confidence context
+  is (match length bucket, misses among its last eight predictions).
+- ``DictionaryNgram``: the dictionary's most frequent follower of the last two tokens; its
+  confidence context is (follower count bucket, the follower's share of the context's counts).
+
+``Confidence`` turns a context into an adaptive probability that the named token is right.
 
 Invariants:
-1. Every decision depends only on the tokens given to ``update`` and on the source's content, in
-   integer arithmetic (enforced), so encoder and decoder models evolve identically.
-2. A predicted position always holds a token the model has seen (dictionary) or the session
-   already coded (session source): ``SessionSource`` indexes a context only after its lookup, so
-   a context never matches itself (enforced).
-3. ``DictionaryIndex`` is immutable after construction; a ``MatchModel`` and a
-   ``SessionSource`` mutate only themselves, in ``update`` / ``append``.
+1. Every decision depends only on the tokens given to ``update`` and on the dictionary's content,
+   in integer arithmetic (enforced), so encoder and decoder predictors evolve identically.
+2. A predicted position always holds a token of the dictionary or one the session already coded:
+   ``SessionSource`` indexes a window only after the token that follows it arrives, so the current
+   context never matches itself (enforced).
+3. ``DictionaryIndex`` is immutable after construction and shared by sessions; a predictor, a
+   ``SessionSource`` and a ``Confidence`` mutate only themselves, in ``update`` / ``append``.
 """
 
 from __future__ import annotations
@@ -32,14 +36,14 @@ from seqkv.mixing.fixedpoint import TOTAL
 _HASH_MULTIPLIER = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 # NOTE: a common short context ("of the") occurs thousands of times in a large dictionary;
-# checking the 8 most recent occurrences keeps a lookup ~20 us and finds the long matches that
-# matter (a quoted passage's context is rare).
+# checking the 8 most recent occurrences keeps a lookup at a few tens of microseconds and still
+# finds the long matches that matter (a quoted passage's context is rare).
 CANDIDATES_CHECKED = 8
 MAX_MATCH = 1 << 16
 # NOTE: relook for a longer match while the current one is shorter than this: a short match that
 # happens to continue is often the wrong copy of a phrase that occurs in several documents.
 RELOOK_BELOW = 32
-LENGTH_BUCKETS = 16
+CONTEXTS = 64  # confidence contexts per predictor
 MISS_BUCKETS = 4
 
 
@@ -51,6 +55,26 @@ def context_hash(tokens: Sequence[int]) -> int:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A predictor's candidate for the next token and the context of its confidence."""
+
+    token: int
+    context: int  # 0 <= context < CONTEXTS
+
+
+class Predictor(Protocol):
+    """What the mixer asks of a predictor."""
+
+    def prediction(self) -> Prediction | None:
+        """The candidate for the next token, or None."""
+        ...
+
+    def update(self, history: Sequence[int], token: int) -> None:
+        """Follow ``token``; ``history`` already ends with it."""
+        ...
+
+
 class MatchSource(Protocol):
     """Token content a match model can point into."""
 
@@ -59,32 +83,46 @@ class MatchSource(Protocol):
     def size(self) -> int: ...
 
     def following(self, context: Sequence[int]) -> list[int]:
-        """Positions right after recent occurrences of ``context[-min_length:]``, newest last."""
+        """Positions right after recent occurrences of the context's last window, newest last."""
         ...
 
 
 class DictionaryIndex:
-    """A dictionary's content with a hash index of every ``min_length``-token window.
+    """A dictionary's content with a hash index of its windows and its two-token follower counts.
 
-    Built once per dictionary (a hash per position, one stable sort: ~0.1 s per million tokens)
-    and shared by every session's predictor.
+    Built once per dictionary (a hash per position, sorts: well under a second per million tokens)
+    and shared by every session's predictor. Nothing here is stored in the dictionary file.
     """
 
-    def __init__(self, dictionary: Dictionary, min_length: int = 4) -> None:
+    def __init__(self, dictionary: Dictionary, min_length: int = 3) -> None:
         if min_length < 1:
             raise ValueError(f"min_length must be at least 1, not {min_length}")
         self.dictionary = dictionary
         self.min_length = min_length
-        tokens = dictionary.tokens.astype(np.uint64)
         self._content: list[int] = dictionary.tokens.tolist()
+        tokens = dictionary.tokens.astype(np.int64)
         windows = max(0, tokens.shape[0] - min_length)  # windows that have a following token
         hashes = np.zeros(windows, dtype=np.uint64)
         multiplier = np.uint64(_HASH_MULTIPLIER)
+        wide = tokens.astype(np.uint64)
         for offset in range(min_length):
-            hashes = hashes * multiplier + tokens[offset : offset + windows]  # wraps mod 2**64
+            hashes = hashes * multiplier + wide[offset : offset + windows]  # wraps mod 2**64
         order = np.argsort(hashes, kind="stable")
         self._hashes: npt.NDArray[np.uint64] = hashes[order]
         self._following: npt.NDArray[np.int64] = order.astype(np.int64) + min_length
+        self._build_followers(tokens, dictionary.vocab_size)
+
+    def _build_followers(self, tokens: npt.NDArray[np.int64], vocab: int) -> None:
+        contexts = tokens[:-2] * vocab + tokens[1:-1]
+        pairs, counts = np.unique(contexts * vocab + tokens[2:], return_counts=True)
+        pair_contexts, followers = pairs // vocab, pairs % vocab
+        order = np.lexsort((-counts, pair_contexts))  # by context, most frequent follower first
+        keys, first = np.unique(pair_contexts[order], return_index=True)
+        self._pair_keys: npt.NDArray[np.int64] = keys
+        self._top: npt.NDArray[np.int64] = followers[order][first]
+        self._top_count: npt.NDArray[np.int64] = counts[order][first]
+        self._pair_total: npt.NDArray[np.int64] = (
+            np.add.reduceat(counts[order], first) if first.size else first)
 
     def token(self, position: int) -> int:
         return self._content[position]
@@ -99,13 +137,22 @@ class DictionaryIndex:
         end = int(np.searchsorted(self._hashes, key, side="right"))
         start = max(int(np.searchsorted(self._hashes, key, side="left")),
                     end - CANDIDATES_CHECKED)
-        return self._following[start:end].tolist()
+        found: list[int] = self._following[start:end].tolist()
+        return found
+
+    def top_follower(self, first: int, second: int) -> tuple[int, int, int] | None:
+        """(token, its count, all counts) of the most frequent follower of two tokens, if any."""
+        key = first * self.dictionary.vocab_size + second
+        j = int(np.searchsorted(self._pair_keys, key))
+        if j >= self._pair_keys.shape[0] or int(self._pair_keys[j]) != key:
+            return None
+        return int(self._top[j]), int(self._top_count[j]), int(self._pair_total[j])
 
 
 class SessionSource:
     """The session's own tokens so far, indexed by ``min_length``-token windows as they arrive."""
 
-    def __init__(self, min_length: int = 4) -> None:
+    def __init__(self, min_length: int = 3) -> None:
         self.min_length = min_length
         self.tokens: list[int] = []
         self._index: dict[tuple[int, ...], list[int]] = {}
@@ -132,7 +179,7 @@ class SessionSource:
 
 
 def length_bucket(length: int) -> int:
-    """0 for no match, then 1..15 growing roughly logarithmically with the match length."""
+    """0..15, growing roughly logarithmically with the match length."""
     if length < 8:
         return length
     if length < 16:
@@ -146,15 +193,6 @@ def length_bucket(length: int) -> int:
     return 14 if length < 512 else 15
 
 
-@dataclass(frozen=True)
-class MatchPrediction:
-    """What a match model predicts for the next token, and the context of its confidence."""
-
-    token: int
-    length: int
-    context: int  # index into MatchConfidence: length bucket * MISS_BUCKETS + recent misses
-
-
 class MatchModel:
     """A pointer into a source that follows the session while the source keeps predicting it."""
 
@@ -165,15 +203,19 @@ class MatchModel:
         self._length = 0
         self._recent = 0  # one bit per recent prediction: 1 = missed
 
-    def prediction(self) -> MatchPrediction | None:
+    @property
+    def length(self) -> int:
+        """The current match's length in tokens (0: no match)."""
+        return self._length
+
+    def prediction(self) -> Prediction | None:
         if self._pointer < 0:
             return None
         misses = min(MISS_BUCKETS - 1, (self._recent & 0xFF).bit_count())
         context = length_bucket(self._length) * MISS_BUCKETS + misses
-        return MatchPrediction(self.source.token(self._pointer), self._length, context)
+        return Prediction(self.source.token(self._pointer), context)
 
     def update(self, history: Sequence[int], token: int) -> None:
-        """Follow ``token`` (``history`` already ends with it)."""
         if self._pointer >= 0:
             hit = self.source.token(self._pointer) == token
             self._recent = (self._recent << 1 | (not hit)) & 0xFFFF
@@ -201,21 +243,38 @@ class MatchModel:
         self._pointer, self._length = best_pointer, best_length
 
 
-class MatchConfidence:
-    """Adaptive probabilities (counts out of 2**32) that a match model's prediction is right.
+class DictionaryNgram:
+    """The dictionary's most frequent follower of the session's last two tokens."""
+
+    def __init__(self, index: DictionaryIndex) -> None:
+        self.index = index
+        self._found: tuple[int, int, int] | None = None
+
+    def prediction(self) -> Prediction | None:
+        if self._found is None:
+            return None
+        token, count, total = self._found
+        share = min(MISS_BUCKETS - 1, MISS_BUCKETS * count // (total + 1))
+        return Prediction(token, min(15, count.bit_length()) * MISS_BUCKETS + share)
+
+    def update(self, history: Sequence[int], token: int) -> None:
+        self._found = (self.index.top_follower(history[-2], history[-1])
+                       if len(history) >= 2 else None)
+
+
+class Confidence:
+    """Adaptive probabilities (counts out of 2**32) that a predictor's candidate is right.
 
     One probability per context; each moves toward the outcome by 1/(n + 1.5) of the gap after
-    its n-th observation, n capped at ``limit`` (so it keeps adapting).
+    its n-th observation, n capped at ``limit`` (so it keeps adapting). The prior of context
+    ``bucket * 4 + misses`` is (b + 1) / (b + 2) with b = (bucket + 1) >> misses: longer, cleaner
+    matches and more frequent followers are right more often.
     """
 
-    def __init__(self, initial: Sequence[int] | None = None, limit: int = 255) -> None:
-        size = LENGTH_BUCKETS * MISS_BUCKETS
-        self.probability = list(initial) if initial is not None else [
-            _initial_confidence(context // MISS_BUCKETS, context % MISS_BUCKETS)
-            for context in range(size)]
-        if len(self.probability) != size:
-            raise ValueError(f"expected {size} initial probabilities, got {len(initial or [])}")
-        self.count = [0] * size
+    def __init__(self, limit: int = 255) -> None:
+        self.probability = [_prior(context // MISS_BUCKETS, context % MISS_BUCKETS)
+                            for context in range(CONTEXTS)]
+        self.count = [0] * CONTEXTS
         self.limit = limit
 
     def update(self, context: int, hit: bool) -> None:
@@ -225,7 +284,6 @@ class MatchConfidence:
         self.count[context] = min(count + 1, self.limit)
 
 
-def _initial_confidence(bucket: int, misses: int) -> int:
-    """A prior before any outcome: longer, cleaner matches are right more often."""
-    hit_odds = (bucket + 1) >> misses
-    return TOTAL * (hit_odds + 1) // (hit_odds + 2)
+def _prior(bucket: int, misses: int) -> int:
+    odds = (bucket + 1) >> misses
+    return TOTAL * (odds + 1) // (odds + 2)

@@ -48,12 +48,15 @@ import numpy.typing as npt
 
 from seqkv.coding.frequencies import CumulativeTable
 from seqkv.mixing.dictionary import Dictionary
+from seqkv.mixing.errors import DictionaryMismatchError
 from seqkv.mixing.fixedpoint import ONE, STRETCH_LIMIT, TOTAL, FixedPoint
 from seqkv.mixing.match import (
+    Confidence,
     DictionaryIndex,
-    MatchConfidence,
+    DictionaryNgram,
     MatchModel,
-    MatchPrediction,
+    Prediction,
+    Predictor,
     SessionSource,
 )
 
@@ -62,69 +65,90 @@ _WEIGHT_LIMIT = 16 * _WEIGHT_ONE
 _SWITCH_BITS = 31
 _SWITCH_ONE = 1 << _SWITCH_BITS
 _LEDGER_ONE = 1 << 24  # ledger units per bit
-# NOTE: -log2(1 - 2**-12) = 3.5227e-4 bits = 5910.0004 ledger units; the tests check the constant
-# for every share_shift it is used with (it must round up).
+# NOTE: -log2(1 - 2**-s) in ledger units, rounded up (12: 3.5227e-4 bits = 5910.0004 units);
+# the tests recompute every entry.
 SHARE_COST = {10: 23_649, 11: 11_822, 12: 5_911, 13: 2_955, 14: 1_478}
 _LEDGER_GRACE = 8 * _LEDGER_ONE
 _LEDGER_RATE = 2000  # the ledger earns 1/2000 of the base's code length
 _APM_KNOTS = 33
 _APM_STEP = 2 * ONE  # knots every 2 bits of log2-odds, from -32 to +32
-_LENGTH_CLASSES = 4
-_LENGTH_CLASS_BOUNDS = (8, 16, 32)  # match lengths that start classes 1, 2, 3
-# Mixer inputs: base stretch, dictionary match, session match, bias.
-_INPUTS = 4
+# Mixer inputs: the base's stretch, one per predictor, a bias.
+_DICTIONARY_MATCH, _DICTIONARY_NGRAM, _SESSION_MATCH, _BIAS_INPUT = 1, 2, 3, 4
+_INPUTS = 5
+_WEIGHT_SETS = 1 << (_INPUTS - 2)  # one per set of predictors naming the candidate
 _BIAS = ONE
 
 
 @dataclass(frozen=True)
 class MixerConfig:
-    """The mixer's settings. Encoder and decoder must use equal configs (part of a level's id)."""
+    """The mixer's settings. Encoder and decoder must use equal configs (part of a level's id).
+
+    Defaults are the measured choices on the RAG bench (``seqkv.bench.mix``, SmolLM2-135M base);
+    most knobs changed the result by under 0.5% there.
+    """
 
     dictionary_match: bool = True
-    session_match: bool = True
+    # NOTE: the dictionary's two-token followers saved 1.7% of the mixed code on sessions that
+    # quote it (they name a candidate before a match of min_match tokens exists, and in template
+    # text between quotes).
+    dictionary_ngram: bool = True
+    # NOTE: off by default: a match model over the session's own tokens cost 0.0-0.2% on every
+    # measured text (the model already copies from its context); kept for other workloads.
+    session_match: bool = False
+    # NOTE: the APM saved 0.1-0.2%; kept, it is cheap.
     apm: bool = True
-    # NOTE: 4 tokens of context (~15 characters) before a dictionary match counts: shorter
-    # windows fire on common phrases and cost more than they gain (measured, see the report).
-    min_match: int = 4
-    session_min_match: int = 4
-    # Learning rate of the mixer weights, in 1/1024 (weights move by rate * error * input).
+    # NOTE: 3 tokens of context before a match counts: 2 saved 0.4% more on the bench, 4 cost
+    # 1.5% and 6 cost 4% (later starts into each quote); 3 fires less on common phrases in a
+    # large dictionary.
+    min_match: int = 3
+    session_min_match: int = 3
+    # Learning rate of the mixer weights in 1/1024: weights move by rate * error * input bits
+    # (4 to 64 measured within 0.5%).
     learning_rate: int = 16
     apm_rate_shift: int = 6
-    # Whether the match length (4 classes) selects the mixer's weight set besides the sources.
-    length_classes: bool = True
+    # The switch moves 2**-share_shift of each weight to the other after each token.
     share_shift: int = 12
-    # Initial weights of the inputs (base, dictionary match, session match, bias) in 1/65536.
-    initial_weights: tuple[int, int, int, int] = (_WEIGHT_ONE, _WEIGHT_ONE // 2,
-                                                  _WEIGHT_ONE // 4, 0)
+    # Initial weights (base, dictionary match, dictionary n-gram, session match, bias) in 1/65536.
+    initial_weights: tuple[int, int, int, int, int] = (
+        _WEIGHT_ONE // 4, _WEIGHT_ONE, _WEIGHT_ONE // 4, _WEIGHT_ONE // 2, 0)
 
     def __post_init__(self) -> None:
         if self.share_shift not in SHARE_COST:
             raise ValueError(f"share_shift must be one of {sorted(SHARE_COST)}")
         if self.min_match < 1 or self.session_min_match < 1:
             raise ValueError("match lengths must be at least 1 token")
+        if len(self.initial_weights) != _INPUTS:
+            raise ValueError(f"initial_weights needs {_INPUTS} entries")
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """One predictor feeding the mixer: its input index and its confidence."""
+
+    input: int
+    predictor: Predictor
+    confidence: Confidence
+
+
+@dataclass(slots=True)
 class _Candidate:
     token: int
     inputs: list[int]
-    sources: int = 0  # bit 1: the dictionary match names it, bit 2: the session match
-    length: int = 0  # the longest match naming it
-    weight_set: int = 0
+    sources: int = 0  # bit (input - 1) set when that predictor names the candidate
     mixed: int = 0  # the mixer's probability, counts out of 2**32
     refined: int = 0  # after the APM
     apm_index: int = 0
     apm_weight: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """What ``table`` decided, kept for ``update`` to learn from."""
 
     base_counts: npt.NDArray[np.int64]
     mixed_counts: npt.NDArray[np.int64] | None
     candidates: list[_Candidate]
-    predictions: list[tuple[int, MatchPrediction]] = field(default_factory=list)
+    predictions: list[tuple[_Slot, Prediction]] = field(default_factory=list)
 
 
 class Switch:
@@ -191,11 +215,13 @@ class Apm:
 
 
 class MixingPredictor:
-    """The base table mixed with a dictionary match model and a session match model.
+    """The base table mixed with the dictionary's predictors (and optionally a session match).
 
     Call ``table(base)`` for the next position, code the token under the result, then
-    ``update(token)``; the decoder calls the same methods in the same order. ``prime`` feeds
-    context tokens (a shared prefix) that are not coded.
+    ``update(token)``; the decoder calls the same methods in the same order. The predictor keeps
+    the history itself (every token passes through ``update`` or ``prime``). ``prime`` feeds
+    context tokens that are not coded (a shared prefix). A ``DictionaryIndex`` may be shared by
+    many predictors; pass a ``FixedPoint`` to share its table too.
 
     >>> import numpy as np
     >>> from seqkv.coding.frequencies import uniform_cumulative
@@ -214,24 +240,28 @@ class MixingPredictor:
             dictionary = DictionaryIndex(dictionary, config.min_match)
         if dictionary is not None:
             if dictionary.dictionary.vocab_size != vocab_size:
-                raise ValueError(
+                raise DictionaryMismatchError(
                     f"the dictionary is for a vocabulary of {dictionary.dictionary.vocab_size} "
-                    f"tokens, the base model has {vocab_size}")
+                    f"tokens, the base model has {vocab_size}: use the model's dictionary")
             if dictionary.min_length != config.min_match:
                 raise ValueError(
                     f"the dictionary index uses {dictionary.min_length}-token windows, the "
                     f"config {config.min_match}: build the index with the config's min_match")
         self.index = dictionary
         self._session = SessionSource(config.session_min_match)
-        self._models: list[tuple[int, MatchModel, MatchConfidence]] = []
+        self._slots: list[_Slot] = []
         if dictionary is not None and config.dictionary_match:
-            self._models.append((1, MatchModel(dictionary, config.min_match), MatchConfidence()))
+            self._slots.append(_Slot(_DICTIONARY_MATCH, MatchModel(dictionary, config.min_match),
+                                     Confidence()))
+        if dictionary is not None and config.dictionary_ngram:
+            self._slots.append(_Slot(_DICTIONARY_NGRAM, DictionaryNgram(dictionary),
+                                     Confidence()))
         if config.session_match:
-            self._models.append((2, MatchModel(self._session, config.session_min_match),
-                                 MatchConfidence()))
-        sets = 4 * _LENGTH_CLASSES
-        self._weights = [list(config.initial_weights) for _ in range(sets)]
-        self._apm = Apm(sets, config.apm_rate_shift, fixed)
+            self._slots.append(_Slot(_SESSION_MATCH,
+                                     MatchModel(self._session, config.session_min_match),
+                                     Confidence()))
+        self._weights = [list(config.initial_weights) for _ in range(_WEIGHT_SETS)]
+        self._apm = Apm(_WEIGHT_SETS, config.apm_rate_shift, fixed)
         self.switch = Switch(config.share_shift, fixed)
         self._pending: _Pending | None = None
 
@@ -243,6 +273,7 @@ class MixingPredictor:
     def prime(self, tokens: Iterable[int]) -> None:
         """Feed context tokens that are not coded (e.g. a shared prefix)."""
         for token in tokens:
+            self._check_token(int(token))
             self._pending = None
             self._advance(int(token))
 
@@ -253,6 +284,8 @@ class MixingPredictor:
                 f"expected a cumulative table of {self.vocab_size + 1} entries from 0 to 2**32, "
                 f"got shape {base.shape}")
         counts = np.diff(base)
+        if int(counts.min()) < 1:
+            raise ValueError("the base table gives a token a count of 0: every count must be >= 1")
         candidates, predictions = self._candidates(counts)
         if not candidates:
             self._pending = _Pending(counts, None, [], predictions)
@@ -266,54 +299,54 @@ class MixingPredictor:
 
     def update(self, token: int) -> None:
         """Learn from the coded ``token`` and move to the next position."""
-        if not 0 <= token < self.vocab_size:
-            raise ValueError(f"token {token} is outside the vocabulary of {self.vocab_size}")
+        self._check_token(token)
         pending, self._pending = self._pending, None
         if pending is not None:
             self._learn(pending, token)
         self._advance(token)
 
+    def _check_token(self, token: int) -> None:
+        if not 0 <= token < self.vocab_size:
+            raise ValueError(f"token {token} is outside the vocabulary of {self.vocab_size}")
+
     def _advance(self, token: int) -> None:
         self._session.append(token)
         history = self._session.tokens
-        for _, model, _ in self._models:
-            model.update(history, token)
+        for slot in self._slots:
+            slot.predictor.update(history, token)
 
     def _candidates(self, counts: npt.NDArray[np.int64]
-                    ) -> tuple[list[_Candidate], list[tuple[int, MatchPrediction]]]:
-        predictions: list[tuple[int, MatchPrediction]] = []
+                    ) -> tuple[list[_Candidate], list[tuple[_Slot, Prediction]]]:
+        predictions: list[tuple[_Slot, Prediction]] = []
         found: dict[int, _Candidate] = {}
         fixed = self._fixed
-        for slot, (source, model, confidence) in enumerate(self._models):
-            prediction = model.prediction()
+        for slot in self._slots:
+            prediction = slot.predictor.prediction()
             if prediction is None:
                 continue
             predictions.append((slot, prediction))
             candidate = found.get(prediction.token)
             if candidate is None:
-                stretch = fixed.stretch(int(counts[prediction.token]))
-                candidate = _Candidate(prediction.token, [stretch, 0, 0, _BIAS])
-                found[prediction.token] = candidate
-            candidate.inputs[source] = fixed.stretch(confidence.probability[prediction.context])
-            candidate.sources |= source
-            candidate.length = max(candidate.length, prediction.length)
-        for candidate in found.values():
-            length_class = (sum(candidate.length >= bound for bound in _LENGTH_CLASS_BOUNDS)
-                            if self.config.length_classes else 0)
-            candidate.weight_set = candidate.sources * _LENGTH_CLASSES + length_class
+                inputs = [0] * _INPUTS
+                inputs[0] = fixed.stretch(int(counts[prediction.token]))
+                inputs[_BIAS_INPUT] = _BIAS
+                candidate = found[prediction.token] = _Candidate(prediction.token, inputs)
+            confidence = slot.confidence.probability[prediction.context]
+            candidate.inputs[slot.input] = fixed.stretch(confidence)
+            candidate.sources |= 1 << (slot.input - 1)
         return list(found.values()), predictions
 
     def _mixed_counts(self, counts: npt.NDArray[np.int64], candidates: list[_Candidate]
                       ) -> npt.NDArray[np.int64]:
         fixed = self._fixed
         for candidate in candidates:
-            weights = self._weights[candidate.weight_set]
+            weights = self._weights[candidate.sources]
             dot = sum(w * x for w, x in zip(weights, candidate.inputs, strict=True))
             stretch = max(-STRETCH_LIMIT, min(STRETCH_LIMIT, dot >> 16))
             candidate.mixed = fixed.squash(stretch)
             if self.config.apm:
                 refined, candidate.apm_index, candidate.apm_weight = self._apm.refine(
-                    candidate.weight_set, stretch)
+                    candidate.sources, stretch)
                 candidate.refined = max(1, (candidate.mixed + 3 * refined) >> 2)
             else:
                 candidate.refined = candidate.mixed
@@ -329,6 +362,7 @@ class MixingPredictor:
             total = sum(candidate.refined for candidate in candidates)
         left = TOTAL - total - (vocab - len(candidates))  # mass to share after a floor of 1 each
         base_left = TOTAL - int(counts[chosen].sum())
+        # Products of two values below 2**32 fit uint64 exactly.
         mixed = (counts.astype(np.uint64) * np.uint64(left)) // np.uint64(base_left) + np.uint64(1)
         result = mixed.astype(np.int64)
         result[chosen] = [candidate.refined for candidate in candidates]
@@ -337,17 +371,18 @@ class MixingPredictor:
     def _learn(self, pending: _Pending, token: int) -> None:
         config = self.config
         for slot, prediction in pending.predictions:
-            self._models[slot][2].update(prediction.context, prediction.token == token)
+            slot.confidence.update(prediction.context, prediction.token == token)
         rate = config.learning_rate
         for candidate in pending.candidates:
             hit = candidate.token == token
             error = (TOTAL if hit else 0) - candidate.mixed
-            weights = self._weights[candidate.weight_set]
+            weights = self._weights[candidate.sources]
             for i, x in enumerate(candidate.inputs):
-                weights[i] = max(-_WEIGHT_LIMIT, min(_WEIGHT_LIMIT,
-                                                     weights[i] + ((error * x * rate) >> 38)))
+                # error * x * rate / 1024 in weight units: 2**16 / (2**32 * 2**12 * 2**10)
+                step = (error * x * rate) >> 38
+                weights[i] = max(-_WEIGHT_LIMIT, min(_WEIGHT_LIMIT, weights[i] + step))
             if config.apm:
-                self._apm.update(candidate.weight_set, candidate.apm_index, candidate.apm_weight,
+                self._apm.update(candidate.sources, candidate.apm_index, candidate.apm_weight,
                                  hit)
         mixed = pending.mixed_counts
         base_count = int(pending.base_counts[token])
@@ -357,7 +392,7 @@ class MixingPredictor:
 def _settle(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Give the counts' deficit below 2**32 (never negative here) to the largest count."""
     deficit = TOTAL - int(counts.sum())
-    assert 0 <= deficit, "the counts exceed the total"
+    assert deficit >= 0, "the counts exceed the total"
     counts[int(np.argmax(counts))] += deficit
     assert int(counts.min()) >= 1
     return counts
