@@ -100,7 +100,8 @@ class FixedPoint:
         """``ONE * log2(value)`` to within ``LOG2_SLACK`` units, for ``1 <= value < 2**64``."""
         assert 1 <= value < 1 << 64
         exponent = value.bit_length() - 1
-        mantissa = value << (_MANTISSA_BITS - exponent)  # in [2**62, 2**63)
+        shift = _MANTISSA_BITS - exponent
+        mantissa = value << shift if shift >= 0 else value >> -shift  # in [2**62, 2**63)
         f = bisect.bisect_right(self.growth, mantissa) - 1
         low, high = self.growth[f], self.growth[f + 1]
         fraction = ((mantissa - low) << _INTERPOLATION_BITS) // (high - low)

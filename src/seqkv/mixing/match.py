@@ -208,6 +208,11 @@ class MatchModel:
         """The current match's length in tokens (0: no match)."""
         return self._length
 
+    @property
+    def pointer(self) -> int:
+        """The source position of the predicted token (-1: no match)."""
+        return self._pointer
+
     def prediction(self) -> Prediction | None:
         if self._pointer < 0:
             return None
