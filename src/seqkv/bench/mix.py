@@ -25,12 +25,16 @@ most 1.001x the base's code length + 16 bits.
 from __future__ import annotations
 
 import importlib.resources
+import json
 import lzma
+import os
 import platform
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -117,8 +121,13 @@ def passages() -> list[Passage]:
     return result
 
 
-def rag_workload(dictionary_sessions: int = 12, seed: int = 0) -> Workload:
-    """The generated workload (deterministic for a seed)."""
+def rag_workload(dictionary_sessions: int = 12, template_sessions: int = 3,
+                 seed: int = 0) -> Workload:
+    """The generated workload (deterministic for a seed).
+
+    Measured: one RAG session per unique passage (the passage is its answer), then
+    ``template_sessions`` RAG sessions with template answers, then the unique passages alone.
+    """
     rng = random.Random(seed)
     everything = passages()
     unique = [p for p in everything if (p.kind, p.index) in UNIQUE_PASSAGES]
@@ -152,6 +161,10 @@ def rag_workload(dictionary_sessions: int = 12, seed: int = 0) -> Workload:
         documents = retrieve(rng.choice((2, 3)))
         measured.append(session(f"rag-{j}", documents, f"Answer: {passage.text}",
                                 (passage.name,)))
+    for j in range(template_sessions):
+        documents = retrieve(rng.choice((2, 3)))
+        answer = rng.choice(TEMPLATE_ANSWERS).format(n=rng.randrange(1, len(documents) + 1))
+        measured.append(session(f"rag-template-{j}", documents, answer, ()))
     measured.append(Session("unique-only", "\n\n".join(p.text for p in unique) + "\n", (),
                             tuple(p.name for p in unique)))
     return Workload(tuple(built), tuple(measured))
@@ -241,7 +254,7 @@ def run_mixer(predictor: MixingPredictor, base: BaseTables, tokens: Sequence[int
 @dataclass(frozen=True)
 class SessionResult:
     name: str
-    base: str  # "model" or "ngram"
+    base: Literal["model", "ngram"]
     tokens: int
     quoted_fraction: float
     base_bits_per_token: float
@@ -257,7 +270,7 @@ class VariantResult:
     name: str
     bits_per_token: float
     quoting_bits_per_token: float  # over the sessions that quote the dictionary
-    unique_bits_per_token: float  # over the session without dictionary content
+    other_bits_per_token: float  # over the sessions that do not
 
 
 @dataclass(frozen=True)
@@ -265,9 +278,23 @@ class TextResult:
     kind: str
     tokens: int
     model_bits_per_token: float
-    mixed_bits_per_token: float  # no dictionary: session match only
+    mixed_bits_per_token: float  # no dictionary
     ratio: float
     within_guarantee: bool
+
+
+@dataclass(frozen=True)
+class DictionaryCost:
+    """The dictionary's size three ways, and what it costs amortised over the measured sessions."""
+
+    sample_tokens: int  # tokens of the sessions it was built from
+    tokens: int
+    serialized_bytes: int
+    lzma_bytes: int  # the serialized bytes through lzma (preset 9)
+    model_coded_bits: float  # its tokens coded under the model, one sequence (+2 bits flush)
+    bits_per_measured_token: float  # model-coded size over the measured tokens
+    break_even_sessions_serialized: float  # measured-like sessions that repay the raw bytes
+    break_even_sessions_model_coded: float
 
 
 @dataclass(frozen=True)
@@ -275,26 +302,21 @@ class MixBench:
     model: str
     machine: str
     dictionary_sessions: int
-    dictionary_sample_tokens: int
-    dictionary_tokens: int
-    dictionary_bytes: int
-    dictionary_lzma_bytes: int  # the serialized dictionary through lzma, for reference
     dictionary_digest: str
+    dictionary: DictionaryCost
     measured_sessions: int
     measured_tokens: int
-    quoted_fraction: float
+    quoted_fraction: float  # measured tokens inside a QUOTE_SPAN-token run of the dictionary
     model_bits_per_token: float
     mixed_bits_per_token: float
-    quoting_model_bits_per_token: float  # sessions that quote the dictionary
+    quoting_model_bits_per_token: float  # over the sessions that quote the dictionary
     quoting_mixed_bits_per_token: float
-    dictionary_bits_per_measured_token: float  # serialized size amortised over these sessions
-    gain_without_dictionary_cost: float  # 1 - mixed / model over the measured sessions
-    gain_with_dictionary_cost: float  # 1 - (mixed + dictionary) / model
-    break_even_sessions: float  # sessions like these after which the dictionary has paid
-    ngram_bits_per_token: float
+    gain: float  # 1 - mixed / model over the measured sessions
+    gain_with_dictionary: float  # 1 - (mixed + model-coded dictionary) / model
+    ngram_bits_per_token: float  # the ngram level's model as the base, same sessions
     ngram_mixed_bits_per_token: float
-    mixer_ms_per_token: float
-    model_step_ms: float
+    mixer_ms_per_token: float  # table + update, model base, 49,152-token tables
+    model_step_ms: float  # one transformers step at 128 tokens of context, 1 thread
     sessions: list[SessionResult]
     variants: list[VariantResult]
     texts: list[TextResult]
@@ -304,10 +326,11 @@ class MixBench:
 
 
 DEFAULT_VARIANTS: tuple[tuple[str, MixerConfig], ...] = (
-    ("full", MixerConfig()),
+    ("default", MixerConfig()),
     ("no-apm", MixerConfig(apm=False)),
-    ("no-session-match", MixerConfig(session_match=False)),
-    ("no-dictionary", MixerConfig(dictionary_match=False)),
+    ("no-dictionary-ngram", MixerConfig(dictionary_ngram=False)),
+    ("with-session-match", MixerConfig(session_match=True)),
+    ("min-match-4", MixerConfig(min_match=4)),
 )
 
 
@@ -330,15 +353,38 @@ def _model_step_ms(model: CausalLM, context: int = 128, repeats: int = 5) -> flo
     return 1e3 * sorted(samples)[repeats // 2]
 
 
-def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, seed: int = 0,
-                  variants: Sequence[tuple[str, MixerConfig]] = DEFAULT_VARIANTS,
+@dataclass
+class _Totals:
+    tokens: int = 0
+    quoted: int = 0
+    model: float = 0.0
+    ngram: float = 0.0
+    ngram_mixed: float = 0.0
+    quoting_tokens: int = 0
+    quoting_model: float = 0.0
+    mixer_seconds: float = 0.0
+
+
+def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, template_sessions: int = 3,
+                  seed: int = 0, variants: Sequence[tuple[str, MixerConfig]] = DEFAULT_VARIANTS,
                   texts: Sequence[str] = tuple(TEXT_FILES),
+                  encode: Callable[[str], list[int]] | None = None,
+                  max_tokens: int | None = None,
                   log: Callable[[str], None] | None = None) -> MixBench:
-    """Run the workload (see the module docstring); the first variant is the reported mixer."""
+    """Run the workload (see the module docstring); the first variant is the reported mixer.
+
+    ``encode`` turns text into tokens (default: the model's tokenizer); ``max_tokens`` cuts every
+    sequence (for quick runs).
+    """
     say = log or (lambda _: None)
-    workload = rag_workload(dictionary_sessions, seed)
+    tokenize = encode or model.encode_text
+
+    def tokens_of(text: str) -> list[int]:
+        return tokenize(text)[:max_tokens]
+
+    workload = rag_workload(dictionary_sessions, template_sessions, seed)
     vocab = model.vocab_size
-    sample = [model.encode_text(s.text) for s in workload.dictionary_sessions]
+    sample = [tokens_of(s.text) for s in workload.dictionary_sessions]
     dictionary = build_dictionary(sample, vocab, namespace="bench")
     fixed = FixedPoint.build()
     indexes: dict[int, DictionaryIndex] = {}
@@ -351,29 +397,23 @@ def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, seed: int = 0,
         return MixingPredictor(indexes[config.min_match], vocab, config, fixed)
 
     sessions: list[SessionResult] = []
-    variant_bits = {name: [0.0, 0.0, 0.0] for name, _ in variants}  # all, quoting, unique
-    totals = {"tokens": 0, "quoted": 0, "model": 0.0, "ngram": 0.0, "ngram_mixed": 0.0,
-              "quoting_tokens": 0, "quoting_model": 0.0, "unique_tokens": 0}
-    mixer_seconds = 0.0
-    mixer_tokens = 0
+    variant_bits = {name: [0.0, 0.0] for name, _ in variants}  # quoting, other sessions
+    totals = _Totals()
     for session in workload.measured_sessions:
-        tokens = model.encode_text(session.text)
+        tokens = tokens_of(session.text)
         quoted = quoted_tokens(dictionary, tokens)
-        quoting = quoted > 0
         fraction = quoted / len(tokens)
         tables = model_tables(model, tokens)
         model_bits = tables.bits(tokens)
         for j, (name, config) in enumerate(variants):
             run = run_mixer(predictor(config), tables, tokens)
-            variant_bits[name][0] += run.bits
-            variant_bits[name][1 if quoting else 2] += run.bits
+            variant_bits[name][0 if quoted else 1] += run.bits
             if j == 0:
-                mixer_seconds += run.seconds
-                mixer_tokens += len(tokens)
+                totals.mixer_seconds += run.seconds
                 sessions.append(SessionResult(
                     session.name, "model", len(tokens), fraction, model_bits / len(tokens),
                     run.bits / len(tokens), run.bits / model_bits, _within(run.bits, model_bits)))
-                say(f"{session.name:12s} {len(tokens):4d} tokens quoted {fraction:5.1%} model "
+                say(f"{session.name:16s} {len(tokens):4d} tokens quoted {fraction:5.1%} model "
                     f"{model_bits / len(tokens):6.3f} mixed {run.bits / len(tokens):6.3f} "
                     "bits/token")
         del tables
@@ -384,25 +424,23 @@ def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, seed: int = 0,
             session.name, "ngram", len(tokens), fraction, ngram_bits / len(tokens),
             ngram_run.bits / len(tokens), ngram_run.bits / ngram_bits,
             _within(ngram_run.bits, ngram_bits)))
-        totals["tokens"] += len(tokens)
-        totals["quoted"] += quoted
-        totals["model"] += model_bits
-        totals["ngram"] += ngram_bits
-        totals["ngram_mixed"] += ngram_run.bits
-        if quoting:
-            totals["quoting_tokens"] += len(tokens)
-            totals["quoting_model"] += model_bits
-        else:
-            totals["unique_tokens"] += len(tokens)
-    count = int(totals["tokens"])
-    quoting_count = max(1, int(totals["quoting_tokens"]))
-    unique_count = max(1, int(totals["unique_tokens"]))
-    variant_results = [VariantResult(name, bits[0] / count, bits[1] / quoting_count,
-                                     bits[2] / unique_count)
+        totals.tokens += len(tokens)
+        totals.quoted += quoted
+        totals.model += model_bits
+        totals.ngram += ngram_bits
+        totals.ngram_mixed += ngram_run.bits
+        if quoted:
+            totals.quoting_tokens += len(tokens)
+            totals.quoting_model += model_bits
+    count = totals.tokens
+    quoting_count = max(1, totals.quoting_tokens)
+    other_count = max(1, count - totals.quoting_tokens)
+    variant_results = [VariantResult(name, (bits[0] + bits[1]) / count, bits[0] / quoting_count,
+                                     bits[1] / other_count)
                        for name, bits in variant_bits.items()]
     texts_results = []
     for kind in texts:
-        tokens = model.encode_text(shipped_text(kind))
+        tokens = tokens_of(shipped_text(kind))
         tables = model_tables(model, tokens)
         model_bits = tables.bits(tokens)
         run = run_mixer(predictor(variants[0][1], with_dictionary=False), tables, tokens)
@@ -410,39 +448,59 @@ def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, seed: int = 0,
         texts_results.append(TextResult(kind, len(tokens), model_bits / len(tokens),
                                         run.bits / len(tokens), run.bits / model_bits,
                                         _within(run.bits, model_bits)))
-        say(f"{kind:12s} {len(tokens):4d} tokens model {model_bits / len(tokens):6.3f} "
+        say(f"{kind:16s} {len(tokens):4d} tokens model {model_bits / len(tokens):6.3f} "
             f"mixed {run.bits / len(tokens):6.3f} bits/token (no dictionary)")
-    mixed_total = variant_bits[variants[0][0]][0]
-    dictionary_bits = 8.0 * dictionary.size_bytes
-    saved_per_session = (float(totals["model"]) - mixed_total) / len(workload.measured_sessions)
+    mixed_total = sum(variant_bits[variants[0][0]])
+    content = dictionary.tokens.tolist()
+    coded_bits = model_tables(model, content).bits(content) + 2.0
+    saved_per_session = (totals.model - mixed_total) / len(workload.measured_sessions)
+
+    def sessions_to_repay(bits: float) -> float:
+        return bits / saved_per_session if saved_per_session > 0 else float("inf")
+
+    cost = DictionaryCost(
+        sample_tokens=sum(len(s) for s in sample),
+        tokens=len(dictionary),
+        serialized_bytes=dictionary.size_bytes,
+        lzma_bytes=len(lzma.compress(dictionary.to_bytes(), preset=9)),
+        model_coded_bits=coded_bits,
+        bits_per_measured_token=coded_bits / count,
+        break_even_sessions_serialized=sessions_to_repay(8.0 * dictionary.size_bytes),
+        break_even_sessions_model_coded=sessions_to_repay(coded_bits),
+    )
     return MixBench(
         model=model.name,
         machine=f"{platform.machine()} {platform.processor() or platform.system()}, "
-                f"{torch.get_num_threads()} torch threads",
+                f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads",
         dictionary_sessions=dictionary_sessions,
-        dictionary_sample_tokens=sum(len(s) for s in sample),
-        dictionary_tokens=len(dictionary),
-        dictionary_bytes=dictionary.size_bytes,
-        dictionary_lzma_bytes=len(lzma.compress(dictionary.to_bytes(), preset=9)),
         dictionary_digest=dictionary.digest,
+        dictionary=cost,
         measured_sessions=len(workload.measured_sessions),
         measured_tokens=count,
-        quoted_fraction=int(totals["quoted"]) / count,
-        model_bits_per_token=float(totals["model"]) / count,
+        quoted_fraction=totals.quoted / count,
+        model_bits_per_token=totals.model / count,
         mixed_bits_per_token=mixed_total / count,
-        quoting_model_bits_per_token=float(totals["quoting_model"]) / quoting_count,
-        quoting_mixed_bits_per_token=variant_bits[variants[0][0]][1] / quoting_count,
-        dictionary_bits_per_measured_token=dictionary_bits / count,
-        gain_without_dictionary_cost=1.0 - mixed_total / float(totals["model"]),
-        gain_with_dictionary_cost=1.0 - (mixed_total + dictionary_bits) / float(totals["model"]),
-        break_even_sessions=(dictionary_bits / saved_per_session if saved_per_session > 0
-                             else float("inf")),
-        ngram_bits_per_token=float(totals["ngram"]) / count,
-        ngram_mixed_bits_per_token=float(totals["ngram_mixed"]) / count,
-        mixer_ms_per_token=1e3 * mixer_seconds / max(1, mixer_tokens),
+        quoting_model_bits_per_token=totals.quoting_model / quoting_count,
+        quoting_mixed_bits_per_token=variant_bits[variants[0][0]][0] / quoting_count,
+        gain=1.0 - mixed_total / totals.model,
+        gain_with_dictionary=1.0 - (mixed_total + coded_bits) / totals.model,
+        ngram_bits_per_token=totals.ngram / count,
+        ngram_mixed_bits_per_token=totals.ngram_mixed / count,
+        mixer_ms_per_token=1e3 * totals.mixer_seconds / count,
         model_step_ms=_model_step_ms(model),
         sessions=sessions,
         variants=variant_results,
         texts=texts_results,
     )
 
+
+def main() -> None:
+    """``python -m seqkv.bench.mix``: run the bench on the embedded model, print JSON."""
+    from seqkv.models import load_default_model
+
+    bench = run_mix_bench(load_default_model(), log=lambda line: print(line, file=sys.stderr))
+    print(json.dumps(bench.to_json_dict(), indent=1))
+
+
+if __name__ == "__main__":
+    main()
