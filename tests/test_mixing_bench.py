@@ -53,5 +53,5 @@ def test_a_quick_run_on_the_tiny_model(tiny_model: CausalLM) -> None:
     assert all(t.within_guarantee for t in bench.texts)
     assert bench.quoting_mixed_bits_per_token < bench.quoting_model_bits_per_token
     assert bench.dictionary.tokens <= bench.dictionary.sample_tokens
-    assert [v.name for v in bench.variants] == ["default", "no-apm"]
+    assert [v.name for v in bench.variants] == ["default", "with-apm"]
     json.dumps(bench.to_json_dict())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -55,7 +56,7 @@ def test_squash_inverts_stretch_to_within_a_thousandth(count: int) -> None:
 
 def test_squash_is_monotone_and_stays_inside_the_total(fixed: FixedPoint) -> None:
     values = [fixed.squash(s) for s in range(-STRETCH_LIMIT - 64, STRETCH_LIMIT + 64, 37)]
-    assert all(a <= b for a, b in zip(values, values[1:], strict=False))
+    assert all(a <= b for a, b in itertools.pairwise(values))
     assert values[0] == 1 and values[-1] == TOTAL - 1
     assert fixed.squash(0) == TOTAL // 2
 

@@ -27,7 +27,7 @@ from seqkv.mixing.mixer import MixerConfig, MixingPredictor, code_length_bits, m
 from seqkv.models import CausalLM
 
 FIXED = FixedPoint.build()
-ALL_PREDICTORS = MixerConfig(session_match=True)
+ALL_PREDICTORS = MixerConfig(session_match=True, apm=True)
 
 
 def _bits(table: CumulativeTable, token: int) -> float:
@@ -110,7 +110,7 @@ def test_round_trip_under_a_real_models_tables(tiny_model: CausalLM) -> None:
         logits = tiny_model.model(input_ids=ids).logits[0].float().numpy()  # [T, V]
     base_tables = [table_and_log2p(row)[0] for row in logits]
     base = sum(_bits(t, x) for t, x in zip(base_tables, tokens, strict=True))
-    for config in (MixerConfig(), ALL_PREDICTORS, MixerConfig(apm=False)):
+    for config in (MixerConfig(), ALL_PREDICTORS, MixerConfig(dictionary_ngram=False)):
         mixed = _check_round_trip(dictionary, vocab, config, base_tables, tokens)
         assert mixed < 0.7 * base  # the quoted 60 of 120 tokens become almost free
 

@@ -327,7 +327,7 @@ class MixBench:
 
 DEFAULT_VARIANTS: tuple[tuple[str, MixerConfig], ...] = (
     ("default", MixerConfig()),
-    ("no-apm", MixerConfig(apm=False)),
+    ("with-apm", MixerConfig(apm=True)),
     ("no-dictionary-ngram", MixerConfig(dictionary_ngram=False)),
     ("with-session-match", MixerConfig(session_match=True)),
     ("min-match-4", MixerConfig(min_match=4)),

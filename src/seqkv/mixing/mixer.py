@@ -1,16 +1,17 @@
 """An exact mixer: the base model's table refined by what the model cannot see, bit-identically.
 
 The base predictor (the transformer, or any integer model) gives a cumulative table over the whole
-vocabulary. The predictors of this package (``seqkv.mixing.match``: a match model over the
-dictionary, one over the session) each name at most one candidate token. For every candidate the
-mixer makes a binary decision "is the next token this one?": its probability is the squashed dot
-product of learned weights with the candidate's inputs (the stretch of the base's probability and
-of each predictor's confidence), weights chosen by a small context (which predictors name the
-candidate, how long their match is). An APM (adaptive probability map) refines that probability.
-The candidates get the refined probabilities; every other token keeps the base's probability
-rescaled to the mass that is left. A final switch mixes that table with the base's own table by
-weights that follow each one's coding success (fixed-share Bayes), so the mixer never costs much
-more than the base alone.
+vocabulary. The predictors of ``seqkv.mixing.match`` (a match model over the dictionary, the
+dictionary's most frequent follower of the last two tokens, optionally a match model over the
+session) each name at most one candidate token. For every candidate the mixer makes a binary
+decision "is the next token this one?": its probability is the squashed dot product of learned
+weights with the candidate's inputs (the stretch of the base's probability, of each naming
+predictor's adaptive confidence, and a bias), with one weight set per set of predictors naming
+the candidate, learned online by gradient steps on the coding loss. An optional APM (adaptive
+probability map) refines that probability. The candidates get these probabilities; every other
+token keeps the base's probability rescaled to the mass that is left. A final switch mixes that
+table with the base's own table by weights that follow each one's coding success (fixed-share
+Bayes), so the mixer never costs much more than the base alone.
 
 Regret bound (against the base table, any tokens, any dictionary): with ``w0 = 1/2`` the switch's
 initial base weight, the code length of the mixed tables is at most
@@ -19,9 +20,10 @@ initial base weight, the code length of the mixed tables is at most
 
 where ``shared <= 8 + 0.0005 * base`` bits is what sharing weight cost (a ledger allows a share
 step only while it stays within that budget; each step costs at most ``SHARE_COST`` units of
-2**-24 bit) and ``y_t`` is the switch's unrounded count for the coded token (the last term is
-below 1.5/(y_t - 1) bits, ~1e-9 bits for tokens the base gives more than 2**-20). Hence at most
-``1.0005 * base + 9`` bits plus that rounding: within the target of ``1.001 * base + 16`` bits.
+2**-24 bit) and ``y_t >= 1`` is the switch's unrounded count for the coded token: each rounding
+term is at most 1 bit and below 1.45 / (y_t - 1) bits, under 4e-4 bits once y_t > 2**12 (a
+probability above 2**-20). Hence at most ``1.0005 * base + 9`` bits plus that rounding: within the
+target of ``1.001 * base + 16`` bits.
 
 Fixed point (``seqkv.mixing.fixedpoint``): probabilities are counts out of 2**32, stretch values
 in 1/4096 bit of log2-odds, weights in 1/65536. Table arithmetic on the whole vocabulary is
@@ -95,8 +97,11 @@ class MixerConfig:
     # NOTE: off by default: a match model over the session's own tokens cost 0.0-0.2% on every
     # measured text (the model already copies from its context); kept for other workloads.
     session_match: bool = False
-    # NOTE: the APM saved 0.1-0.2%; kept, it is cheap.
-    apm: bool = True
+    # NOTE: off by default: the APM changed the RAG bench by -0.06% to +0.1% (contexts by
+    # predictor set or by match length, rates 2**-5 to 2**-7, weights 1/2 to 3/4): the
+    # predictors' own adaptive confidences are already calibrated, and a session is too short to
+    # train 33 knots per context. Kept as an option, exact and tested like the rest.
+    apm: bool = False
     # NOTE: 3 tokens of context before a match counts: 2 saved 0.4% more on the bench, 4 cost
     # 1.5% and 6 cost 4% (later starts into each quote); 3 fires less on common phrases in a
     # large dictionary.
