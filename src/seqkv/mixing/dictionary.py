@@ -235,6 +235,13 @@ def build_dictionary(sequences: Iterable[Sequence[int]], vocab_size: int, namesp
     """A dictionary of the distinct content of ``sequences`` (see the module's size policy).
 
     The result is a pure function of the arguments: the same sample builds the same digest.
+
+    >>> document = list(range(100, 140))
+    >>> dictionary = build_dictionary([[1, 2, *document], [*document, 3]], vocab_size=1000)
+    >>> len(dictionary), dictionary.segment_lengths  # the second copy is not stored again
+    (43, (42, 1))
+    >>> Dictionary.from_bytes(dictionary.to_bytes()).digest == dictionary.digest
+    True
     """
     policy = policy or DictionaryPolicy()
     samples = [np.asarray(sequence, dtype=np.int64).reshape(-1) for sequence in sequences]
