@@ -191,6 +191,14 @@ def test_a_quoted_dictionary_passage_costs_a_fraction_of_the_base() -> None:
     assert mixed < 0.1 * base
 
 
+def test_a_vocabulary_of_candidates_only() -> None:
+    rng = np.random.default_rng(6)
+    tokens = rng.integers(0, 2, 200).tolist()
+    dictionary = build_dictionary([tokens[::-1]], 2)
+    base_tables = _base_tables(rng, 2, len(tokens), 1.0)
+    _check_round_trip(dictionary, 2, ALL_PREDICTORS, base_tables, tokens)
+
+
 def test_without_predictions_the_base_table_passes_through() -> None:
     predictor = MixingPredictor(None, 16, MixerConfig(), FIXED)
     rng = np.random.default_rng(0)

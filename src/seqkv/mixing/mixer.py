@@ -367,9 +367,12 @@ class MixingPredictor:
             total = sum(candidate.refined for candidate in candidates)
         left = TOTAL - total - (vocab - len(candidates))  # mass to share after a floor of 1 each
         base_left = TOTAL - int(counts[chosen].sum())
-        # Products of two values below 2**32 fit uint64 exactly.
-        mixed = (counts.astype(np.uint64) * np.uint64(left)) // np.uint64(base_left) + np.uint64(1)
-        result = mixed.astype(np.int64)
+        if base_left:
+            # Products of two values below 2**32 fit uint64 exactly.
+            wide = counts.astype(np.uint64) * np.uint64(left)
+            result = (wide // np.uint64(base_left) + np.uint64(1)).astype(np.int64)
+        else:  # every token is a candidate
+            result = np.zeros(vocab, dtype=np.int64)
         result[chosen] = [candidate.refined for candidate in candidates]
         return _settle(result)
 
