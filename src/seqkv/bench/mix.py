@@ -1,24 +1,27 @@
 """``run_mix_bench``: what a store dictionary and the exact mixer save on a RAG-style workload.
 
 The workload is generated from the texts seqkv ships (prose, code, legal, technical), split into
-passages. Ten passages form a corpus of retrievable documents; four are "unique" text that no
-dictionary session contains. A session is a fixed system prompt, two or three retrieved documents
-in varying order under varying labels, a question and an answer. The dictionary is built from the
-tokens of ``dictionary_sessions`` such sessions (short template answers); the measured sessions
-are others, never the same ones: RAG sessions whose answer is a unique passage, and one session of
-unique passages only (text without useful dictionary content).
+14 passages. Ten form a corpus of retrievable documents; four are "unique" text that no dictionary
+session contains. A session is a fixed system prompt, two or three retrieved documents in varying
+order under varying labels, a question and an answer. The dictionary is built from the tokens of
+``dictionary_sessions`` such sessions with template answers. The measured sessions are others,
+never the same ones: one RAG session per unique passage (the passage is its answer),
+``template_sessions`` RAG sessions with template answers, and the unique passages alone (text
+without useful dictionary content).
 
-Every measured sequence is coded under the base model's per-position tables (one full forward per
-sequence, tables computed once and reused by every mixer variant; the ``tokens`` level steps token
-by token and its tables differ in the last bits, not in their cost), alone and through
-``MixingPredictor``. Code lengths are the ideal sums of -log2(count / 2**32) under each table
-(the arithmetic coder adds at most 2 bits per sequence). The same runs are repeated with the
-``ngram`` level's adaptive count model as the base (a cheap integer base).
+Every measured sequence is coded under the base model's per-position tables (one chunked forward
+per sequence, tables computed once and reused by every mixer variant; the ``tokens`` level steps
+token by token and its tables differ in the last bits, not in their cost), alone and through
+``MixingPredictor``. Code lengths are the ideal sums of -log2(count / 2**32) under each table (the
+arithmetic coder adds at most 2 bits per sequence). The first variant is the reported mixer; the
+others are ablations. The same sessions are also coded with the ``ngram`` level's adaptive count
+model as the base (a cheap integer base).
 
 Also reported: the fraction of measured tokens that quote dictionary content (inside a span of
-``QUOTE_SPAN`` or more tokens that occurs in the dictionary), the dictionary's serialized size and
-its cost amortised over the measured sessions, the mixer's cost per token, and each shipped text
-coded with no dictionary at all (the mixer's session match only), against the guarantee of at
+``QUOTE_SPAN`` or more tokens that occurs in the dictionary); the dictionary's size serialized,
+through lzma, and coded under the model, with the model-coded size amortised over the measured
+sessions and the number of such sessions that repays each size; the mixer's cost per token beside
+one model step; and each shipped text coded with no dictionary at all, against the guarantee of at
 most 1.001x the base's code length + 16 bits.
 """
 
