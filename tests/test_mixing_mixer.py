@@ -275,3 +275,11 @@ def test_an_index_with_other_windows_than_the_config() -> None:
 def test_a_share_rate_without_a_ledger_cost() -> None:
     with pytest.raises(ValueError):
         MixerConfig(share_shift=20)
+
+
+def test_the_fingerprint_names_every_setting_and_tells_configs_apart() -> None:
+    assert MixerConfig().fingerprint() == (
+        "mixer1;dictionary_match=1;dictionary_ngram=1;session_match=0;apm=0;min_match=3;"
+        "session_min_match=3;learning_rate=16;apm_rate_shift=6;share_shift=12;"
+        "initial_weights=16384,65536,16384,32768,0")
+    assert MixerConfig(apm=True).fingerprint() != MixerConfig().fingerprint()

@@ -43,7 +43,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +62,9 @@ from seqkv.mixing.match import (
     SessionSource,
 )
 
+# NOTE: bump whenever any table the mixer computes could change for the same inputs: files record
+# it (``MixerConfig.fingerprint``) and a decoder must refuse another version.
+MIXER_VERSION = 1
 _WEIGHT_ONE = 1 << 16
 _WEIGHT_LIMIT = 16 * _WEIGHT_ONE
 _SWITCH_BITS = 31
@@ -116,6 +119,22 @@ class MixerConfig:
     # Initial weights (base, dictionary match, dictionary n-gram, session match, bias) in 1/65536.
     initial_weights: tuple[int, int, int, int, int] = (
         _WEIGHT_ONE // 4, _WEIGHT_ONE, _WEIGHT_ONE // 4, _WEIGHT_ONE // 2, 0)
+
+    def fingerprint(self) -> str:
+        """A canonical string of the algorithm version and every setting, for a file header.
+
+        >>> MixerConfig().fingerprint()[:60]
+        'mixer1;dictionary_match=1;dictionary_ngram=1;session_match=0'
+        """
+        settings = []
+        for setting in fields(self):
+            value = getattr(self, setting.name)
+            if isinstance(value, tuple):
+                text = ",".join(str(int(v)) for v in value)
+            else:
+                text = str(int(value))
+            settings.append(f"{setting.name}={text}")
+        return ";".join([f"mixer{MIXER_VERSION}", *settings])
 
     def __post_init__(self) -> None:
         if self.share_shift not in SHARE_COST:
