@@ -27,9 +27,16 @@ from seqkv.mixing.dictionary import (
 )
 from seqkv.mixing.fixedpoint import FixedPoint
 from seqkv.mixing.match import DictionaryIndex
-from seqkv.mixing.mixer import MixerConfig, MixingPredictor, code_length_bits, mixed_tables
+from seqkv.mixing.mixer import (
+    MIXER_VERSION,
+    MixerConfig,
+    MixingPredictor,
+    code_length_bits,
+    mixed_tables,
+)
 
 __all__ = [
+    "MIXER_VERSION",
     "Dictionary",
     "DictionaryDigest",
     "DictionaryIndex",
