@@ -1,0 +1,511 @@
+"""The integer forward: a Llama-family model whose every reduction is exact integer arithmetic.
+
+A float forward's logits depend on how rows are grouped (prefill, steps, chunks, batches), on
+the thread count and on the device, because float sums are not associative. Here every sum is
+an integer sum: ``torch._int_mm`` of int8 planes (exact int32), int64 sums, maxima and integer
+division. So each output row is a pure function of its sequence's tokens up to it, whatever was
+computed with it, on any number of threads, on any device with two's complement int64.
+
+Formats (``x`` at ``2**-f`` means the int64 ``x`` stands for ``x / 2**f``):
+
+* residual stream: ``[rows, hidden]`` at ``2**-HIDDEN_FRAC`` (24);
+* activations entering a linear layer: per row, ``q = x >> s`` with the smallest ``s >= 0``
+  that brings ``|q|`` below ``2**14``, split into two int8 planes ``q = 128 * hi + lo``
+  (``hi`` signed, ``lo`` in ``[0, 127]``), stacked as ``[2 * rows, K]`` so one ``_int_mm`` per
+  layer serves both planes and all rows of the call. A row's real value is
+  ``q * factor * 2**exponent`` (``_Quantized``): the factor carries RMSNorm's ``1/rms``;
+* RMSNorm: ``y = g * h / rms(h)`` is ``q * sqrt(K) / sqrt(sum q**2 + eps')``, since the row's
+  scale cancels; ``g`` and ``sqrt(K)`` are folded into the weights (``weights.py``) and
+  ``2**38 / sqrt(.)`` is ``fixedpoint.rsqrt``;
+* queries, keys, values at ``2**-QKV_FRAC`` (20) after the projection; RoPE with ``2**-30``
+  tables; then per (row, head) the same 14-bit planes. The KV pool holds those planes and
+  shifts, i.e. a 14-bit floating-point KV cache;
+* attention logits in base 2 at ``2**-12``; weights ``round(2**(14 - (max - z)))`` (14-bit
+  planes; a weight below ``2**-15`` of the row's largest is 0); the weighted sum of values and
+  the sum of weights are exact int64, divided with integer division;
+* SiLU as ``x * sigmoid(x)`` from ``fixedpoint.sigmoid``, gate at ``2**-16``;
+* logits at ``2**-LOGIT_FRAC`` (16), natural-log units.
+
+NOTE: 14-bit activations, measured (float simulation on the 4 shipped texts, 256 tokens each,
+SmolLM2-135M): int8 per-row activations before every linear layer cost +0.6/+3.5/+2.6/+1.2 %
+cross-entropy on prose/code/legal/technical, 14 bits +0.00/+0.01/+0.02/-0.00 %. Leaving the
+outlier channels (8 per layer, found on random tokens) at 14 bits and the rest at int8 still
+cost up to +0.6 %; every layer kind but o_proj contributed (qkv up to +0.75 %, MLP input +0.68,
+down_proj input +1.2, head +0.64). So every linear layer takes two activation planes.
+
+Invariants:
+1. Every output row depends only on its sequence's tokens up to and including its position
+   (enforced by construction: per-row scales come from that row's own maximum, attention runs
+   per sequence with keys up to the row's position, and every reduction is exact).
+2. No float operation runs in the forward; every shift amount is within [0, 62] (enforced;
+   the clamps sit in ``fixedpoint``), and every product fits int64 for activations within the
+   bounds stated at each site (assumed: |residual| < 2**38, |q|, |k|, |v| < 2**11 real).
+3. ``IntegerForward.forward`` appends each sequence's ids to its pool slot and returns int64
+   logit rows ``[len(ids), vocab]``; ``IntSequence.crop`` only shortens (enforced).
+4. On CUDA, ``_int_mm`` needs more than 16 rows and sizes in multiples of 8: ``int_matmul``
+   pads with zeros, which leaves every integer sum unchanged (designed for; not tested here,
+   this machine has no GPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mpmath
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from seqkv.errors import InvalidTokensError
+from seqkv.models.adapter import CausalLM
+from seqkv.models.integer.fixedpoint import (
+    EXP2_FRAC_BITS,
+    TABLE_BITS,
+    FixedPointTables,
+    bit_length,
+    exp2_neg,
+    rope_tables,
+    rsqrt,
+    shift_signed,
+    sigmoid,
+)
+from seqkv.models.integer.weights import (
+    HIDDEN_FRAC,
+    PLANE_BITS,
+    QKV_FRAC,
+    IntegerConfig,
+    IntegerWeights,
+    IntLayer,
+    IntLinear,
+    PredictorDigest,
+)
+
+LOGIT_FRAC = 16  # output logits: natural-log units at 2**-16
+ACTIVATION_BITS = 14  # |q| < 2**14: two int8 planes
+ATTENTION_WEIGHT_BITS = 14  # attention weights below 2**14: two int8 planes
+RSQRT_BITS = 38  # RMSNorm factor 2**38 / sqrt(sum of squares): 2**17.5 .. 2**25 in practice
+_FACTOR_MAX = 1 << 26
+SCALE_SHIFT = 22  # (acc * scale) < 2**58 drops 22 bits before the row factor (< 2**26)
+GATE_FRAC = 16
+UP_FRAC = 44  # up / (row factor) at 2**-44: below 2**33 for |up| < 128
+_LOGIT_SCALE_BITS = 24
+_MASKED = -(1 << 60)
+_LOW_MASK = (1 << PLANE_BITS) - 1
+_INITIAL_CAPACITY = 64
+
+
+def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for int8 ``a [M, K]`` and ``b [K, N]``, exact int32 ``[M, N]``.
+
+    On CUDA, ``torch._int_mm`` needs M > 16 and K, N multiples of 8: zero padding keeps every
+    sum (designed for, untested here). On the CPU it takes any shape (measured: M = 1 runs).
+    """
+    if a.device.type != "cuda":
+        return torch._int_mm(a, b)
+    m, k = a.shape
+    n = b.shape[1]
+    rows, depth, cols = max(32, -(-m // 8) * 8), -(-k // 8) * 8, -(-n // 8) * 8
+    padded_a = a.new_zeros((rows, depth))
+    padded_a[:m, :k] = a
+    padded_b = b.new_zeros((depth, cols))
+    padded_b[:k, :n] = b
+    return torch._int_mm(padded_a, padded_b)[:m, :n]
+
+
+@dataclass(frozen=True)
+class IntKVState:
+    """A sequence's integer keys and values: what ``IntegerForward.new_sequence`` continues."""
+
+    planes: torch.Tensor  # int8 [layers, 2 (keys, values), tokens, 2 (planes), kv_heads, head_dim]
+    shifts: torch.Tensor  # int64 [layers, 2, tokens, kv_heads]: real = q * 2**(shift - 20)
+
+    @property
+    def length(self) -> int:
+        return int(self.planes.shape[2])
+
+
+class IntKVPool:
+    """Integer keys and values of one or more sequences in one buffer."""
+
+    def __init__(self, slots: int, capacity: int, layers: int, kv_heads: int, head_dim: int,
+                 device: torch.device) -> None:
+        capacity = max(1, capacity)
+        # [layers, 2 (keys, values), slots, capacity, 2 (planes), kv_heads, head_dim]
+        self.planes = torch.zeros((layers, 2, slots, capacity, 2, kv_heads, head_dim),
+                                  dtype=torch.int8, device=device)
+        # [layers, 2, slots, capacity, kv_heads]
+        self.shifts = torch.zeros((layers, 2, slots, capacity, kv_heads), dtype=torch.int64,
+                                  device=device)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.planes.shape[3])
+
+    def grow(self, length: int) -> None:
+        """Make room for ``length`` positions in every slot, keeping what is held."""
+        capacity = self.capacity
+        if length <= capacity:
+            return
+        while capacity < length:
+            capacity *= 2
+        old = self.capacity
+        planes = self.planes.new_zeros((*self.planes.shape[:3], capacity,
+                                        *self.planes.shape[4:]))
+        planes[:, :, :, :old] = self.planes
+        shifts = self.shifts.new_zeros((*self.shifts.shape[:3], capacity,
+                                        *self.shifts.shape[4:]))
+        shifts[:, :, :, :old] = self.shifts
+        self.planes, self.shifts = planes, shifts
+
+
+class IntSequence:
+    """One sequence: a slot of an ``IntKVPool`` and how many positions it holds."""
+
+    def __init__(self, pool: IntKVPool, slot: int, length: int = 0) -> None:
+        self.pool = pool
+        self.slot = slot
+        self.length = length
+
+    def state(self) -> IntKVState:
+        """The held keys and values (a copy)."""
+        return IntKVState(self.pool.planes[:, :, self.slot, : self.length].clone(),
+                          self.pool.shifts[:, :, self.slot, : self.length].clone())
+
+    def crop(self, length: int) -> None:
+        """Forget every position at or after ``length``."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"a sequence of {self.length} positions cannot be cropped to "
+                             f"{length}: crop only shortens")
+        self.length = length
+
+    def copy(self) -> IntSequence:
+        """The same sequence in a pool of its own."""
+        pool = self.pool
+        twin = IntKVPool(1, max(_INITIAL_CAPACITY, self.length), pool.planes.shape[0],
+                         pool.planes.shape[5], pool.planes.shape[6], pool.planes.device)
+        twin.planes[:, :, 0, : self.length] = pool.planes[:, :, self.slot, : self.length]
+        twin.shifts[:, :, 0, : self.length] = pool.shifts[:, :, self.slot, : self.length]
+        return IntSequence(twin, 0, self.length)
+
+
+@dataclass(frozen=True)
+class _Span:
+    """One sequence's rows in a call: consecutive rows at consecutive positions."""
+
+    sequence: IntSequence
+    start: int  # first row of the call
+    count: int
+    position: int  # position of the first row
+    mask: torch.Tensor | None  # bool [count, 1, position + count]: True where a key is hidden
+
+
+@dataclass(frozen=True)
+class _PoolWrites:
+    pool: IntKVPool
+    rows: torch.Tensor  # [R] long
+    slots: torch.Tensor  # [R] long
+    positions: torch.Tensor  # [R] long
+
+
+@dataclass(frozen=True)
+class _Quantized:
+    """Rows entering a linear layer: ``x = q * factor * 2**exponent`` per row."""
+
+    planes: torch.Tensor  # int8 [2 * rows, K]: the high planes, then the low planes
+    factor: torch.Tensor | None  # int64 [rows, 1]
+    exponent: torch.Tensor | int  # int64 [rows, 1] or one constant
+
+
+class IntegerForward:
+    """The integer forward of a Llama-family model (see the module docstring)."""
+
+    def __init__(self, source: CausalLM | IntegerWeights, *, layers: int | None = None,
+                 config: IntegerConfig | None = None) -> None:
+        weights = (source if isinstance(source, IntegerWeights)
+                   else IntegerWeights.from_model(source, config))
+        geometry = weights.geometry
+        total = geometry.layers
+        if layers is not None and not 1 <= layers <= total:
+            raise ValueError(f"layers must be in 1..{total}, not {layers}")
+        self.weights = weights
+        self.geometry = geometry
+        self.num_layers = total if layers is None else layers
+        self._layers: tuple[IntLayer, ...] = weights.layers[: self.num_layers]
+        self.max_positions = geometry.max_positions
+        self.vocab_size = geometry.vocab
+        self.device = weights.embedding.device
+        device = self.device
+        self._tables = FixedPointTables.on(device)
+        heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
+        group = heads // kv_heads
+        cos, sin = rope_tables(head_dim, geometry.rope_theta, geometry.max_positions)
+        # [P, head_dim]: out = x * cos_full + roll(x, half) * sin_signed (rotate_half convention)
+        self._cos = torch.from_numpy(np.concatenate([cos, cos], axis=1)).to(device)
+        self._sin = torch.from_numpy(np.concatenate([-sin, sin], axis=1)).to(device)
+        # [kv_heads, 1, 1, kv_heads, 1]: places each query group in its KV head's block
+        self._block_eye = torch.eye(kv_heads, dtype=torch.int8, device=device).view(
+            kv_heads, 1, 1, kv_heads, 1)
+        self._head_to_kv = torch.arange(heads, device=device) // group
+        self._plane_pairs = torch.tensor([[1 << 14, 1 << 7], [1 << 7, 1]], dtype=torch.int64,
+                                         device=device)
+        with mpmath.workprec(120):
+            self._score_scale = int(mpmath.nint(
+                mpmath.ldexp(1 / (mpmath.log(2) * mpmath.sqrt(head_dim)), _LOGIT_SCALE_BITS)))
+        self._eps_term = torch.tensor(geometry.norm_eps_term, dtype=torch.int64, device=device)
+        self._start_rows: dict[int, npt.NDArray[np.int64]] = {}
+        digest = hashlib.sha256(f"{weights.digest()}:layers={self.num_layers}".encode())
+        self.digest = PredictorDigest(digest.hexdigest())
+
+    def new_sequence(self, state: IntKVState | None = None) -> IntSequence:
+        """An empty sequence, or one continuing ``state`` (e.g. another sequence's)."""
+        geometry = self.geometry
+        length = 0 if state is None else state.length
+        pool = IntKVPool(1, max(_INITIAL_CAPACITY, length), self.num_layers, geometry.kv_heads,
+                         geometry.head_dim, self.device)
+        if state is not None and length:
+            if state.planes.shape[0] != self.num_layers:
+                raise ValueError(f"the state holds {state.planes.shape[0]} layers, this "
+                                 f"predictor runs {self.num_layers}")
+            pool.planes[:, :, 0, :length] = state.planes.to(self.device)
+            pool.shifts[:, :, 0, :length] = state.shifts.to(self.device)
+        return IntSequence(pool, 0, length)
+
+    def start_row(self, token: int) -> npt.NDArray[np.int64]:
+        """The row after ``token`` alone at position 0, computed once (read-only)."""
+        row = self._start_rows.get(token)
+        if row is None:
+            row = self.forward([(self.new_sequence(), [token])])[0][0]
+            row.setflags(write=False)
+            self._start_rows[token] = row
+        return row
+
+    @torch.inference_mode()
+    def forward(self, calls: Sequence[tuple[IntSequence, Sequence[int]]]
+                ) -> list[npt.NDArray[np.int64]]:
+        """Append each sequence's ids in one forward; return int64 logit rows ``[len(ids), V]``
+        at ``2**-LOGIT_FRAC``. A sequence may appear once per call."""
+        if len({id(sequence) for sequence, _ in calls}) != len(calls):
+            raise ValueError("a sequence may appear only once in a forward")
+        spans, ids, positions = self._plan(calls)
+        if not spans:
+            return [np.zeros((0, self.vocab_size), dtype=np.int64) for _ in calls]
+        device = self.device
+        token_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        position_ids = torch.tensor(positions, dtype=torch.long, device=device)
+        writes = _pool_writes(spans, device)
+        cos, sin = self._cos[position_ids][:, None], self._sin[position_ids][:, None]
+        shift = HIDDEN_FRAC - self.weights.embedding_frac
+        hidden = self.weights.embedding[token_ids].to(torch.int64) << shift  # [N, hidden]
+        for index, layer in enumerate(self._layers):
+            hidden = hidden + self._attention(index, layer, hidden, cos, sin, spans, writes)
+            hidden = hidden + self._mlp(layer, hidden)
+        logits = self._linear(self._norm(hidden), self.weights.head, LOGIT_FRAC).cpu().numpy()
+        for sequence, chunk in calls:
+            sequence.length += len(chunk)
+        result: list[npt.NDArray[np.int64]] = []
+        offset = 0
+        for _, chunk in calls:
+            result.append(logits[offset : offset + len(chunk)])
+            offset += len(chunk)
+        return result
+
+    def _plan(self, calls: Sequence[tuple[IntSequence, Sequence[int]]]
+              ) -> tuple[list[_Span], list[int], list[int]]:
+        spans: list[_Span] = []
+        ids: list[int] = []
+        positions: list[int] = []
+        for sequence, chunk in calls:
+            if not chunk:
+                continue
+            end = sequence.length + len(chunk)
+            if end > self.max_positions:
+                raise InvalidTokensError(
+                    f"a sequence of {end} tokens exceeds the model's {self.max_positions} "
+                    "positions")
+            bad = [t for t in chunk if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise InvalidTokensError(
+                    f"token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
+            sequence.pool.grow(end)
+            count = len(chunk)
+            mask = None
+            if count > 1:
+                keys = torch.arange(end, device=self.device)
+                rows = torch.arange(sequence.length, end, device=self.device)
+                mask = (keys[None, :] > rows[:, None])[:, None, :]  # [count, 1, end]
+            spans.append(_Span(sequence, len(ids), count, sequence.length, mask))
+            positions.extend(range(sequence.length, end))
+            ids.extend(int(t) for t in chunk)
+        return spans, ids, positions
+
+    def _norm(self, hidden: torch.Tensor) -> _Quantized:
+        """RMSNorm (weights folded into the next layer) and the 14-bit planes of its input."""
+        q, planes, shift = self._quantize(hidden)
+        squares = (q * q).sum(-1, keepdim=True)  # [rows, 1], < K * 2**28
+        total = (squares + (self._eps_term >> (2 * shift).clamp(max=62))).clamp(min=1)
+        factor = rsqrt(total, RSQRT_BITS, self._tables).clamp(max=_FACTOR_MAX)
+        return _Quantized(planes, factor, -RSQRT_BITS)
+
+    def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: ``q = x >> s`` below 2**14, its two planes ``[2 * rows, K]``, and ``s``."""
+        peak = x.abs().amax(-1, keepdim=True)
+        shift = (bit_length(peak, self._tables) - ACTIVATION_BITS).clamp(min=0)  # [rows, 1]
+        q = x >> shift
+        planes = torch.cat((q >> PLANE_BITS, q & _LOW_MASK)).to(torch.int8)
+        return q, planes, shift
+
+    def _accumulate(self, planes: torch.Tensor, linear: IntLinear) -> torch.Tensor:
+        """The exact int64 products ``[rows, N]`` of 14-bit rows and the layer's integers."""
+        raw = int_matmul(planes, linear.weight.t())  # [2 * rows, planes * N] int32
+        rows, n = planes.shape[0] // 2, linear.out_features
+        if linear.planes == 1:
+            split = raw.view(2, rows, n).to(torch.int64)
+        else:
+            by_weight = raw.view(2, rows, 2, n).to(torch.int64)
+            split = (by_weight[:, :, 0] << PLANE_BITS) + by_weight[:, :, 1]
+        return (split[0] << PLANE_BITS) + split[1]
+
+    def _linear(self, x: _Quantized, linear: IntLinear, out_frac: int) -> torch.Tensor:
+        """``x @ W.T (+ b)`` at ``2**-out_frac`` (int64 ``[rows, N]``)."""
+        acc = self._accumulate(x.planes, linear)
+        return _scale(acc, linear.scale, linear.scale_bits, x, out_frac, linear.bias)
+
+    def _attention(self, index: int, layer: IntLayer, hidden: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, spans: list[_Span], writes: list[_PoolWrites]
+                   ) -> torch.Tensor:
+        geometry = self.geometry
+        heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
+        n = hidden.shape[0]
+        qkv = self._linear(self._norm(hidden), layer.qkv, QKV_FRAC)
+        qkv = qkv.view(n, heads + 2 * kv_heads, head_dim)  # [N, heads, head_dim] at 2**-20
+        rotated = heads + kv_heads
+        qk = qkv[:, :rotated]
+        # |q|, |k| < 2**11 real: below 2**31 at 2**-20, times 2**30 below 2**62.
+        qk = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin) >> TABLE_BITS
+        qkv = torch.cat((qk, qkv[:, rotated:]), dim=1)
+        peak = qkv.abs().amax(-1, keepdim=True)  # [N, heads, 1]
+        shift = (bit_length(peak, self._tables) - ACTIVATION_BITS).clamp(min=0)
+        q = qkv >> shift
+        planes = torch.stack((q >> PLANE_BITS, q & _LOW_MASK), dim=2).to(torch.int8)
+        shift = shift[..., 0]  # [N, heads + 2 kv_heads]
+        for write in writes:
+            # [2 (keys, values), R, 2 (planes), kv_heads, head_dim]
+            new = planes[write.rows, heads:].view(-1, 2, kv_heads, 2, head_dim)
+            write.pool.planes[index][:, write.slots, write.positions] = new.permute(1, 0, 3, 2, 4)
+            write.pool.shifts[index][:, write.slots, write.positions] = (
+                shift[write.rows, heads:].view(-1, 2, kv_heads).permute(1, 0, 2))
+        if len(spans) == 1:
+            out, exponent = self._attend(index, planes[:, :heads], shift[:, :heads], spans[0])
+        else:
+            out = hidden.new_empty((n, heads, head_dim))
+            exponent = hidden.new_empty((n, 1))
+            for span in spans:
+                rows = slice(span.start, span.start + span.count)
+                out[rows], exponent[rows] = self._attend(
+                    index, planes[rows, :heads], shift[rows, :heads], span)
+        o, o_planes, o_shift = self._quantize(out.view(n, heads * head_dim))
+        del o
+        x = _Quantized(o_planes, None, o_shift + exponent - (QKV_FRAC + ATTENTION_WEIGHT_BITS))
+        return self._linear(x, layer.o, HIDDEN_FRAC)
+
+    def _attend(self, index: int, q_planes: torch.Tensor, q_shift: torch.Tensor, span: _Span
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's rows against its keys up to each row's position.
+
+        Returns the outputs ``[n, heads, head_dim]``, each row of all heads at
+        ``2**(exponent - QKV_FRAC - 14)``, and that exponent ``[n, 1]``.
+        """
+        geometry = self.geometry
+        heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
+        group = heads // kv_heads
+        n, end = span.count, span.position + span.count
+        sequence = span.sequence
+        pool_planes = sequence.pool.planes[index, :, sequence.slot, :end]  # [2, T, 2, kvh, D]
+        pool_shifts = sequence.pool.shifts[index, :, sequence.slot, :end]  # [2, T, kvh]
+        # Block-diagonal queries: head h of KV group g only meets the keys of g. [n*heads*2, kvh*D]
+        queries = (q_planes.reshape(n, kv_heads, group, 2, 1, head_dim) * self._block_eye
+                   ).view(n * heads * 2, kv_heads * head_dim)
+        keys = pool_planes[0].reshape(2 * end, kv_heads * head_dim)  # rows: (token, plane)
+        raw = int_matmul(queries, keys.t()).view(n, heads, 2, end, 2)
+        dot = (raw.to(torch.int64) * self._plane_pairs.view(1, 1, 2, 1, 2)).sum((2, 4))
+        key_shift = pool_shifts[0].index_select(1, self._head_to_kv).t()  # [heads, T]
+        # logit * log2(e) at 2**-12 = dot * 2**(sq + sk - 40) / sqrt(D) / ln 2 * 2**12
+        amount = ((_LOGIT_SCALE_BITS + 2 * QKV_FRAC - EXP2_FRAC_BITS)
+                  - q_shift[:, :, None] - key_shift[None]).clamp(0, 62)
+        z = (dot * self._score_scale) >> amount  # [n, heads, T]; |dot| < 2**36, scale < 2**23
+        if span.mask is not None:
+            z = z.masked_fill(span.mask, _MASKED)
+        weights = exp2_neg(z.amax(-1, keepdim=True) - z, ATTENTION_WEIGHT_BITS, self._tables)
+        weights = weights.clamp(max=(1 << ATTENTION_WEIGHT_BITS) - 1)
+        total = weights.sum(-1, keepdim=True)  # [n, heads, 1], >= 2**14 - 1
+        # Values carry per-token exponents: scale each weight to the largest exponent seen up
+        # to the row's position (a running maximum, so later tokens never matter).
+        value_shift = pool_shifts[1].index_select(1, self._head_to_kv)  # [T, heads]
+        running = value_shift.cummax(0).values[span.position : end]  # [n, heads]
+        drop = (running[:, :, None] - value_shift.t()[None]).clamp(0, 62)
+        scaled = weights >> drop
+        w_planes = torch.stack((scaled >> PLANE_BITS, scaled & _LOW_MASK), dim=2).to(torch.int8)
+        values = pool_planes[1].reshape(end, 2 * kv_heads * head_dim)  # [T, (plane, kvh, D)]
+        raw = int_matmul(w_planes.view(n * heads * 2, end), values)
+        # [n, kvh, group, 2 (weight plane), 2 (value plane), kvh, D] -> its diagonal in kvh
+        blocks = raw.view(n, kv_heads, group, 2, 2, kv_heads, head_dim)
+        diagonal = torch.diagonal(blocks, dim1=1, dim2=5)  # [n, group, 2, 2, D, kvh]
+        summed = (diagonal.to(torch.int64)
+                  * self._plane_pairs.view(1, 1, 2, 2, 1, 1)).sum((2, 3))  # [n, group, D, kvh]
+        summed = summed.permute(0, 3, 1, 2).reshape(n, heads, head_dim)
+        # |summed| <= T * 2**28 <= 2**41: shifted by 14 it stays below 2**55.
+        out = torch.div(summed << ATTENTION_WEIGHT_BITS, total, rounding_mode="floor")
+        exponent = running.amax(-1, keepdim=True)  # [n, 1]
+        out = out >> (exponent - running)[:, :, None]
+        return out, exponent
+
+    def _mlp(self, layer: IntLayer, hidden: torch.Tensor) -> torch.Tensor:
+        x = self._norm(hidden)
+        acc = self._accumulate(x.planes, layer.gate_up)
+        half = acc.shape[1] // 2
+        linear = layer.gate_up
+        gate = _scale(acc[:, :half], linear.scale[:half], linear.scale_bits, x, GATE_FRAC, None)
+        # up / factor: the row factor joins again after down_proj, saving a pass over [rows, I]
+        unscaled = _Quantized(x.planes, None, x.exponent)
+        up = _scale(acc[:, half:], linear.scale[half:], linear.scale_bits, unscaled, UP_FRAC,
+                    None)
+        silu = (gate * sigmoid(gate, GATE_FRAC, self._tables)) >> TABLE_BITS
+        product = silu * up  # |silu| < 2**22, |up| < 2**33
+        _, planes, shift = self._quantize(product)
+        inner = _Quantized(planes, x.factor, shift - (GATE_FRAC + UP_FRAC))
+        return self._linear(inner, layer.down, HIDDEN_FRAC)
+
+
+def _scale(acc: torch.Tensor, scale: torch.Tensor, scale_bits: int, x: _Quantized,
+           out_frac: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``acc * scale * 2**-scale_bits * factor * 2**exponent`` at ``2**-out_frac``.
+
+    ``acc * scale < 2**58``; with a row factor (< 2**26) 22 bits go first.
+    """
+    product = acc * scale
+    amount = scale_bits - out_frac
+    if x.factor is not None:
+        product = (product >> SCALE_SHIFT) * x.factor
+        amount -= SCALE_SHIFT
+    if isinstance(x.exponent, int):
+        total = amount - x.exponent
+        result = product >> total if total >= 0 else product << -total
+    else:
+        result = shift_signed(product, amount - x.exponent)
+    return result if bias is None else result + bias
+
+
+def _pool_writes(spans: list[_Span], device: torch.device) -> list[_PoolWrites]:
+    grouped: dict[int, tuple[IntKVPool, list[int], list[int], list[int]]] = {}
+    for span in spans:
+        sequence = span.sequence
+        _, rows, slots, positions = grouped.setdefault(id(sequence.pool),
+                                                       (sequence.pool, [], [], []))
+        rows.extend(range(span.start, span.start + span.count))
+        slots.extend([sequence.slot] * span.count)
+        positions.extend(range(span.position, span.position + span.count))
+    return [_PoolWrites(pool, *(torch.tensor(v, dtype=torch.long, device=device)
+                                for v in (rows, slots, positions)))
+            for pool, rows, slots, positions in grouped.values()]
