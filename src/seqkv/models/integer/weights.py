@@ -169,7 +169,7 @@ class IntegerWeights:
                                     planes, norm=g2, bias=None),
                 down=_int_linear(_float64(mlp.down_proj.weight), planes, norm=None, bias=None),
             ))
-        head_weight = model.model.get_output_embeddings().weight
+        head_weight = model.model.lm_head.weight
         head = _int_linear(_float64(head_weight), planes, norm=_float64(backbone.norm.weight),
                            bias=None)
         embedding, embedding_frac = _embedding(_float64(backbone.embed_tokens.weight))
@@ -284,7 +284,7 @@ def _int_linear(weight: npt.NDArray[np.float64], planes: int,
     scale = np.rint(np.ldexp(row_scale, scale_bits)).astype(np.int64)
     stacked = [q] if planes == 1 else [q >> PLANE_BITS, q & ((1 << PLANE_BITS) - 1)]
     return IntLinear(
-        weight=torch.from_numpy(np.concatenate(stacked).astype(np.int8)).contiguous(),
+        weight=torch.from_numpy(np.concatenate(stacked).astype(np.int8)).clone(),
         scale=torch.from_numpy(scale), scale_bits=scale_bits, planes=planes,
         bias=None if bias is None else torch.from_numpy(bias))
 
@@ -297,4 +297,4 @@ def _embedding(table: npt.NDArray[np.float64]) -> tuple[torch.Tensor, int]:
         raise UnsupportedWeightsError("the model's embedding is not finite")
     frac = min(HIDDEN_FRAC, 30 - (math.frexp(top)[1] if top > 0 else 0))
     fixed = np.rint(np.ldexp(table, frac)).astype(np.int32)
-    return torch.from_numpy(fixed), frac
+    return torch.from_numpy(fixed).clone(), frac
