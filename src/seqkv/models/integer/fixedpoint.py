@@ -25,8 +25,8 @@ Functions and their documented errors (checked against float64 references by
                               relative error <= 2**-29 before the final floor
 ``rsqrt``                     ``2**out / sqrt(v)`` on [2**24, 2**46]: relative error
                               <= 5e-7, plus 1 ulp
-``sigmoid``                   ``2**30 * sigmoid(x)``: absolute error <= 2**-16 * 2**30,
-                              relative error <= 2**-14
+``sigmoid``                   ``2**30 * sigmoid(x)``: absolute error <= 2**-16 + 2**-31,
+                              and <= sigmoid(x) * 2**-14 + 2**-31
 ``rope_tables``               cos and sin at 2**-30: absolute error <= 2**-29
 ``log2_fine`` (numpy)         log2 of a positive integer: absolute error <= 2e-7
 ============================  ============================================================
@@ -284,9 +284,9 @@ def rsqrt(v: torch.Tensor, out_bits: int, tables: FixedPointTables) -> torch.Ten
 def sigmoid(x: torch.Tensor, frac_bits: int, tables: FixedPointTables) -> torch.Tensor:
     """``2**30 * sigmoid(x / 2**frac_bits)`` (int32), for int64 ``x`` and ``frac_bits >= 14``.
 
-    The nearest point of the 2**-13 grid over [-16, 16): absolute error at most
-    ``2**-16 + 2**-31``, relative error at most ``2**-14 + 2**-31``; outside the grid the value
-    is 0 or 1 within 1.2e-7.
+    The nearest point of the 2**-13 grid over [-16, 16): the error is at most
+    ``2**-16 + 2**-31`` and at most ``sigmoid(x) * 2**-14 + 2**-31`` (since
+    ``sigmoid' = sigmoid * (1 - sigmoid)``); outside the grid the value is 0 or 1 within 1.2e-7.
     """
     cell_bits = frac_bits - SIGMOID_STEP_BITS
     bound = SIGMOID_RANGE << frac_bits

@@ -281,6 +281,14 @@ class IntegerForward:
             pool.shifts[:, :, 0, :length] = state.shifts.to(self.device)
         return IntSequence(pool, 0, length)
 
+    def new_batch(self, count: int) -> list[IntSequence]:
+        """``count`` empty sequences in the slots of one pool: a forward over them writes their
+        keys and values with one indexed write per layer."""
+        geometry = self.geometry
+        pool = IntKVPool(count, _INITIAL_CAPACITY, self.num_layers, geometry.heads,
+                         geometry.kv_heads, geometry.head_dim, self.device)
+        return [IntSequence(pool, slot) for slot in range(count)]
+
     def start_row(self, token: int) -> npt.NDArray[np.int64]:
         """The row after ``token`` alone at position 0, computed once (read-only)."""
         row = self._start_rows.get(token)
