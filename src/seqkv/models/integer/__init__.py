@@ -39,6 +39,7 @@ from seqkv.models.integer.weights import (
     IntegerWeights,
     PredictorDigest,
     UnsupportedWeightsError,
+    integer_weights,
 )
 
 __all__ = [
@@ -54,4 +55,5 @@ __all__ = [
     "cumulative_from_integer_logits",
     "integer_table",
     "integer_tables",
+    "integer_weights",
 ]

@@ -80,6 +80,7 @@ from seqkv.models.integer.weights import (
     IntLayer,
     IntLinear,
     PredictorDigest,
+    integer_weights,
 )
 
 LOGIT_FRAC = 16  # output logits: natural-log units at 2**-16
@@ -231,7 +232,7 @@ class IntegerForward:
     def __init__(self, source: CausalLM | IntegerWeights, *, layers: int | None = None,
                  config: IntegerConfig | None = None) -> None:
         weights = (source if isinstance(source, IntegerWeights)
-                   else IntegerWeights.from_model(source, config))
+                   else integer_weights(source, config))
         geometry = weights.geometry
         total = geometry.layers
         if layers is not None and not 1 <= layers <= total:

@@ -21,11 +21,12 @@ byte, and the two-plane step measured 1.9x the one-plane matrix time here. The d
 plane; ``IntegerConfig(weight_planes=2)`` builds the 15-bit predictor (benchmarked by
 ``benchmarks/integer_predictor.py --weight-planes 2``).
 
-Every integer here is a deterministic function of the model's float weights: the per-row
-quantization uses only IEEE-754 float64 elementwise operations (multiply, divide, sqrt, rint),
-each correctly rounded, so every conforming machine computes the same integers. For the embedded
-model the Q4_1/Q8_0 values are exact in float32 and the Q8_0 embedding rows are exact in the
-``2**-24`` fixed point used for the residual stream.
+Every integer here is a deterministic function of the model's float32 weights: the per-row
+quantization uses only IEEE-754 elementwise operations (float32 multiply, divide, round;
+float64 sqrt and multiply for the per-row scales), each correctly rounded, plus exact maxima, so
+every conforming machine computes the same integers (the weights are built on the CPU). For the
+embedded model the Q8_0 embedding rows are exact in the ``2**-24`` fixed point used for the
+residual stream.
 
 Invariants:
 1. Supported: ``model_type`` in ``SUPPORTED_MODEL_TYPES`` with SiLU MLPs, RMSNorm, default
@@ -156,23 +157,23 @@ class IntegerWeights:
         layers = []
         for layer in backbone.layers:
             attention, mlp = layer.self_attn, layer.mlp
-            g1 = _float64(layer.input_layernorm.weight)
-            g2 = _float64(layer.post_attention_layernorm.weight)
+            g1 = _float32(layer.input_layernorm.weight)
+            g2 = _float32(layer.post_attention_layernorm.weight)
             qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
             layers.append(IntLayer(
-                qkv=_int_linear(np.concatenate([_float64(p.weight) for p in qkv]), planes,
+                qkv=_int_linear(torch.cat([_float32(p.weight) for p in qkv]), planes,
                                 norm=g1, bias=_biases(qkv, QKV_FRAC)),
-                o=_int_linear(_float64(attention.o_proj.weight), planes, norm=None,
+                o=_int_linear(_float32(attention.o_proj.weight), planes, norm=None,
                               bias=_biases([attention.o_proj], HIDDEN_FRAC)),
-                gate_up=_int_linear(np.concatenate([_float64(mlp.gate_proj.weight),
-                                                    _float64(mlp.up_proj.weight)]),
+                gate_up=_int_linear(torch.cat([_float32(mlp.gate_proj.weight),
+                                               _float32(mlp.up_proj.weight)]),
                                     planes, norm=g2, bias=None),
-                down=_int_linear(_float64(mlp.down_proj.weight), planes, norm=None, bias=None),
+                down=_int_linear(_float32(mlp.down_proj.weight), planes, norm=None, bias=None),
             ))
         head_weight = model.model.lm_head.weight
-        head = _int_linear(_float64(head_weight), planes, norm=_float64(backbone.norm.weight),
+        head = _int_linear(_float32(head_weight), planes, norm=_float32(backbone.norm.weight),
                            bias=None)
-        embedding, embedding_frac = _embedding(_float64(backbone.embed_tokens.weight))
+        embedding, embedding_frac = _embedding(_float32(backbone.embed_tokens.weight))
         return cls(geometry, config, embedding, embedding_frac, tuple(layers), head)
 
     def digest(self) -> PredictorDigest:
@@ -199,6 +200,21 @@ class IntegerWeights:
             if linear.bias is not None:
                 named.append((f"{name}.bias", linear.bias))
         return named
+
+
+def integer_weights(model: CausalLM, config: IntegerConfig | None = None) -> IntegerWeights:
+    """The model's integer form, built once per model and config (kept on the model, whose
+    weights ``CausalLM`` never changes)."""
+    config = IntegerConfig() if config is None else config
+    cache = getattr(model, "_seqkv_integer_weights", None)
+    if not isinstance(cache, dict):
+        cache = {}
+        setattr(model, "_seqkv_integer_weights", cache)  # noqa: B010 (an attribute CausalLM lacks)
+    weights = cache.get(config)
+    if not isinstance(weights, IntegerWeights):
+        weights = IntegerWeights.from_model(model, config)
+        cache[config] = weights
+    return weights
 
 
 def _geometry(model: CausalLM) -> Geometry:
@@ -245,8 +261,8 @@ def _rope_parameters(config: Any) -> dict[str, Any]:
             "rope_theta": getattr(config, "rope_theta", 10000.0)}
 
 
-def _float64(parameter: torch.Tensor) -> npt.NDArray[np.float64]:
-    return np.asarray(parameter.detach().to("cpu", torch.float64).numpy(), dtype=np.float64)
+def _float32(parameter: torch.Tensor) -> torch.Tensor:
+    return parameter.detach().to("cpu", torch.float32)
 
 
 def _biases(projections: list[Any], frac: int) -> npt.NDArray[np.int64] | None:
@@ -254,47 +270,50 @@ def _biases(projections: list[Any], frac: int) -> npt.NDArray[np.int64] | None:
     biases = [p.bias for p in projections]
     if all(b is None for b in biases):
         return None
-    real = np.concatenate([np.zeros(p.out_features) if b is None else _float64(b)
+    real = np.concatenate([np.zeros(p.out_features) if b is None
+                           else b.detach().to("cpu", torch.float64).numpy()
                            for p, b in zip(projections, biases, strict=True)])
     if not np.all(np.abs(real) < 2.0 ** (62 - frac)):
         raise UnsupportedWeightsError("a bias is too large (or not finite) for fixed point")
     return np.asarray(np.rint(np.ldexp(real, frac)), dtype=np.int64)
 
 
-def _int_linear(weight: npt.NDArray[np.float64], planes: int,
-                norm: npt.NDArray[np.float64] | None,
+def _int_linear(weight: torch.Tensor, planes: int, norm: torch.Tensor | None,
                 bias: npt.NDArray[np.int64] | None) -> IntLinear:
     """Per-row fixed point of ``weight * norm`` (norm weights along K), with sqrt(K) folded into
-    the scales of norm-fed layers; float64 elementwise operations only (correctly rounded)."""
+    the scales of norm-fed layers.
+
+    float32 elementwise operations (multiply, divide, round: each correctly rounded by IEEE-754)
+    on the float32 weights, then float64 for the ``[N]`` scales.
+    """
     _, k = weight.shape
     if k > MAX_REDUCTION:
         raise UnsupportedWeightsError(f"a summed dimension of {k} exceeds {MAX_REDUCTION}")
-    folded = weight if norm is None else weight * norm[None, :]  # exact: float32 x float32
+    folded = weight if norm is None else weight * norm[None, :]  # [N, K]
     levels = _LEVELS[planes]
-    peak = np.abs(folded).max(axis=1)  # [N]
-    step = peak / levels
-    safe = np.where(step > 0, step, 1.0)
-    q = np.clip(np.rint(folded / safe[:, None]), -levels, levels).astype(np.int64)
-    row_scale = step * (math.sqrt(k) if norm is not None else 1.0)
-    top = float(row_scale.max())
-    if not math.isfinite(top):
+    step = torch.linalg.vector_norm(folded, ord=math.inf, dim=1) / levels  # [N]: max |row|
+    if not bool(torch.isfinite(step).all()):
         raise UnsupportedWeightsError("the model's weights are not finite")
+    safe = torch.where(step > 0, step, torch.ones_like(step))
+    q = (folded / safe[:, None]).round_().clamp_(-levels, levels).to(torch.int16)
+    row_scale = step.to(torch.float64).numpy() * (math.sqrt(k) if norm is not None else 1.0)
+    top = float(row_scale.max())
     exponent = math.frexp(top)[1] if top > 0 else 0
     scale_bits = _SCALE_MANTISSA_BITS[planes] - exponent
     scale = np.rint(np.ldexp(row_scale, scale_bits)).astype(np.int64)
     stacked = [q] if planes == 1 else [q >> PLANE_BITS, q & ((1 << PLANE_BITS) - 1)]
     return IntLinear(
-        weight=torch.from_numpy(np.concatenate(stacked).astype(np.int8)).clone(),
+        weight=torch.cat(stacked).to(torch.int8).contiguous(),
         scale=torch.from_numpy(scale), scale_bits=scale_bits, planes=planes,
         bias=None if bias is None else torch.from_numpy(bias))
 
 
-def _embedding(table: npt.NDArray[np.float64]) -> tuple[torch.Tensor, int]:
+def _embedding(table: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The embedding rows as int32 at ``2**-frac``, with ``frac <= HIDDEN_FRAC`` as large as
     int32 allows (exact for the embedded model's Q8_0 rows at 2**-24)."""
-    top = float(np.abs(table).max())
+    top = float(table.abs().max())
     if not math.isfinite(top):
         raise UnsupportedWeightsError("the model's embedding is not finite")
     frac = min(HIDDEN_FRAC, 30 - (math.frexp(top)[1] if top > 0 else 0))
-    fixed = np.rint(np.ldexp(table, frac)).astype(np.int32)
-    return torch.from_numpy(fixed).clone(), frac
+    # scaling by a power of two is exact; round is exact
+    return torch.round(table * float(1 << frac)).to(torch.int32), frac

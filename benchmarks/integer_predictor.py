@@ -1,0 +1,231 @@
+"""The integer predictor against the float model: bits per token, step cost, prefill speed.
+
+On the 4 shipped texts (prose, code, legal, technical; the first ``--tokens`` tokens of each,
+tokenized with the model's tokenizer), with SmolLM2-135M on the CPU:
+
+* bits/token: the integer predictor's coder tables (``seqkv.models.integer.table``) against the
+  float model's cross-entropy on the same positions (each token predicted after the start token
+  and the tokens before it), and the tables' cost over the integer model's ideal ``-log2 p``;
+* cost of one forward of 1, 4 and 16 rows (16 sessions of ``--context`` tokens, one new token
+  each) against one transformers float32 step at the same context, on one thread;
+* prefill throughput for one chunk of ``--tokens`` rows, on 1 and 2 threads, beside a
+  transformers prefill of the same tokens;
+* the same bits and batch-1 cost for predictors truncated to ``--layers`` layers.
+
+Timings are medians (and minima) of ``--repeats`` runs. Prints one JSON object.
+
+Usage: ``PYTHONPATH=src python benchmarks/integer_predictor.py [--tokens 256] [--context 128]
+[--layers 6 12] [--weight-planes 1] [--repeats 5] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.resources
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from seqkv.coding.frequencies import FREQUENCY_BITS
+from seqkv.models import CausalLM, load_default_model
+from seqkv.models.integer import (
+    IntegerConfig,
+    IntegerForward,
+    integer_tables,
+    integer_weights,
+)
+from seqkv.schedule import pinned_threads
+
+TEXTS = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
+         "technical": "kinds/technical.txt"}
+BITS_TARGET = 0.01  # at most +1% over the float model's cross-entropy
+STEP_TARGET_MS = 18.0
+PREFILL_TARGET = 470.0  # tokens/s
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    min_ms: float
+
+
+@dataclass(frozen=True)
+class TextBits:
+    text: str
+    tokens: int
+    float_cross_entropy: float  # bits/token, float64 softmax of transformers' logits
+    integer_ideal: float  # bits/token, -log2 p under the integer model
+    integer_table: float  # bits/token, -log2(count / 2**32) of the coded tokens
+    table_overhead: float  # integer_table - integer_ideal
+    relative_to_float: float  # integer_table / float_cross_entropy - 1
+    meets_target: bool
+
+
+@dataclass(frozen=True)
+class StepCost:
+    rows: int
+    integer: Timing
+    per_row_ms: float
+    float_step: Timing  # one transformers step of one session at the same context
+    speedup_per_row: float
+
+
+@dataclass(frozen=True)
+class Prefill:
+    threads: int
+    rows: int
+    integer: Timing
+    tokens_per_second: float
+    float_prefill: Timing
+    float_tokens_per_second: float
+    meets_target: bool
+
+
+@dataclass(frozen=True)
+class Truncated:
+    layers: int
+    bits: list[TextBits]
+    step: Timing
+
+
+@dataclass(frozen=True)
+class Report:
+    model: str
+    machine: str
+    torch_version: str
+    weight_planes: int
+    digest: str
+    bits: list[TextBits]
+    steps: list[StepCost]
+    prefill: list[Prefill]
+    truncated: list[Truncated]
+    bits_target_met: bool
+    step_target_met: bool
+    prefill_target_met: bool
+
+
+def _time(run: Callable[[], object], repeats: int) -> Timing:
+    run()  # warm up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - start)
+    return Timing(1000 * statistics.median(seconds), 1000 * min(seconds))
+
+
+def _float_log2p(model: CausalLM, inputs: list[int]) -> np.ndarray:
+    with torch.inference_mode():
+        logits = model.model(input_ids=torch.tensor([inputs])).logits[0].double().numpy()
+    shifted = logits - logits.max(-1, keepdims=True)
+    return np.asarray((shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))) / np.log(2))
+
+
+def _bits(model: CausalLM, engine: IntegerForward, name: str, tokens: list[int],
+          float_log2p: np.ndarray) -> TextBits:
+    start = model.start_token_id
+    inputs = [start if start is not None else tokens[0], *tokens[:-1]]
+    rows = engine.forward([(engine.new_sequence(), inputs)])[0]
+    tables, log2p = integer_tables(rows)
+    picked = np.arange(len(tokens))
+    target = np.array(tokens)
+    counts = (tables[picked, target + 1] - tables[picked, target]).astype(np.float64)
+    table_bits = float(np.mean(FREQUENCY_BITS - np.log2(counts)))
+    ideal = float(-log2p[picked, target].mean())
+    cross_entropy = float(-float_log2p[picked, target].mean())
+    relative = table_bits / cross_entropy - 1
+    return TextBits(name, len(tokens), cross_entropy, ideal, table_bits, table_bits - ideal,
+                    relative, relative <= BITS_TARGET)
+
+
+def _step_cost(engine: IntegerForward, context: list[int], rows: int, repeats: int,
+               float_step: Timing) -> StepCost:
+    sessions = engine.new_batch(rows)
+    engine.forward([(s, context) for s in sessions])
+    length = len(context)
+    token = context[-1]
+
+    def step() -> None:
+        for s in sessions:
+            s.crop(length)
+        engine.forward([(s, [token]) for s in sessions])
+
+    timing = _time(step, repeats)
+    return StepCost(rows, timing, timing.median_ms / rows, float_step,
+                    float_step.median_ms / (timing.median_ms / rows))
+
+
+def _float_step(model: CausalLM, context: list[int], repeats: int) -> Timing:
+    cache = model.prefill(context)
+    kv = model.kv_tensor(cache)
+
+    def step() -> None:
+        model.new_stepper(kv).step(context[-1])
+
+    return _time(step, repeats)
+
+
+def _prefill(model: CausalLM, engine: IntegerForward, tokens: list[int], threads: int,
+             repeats: int) -> Prefill:
+    with pinned_threads(threads):
+        timing = _time(lambda: engine.forward([(engine.new_sequence(), tokens)]), repeats)
+        floats = _time(lambda: model.prefill(tokens), repeats)
+    rate = len(tokens) / (timing.median_ms / 1000)
+    return Prefill(threads, len(tokens), timing, rate, floats,
+                   len(tokens) / (floats.median_ms / 1000), rate >= PREFILL_TARGET)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--layers", type=int, nargs="*", default=[6, 12])
+    parser.add_argument("--weight-planes", type=int, choices=[1, 2], default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="two texts, fewer repeats")
+    args = parser.parse_args()
+    model = load_default_model()
+    config = IntegerConfig(weight_planes=args.weight_planes)
+    engine = IntegerForward(model, config=config)
+    names = ["prose", "code"] if args.quick else list(TEXTS)
+    repeats = 2 if args.quick else args.repeats
+    texts = {name: model.encode_text(
+        (importlib.resources.files("seqkv") / "data" / TEXTS[name]).read_text("utf-8")
+    )[: args.tokens] for name in names}
+    start = model.start_token_id
+    floats = {name: _float_log2p(model, [start if start is not None else t[0], *t[:-1]])
+              for name, t in texts.items()}
+    with pinned_threads(1):
+        bits = [_bits(model, engine, name, texts[name], floats[name]) for name in names]
+        context = texts["prose"][: args.context]
+        float_step = _float_step(model, context, repeats)
+        steps = [_step_cost(engine, context, rows, repeats, float_step)
+                 for rows in (1, 4, 16)]
+        truncated = []
+        for layers in args.layers:
+            short = IntegerForward(integer_weights(model, config), layers=layers)
+            short_bits = [_bits(model, short, name, texts[name], floats[name]) for name in names]
+            truncated.append(Truncated(layers, short_bits,
+                                       _step_cost(short, context, 1, repeats,
+                                                  float_step).integer))
+    prefill = [_prefill(model, engine, texts["prose"], threads, max(2, repeats // 2))
+               for threads in (1, 2)]
+    report = Report(
+        model=model.name, machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
+        torch_version=torch.__version__, weight_planes=args.weight_planes,
+        digest=engine.digest, bits=bits, steps=steps, prefill=prefill, truncated=truncated,
+        bits_target_met=all(b.meets_target for b in bits),
+        step_target_met=steps[0].integer.median_ms <= STEP_TARGET_MS,
+        prefill_target_met=all(p.meets_target for p in prefill))
+    print(json.dumps(dataclasses.asdict(report), indent=1))
+
+
+if __name__ == "__main__":
+    main()
