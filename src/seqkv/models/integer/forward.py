@@ -13,10 +13,10 @@ Formats (``x`` at ``2**-f`` means the int64 ``x`` stands for ``x / 2**f``):
   that brings ``|q|`` below ``2**14``, split into two int8 planes ``q = 128 * hi + lo``
   (``hi`` signed, ``lo`` in ``[0, 127]``), stacked as ``[2 * rows, K]`` so one ``_int_mm`` per
   layer serves both planes and all rows of the call. A row's real value is
-  ``q * factor * 2**exponent`` (``_Quantized``): the factor carries RMSNorm's ``1/rms``;
-* RMSNorm: ``y = g * h / rms(h)`` is ``q * sqrt(K) / sqrt(sum q**2 + eps')``, since the row's
-  scale cancels; ``g`` and ``sqrt(K)`` are folded into the weights (``weights.py``) and
-  ``2**38 / sqrt(.)`` is ``fixedpoint.rsqrt``;
+  ``q * 2**exponent`` (``_Quantized``), so a layer's output is ``(acc * scale) >> shift``;
+* RMSNorm: ``y = g * h / rms(h)`` is ``q * sqrt(K) / sqrt(sum q**2 + eps')`` for the 16-bit
+  ``q = h >> s``, since the row's scale cancels; ``g`` and ``sqrt(K)`` are folded into the
+  weights (``weights.py``); ``q * 2**38 / sqrt(.)`` (``fixedpoint.rsqrt``) is quantized again;
 * queries, keys, values at ``2**-QKV_FRAC`` (20) after the projection; RoPE with ``2**-30``
   tables; then per (row, head) the same 14-bit planes. The KV pool holds those planes and
   shifts, i.e. a 14-bit floating-point KV cache;
@@ -85,15 +85,13 @@ from seqkv.models.integer.weights import (
 
 LOGIT_FRAC = 16  # output logits: natural-log units at 2**-16
 ACTIVATION_BITS = 14  # |q| < 2**14: two int8 planes
-# NOTE: the RMSNorm factor 2**38 / sqrt(sum of squares) lies in [2**15, 2**26] because rsqrt's
-# domain is [2**24, 2**46]; a 14-bit row's sum of squares is at least 2**26 unless the row is
-# nearly zero (and eps' lifts it).
+NORM_BITS = 16  # RMSNorm input: |q| < 2**16, so sum(q**2) < K * 2**32 stays in rsqrt's domain
+# NOTE: the RMSNorm factor 2**38 / sqrt(sum of squares) lies in [2**15, 2**23] for rows whose
+# largest |q| reaches 2**15 (sum of squares >= 2**30), so q * factor < 2**39.
 RSQRT_BITS = 38
 # NOTE: int32 holds 128 * high + low for sums over K <= 1024 (K * 127 * (2**14 + 127) < 2**31).
 _INT32_DEPTH = 1024
-SCALE_SHIFT = 22  # (acc * scale) < 2**58 drops 22 bits before the row factor (< 2**26)
-GATE_FRAC = 16
-UP_FRAC = 44  # up / (row factor) at 2**-44: below 2**33 for |up| < 128
+GATE_FRAC = 16  # gate and up at 2**-16: below 2**23 for |values| < 128
 _LOGIT_SCALE_BITS = 24
 _MASKED = -(1 << 60)
 _LOW_MASK = (1 << PLANE_BITS) - 1
@@ -219,11 +217,10 @@ class _PoolWrites:
 
 @dataclass(frozen=True)
 class _Quantized:
-    """Rows entering a linear layer: ``x = q * factor * 2**exponent`` per row."""
+    """Rows entering a linear layer: ``x = q * 2**exponent`` per row, ``|q| < 2**14``."""
 
     planes: torch.Tensor  # int8 [2 * rows, K]: the high planes, then the low planes
-    factor: torch.Tensor | None  # int64 [rows, 1]
-    exponent: torch.Tensor | int  # int64 [rows, 1] or one constant
+    exponent: torch.Tensor  # int64 [rows, 1]
 
 
 class IntegerForward:
@@ -376,11 +373,20 @@ class IntegerForward:
         return spans, ids, positions
 
     def _norm(self, hidden: torch.Tensor) -> _Quantized:
-        """RMSNorm (weights folded into the next layer) and the 14-bit planes of its input."""
-        q, planes, shift = self._quantize(hidden)
-        squares = (q * q).sum(-1, keepdim=True)  # [rows, 1], < K * 2**28
+        """RMSNorm (weights and sqrt(K) folded into the next layer) as 14-bit planes.
+
+        ``h / rms(h) = q * sqrt(K) / sqrt(sum q**2 + eps')`` for ``q = h >> s`` (16 bits): the
+        row's scale cancels. ``q * 2**38 / sqrt(.)`` is quantized again to 14 bits, so every
+        later product needs one shift per row and no multiply (measured: two fewer passes
+        over each norm-fed layer's output, the head's [rows, 49152] among them).
+        """
+        peak = hidden.abs().amax(-1, keepdim=True)
+        shift = excess_bits(peak, NORM_BITS, self._tables)  # [rows, 1]
+        q = hidden >> shift
+        squares = (q * q).sum(-1, keepdim=True)  # < K * 2**32
         factor = rsqrt(squares + self._eps_by_shift[shift], RSQRT_BITS, self._tables)
-        return _Quantized(planes, factor, -RSQRT_BITS)
+        _, planes, exponent = self._quantize(q * factor)
+        return _Quantized(planes, exponent - RSQRT_BITS)
 
     def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per row: ``q = x >> s`` below 2**14, its two planes ``[2 * rows, K]``, and ``s``."""
@@ -416,7 +422,7 @@ class IntegerForward:
     def _linear(self, x: _Quantized, linear: IntLinear, out_frac: int) -> torch.Tensor:
         """``x @ W.T (+ b)`` at ``2**-out_frac`` (int64 ``[rows, N]``)."""
         acc = self._accumulate(x.planes, linear)
-        return _scale(acc, linear.scale, linear.scale_bits, x, out_frac, linear.bias)
+        return _scale(acc, linear.scale, linear.scale_bits, x.exponent, out_frac, linear.bias)
 
     def _attention(self, index: int, layer: IntLayer, hidden: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, spans: list[_Span], writes: list[_PoolWrites]
@@ -453,7 +459,7 @@ class IntegerForward:
                 out[rows], exponent[rows] = self._attend(
                     index, planes[rows, :heads], shift[rows, :heads], span)
         _, o_planes, o_shift = self._quantize(out.view(n, heads * head_dim))
-        x = _Quantized(o_planes, None, o_shift + exponent - (QKV_FRAC + SOFTMAX_BITS))
+        x = _Quantized(o_planes, o_shift + exponent - (QKV_FRAC + SOFTMAX_BITS))
         return self._linear(x, layer.o, HIDDEN_FRAC)
 
     def _attend(self, index: int, q_planes: torch.Tensor, q_shift: torch.Tensor, span: _Span
@@ -507,38 +513,25 @@ class IntegerForward:
 
     def _mlp(self, layer: IntLayer, hidden: torch.Tensor) -> torch.Tensor:
         x = self._norm(hidden)
-        acc = self._accumulate(x.planes, layer.gate_up)
-        half = acc.shape[1] // 2
         linear = layer.gate_up
-        gate = _scale(acc[:, :half], linear.scale[:half], linear.scale_bits, x, GATE_FRAC, None)
-        # up / factor: the row factor joins again after down_proj, saving a pass over [rows, I]
-        unscaled = _Quantized(x.planes, None, x.exponent)
-        up = _scale(acc[:, half:], linear.scale[half:], linear.scale_bits, unscaled, UP_FRAC,
-                    None)
+        acc = self._accumulate(x.planes, linear)
+        half = acc.shape[1] // 2
+        gate = _scale(acc[:, :half], linear.scale[:half], linear.scale_bits, x.exponent,
+                      GATE_FRAC, None)
+        up = _scale(acc[:, half:], linear.scale[half:], linear.scale_bits, x.exponent,
+                    GATE_FRAC, None)
         silu = (gate * sigmoid(gate, GATE_FRAC, self._tables)) >> TABLE_BITS
-        _, planes, shift = self._quantize(silu * up)  # |silu| < 2**22, |up| < 2**33
-        inner = _Quantized(planes, x.factor, shift - (GATE_FRAC + UP_FRAC))
+        _, planes, shift = self._quantize(silu * up)  # |silu|, |up| < 2**23: below 2**46
+        inner = _Quantized(planes, shift - 2 * GATE_FRAC)
         return self._linear(inner, layer.down, HIDDEN_FRAC)
 
 
-def _scale(acc: torch.Tensor, scale: torch.Tensor, scale_bits: int, x: _Quantized,
+def _scale(acc: torch.Tensor, scale: torch.Tensor, scale_bits: int, exponent: torch.Tensor,
            out_frac: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """``acc * scale * 2**-scale_bits * factor * 2**exponent`` at ``2**-out_frac``.
-
-    ``acc * scale < 2**58``; with a row factor (< 2**26) 22 bits go first. A per-row exponent
-    gives a right shift that is non-negative for activations within the assumed bounds
-    (|values| < 2**11 real, weights below 2**9); it is clamped at 0.
-    """
-    product = acc * scale
-    amount = scale_bits - out_frac
-    if x.factor is not None:
-        product = (product >> SCALE_SHIFT) * x.factor
-        amount -= SCALE_SHIFT
-    if isinstance(x.exponent, int):
-        total = amount - x.exponent
-        result = product >> total if total >= 0 else product << -total
-    else:
-        result = product >> (amount - x.exponent).clamp(0, 62)
+    """``acc * scale * 2**(exponent - scale_bits)`` at ``2**-out_frac``: ``acc * scale`` is below
+    2**58, and the per-row right shift is non-negative for activations and weights within the
+    assumed bounds (|values| < 2**11 real, weights below 2**9); it is clamped at 0."""
+    result = (acc * scale) >> (scale_bits - out_frac - exponent).clamp(0, 62)
     return result if bias is None else result + bias
 
 
