@@ -10,7 +10,7 @@ import torch
 
 from seqkv.errors import UnsupportedModelError
 from seqkv.models import CausalLM, tiny_random_llama
-from seqkv.models.integer import IntegerConfig, IntegerWeights
+from seqkv.models.integer import IntegerConfig, IntegerForward, IntegerWeights
 from seqkv.models.integer.weights import HIDDEN_FRAC, IntLinear, WeightPlanes
 
 
@@ -95,3 +95,13 @@ def test_the_real_models_q8_embedding_is_exact(real_model: CausalLM) -> None:
     table = real_model.model.model.embed_tokens.weight.detach().double().numpy()
     assert weights.embedding_frac == HIDDEN_FRAC
     assert np.array_equal(weights.embedding.numpy() / 2.0**HIDDEN_FRAC, table)
+
+
+def test_moving_the_weights_keeps_digest_and_rows(tiny_model: CausalLM) -> None:
+    weights = IntegerWeights.from_model(tiny_model)
+    moved = weights.to("cpu")
+    assert moved.digest() == weights.digest()
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    first, second = (IntegerForward(w) for w in (weights, moved))
+    assert np.array_equal(first.forward([(first.new_sequence(), tokens)])[0],
+                          second.forward([(second.new_sequence(), tokens)])[0])

@@ -201,7 +201,7 @@ def rope_tables(head_dim: int, theta: float, positions: int) -> tuple[IntArray, 
 class FixedPointTables:
     """The runtime tables on one device (int64 tensors)."""
 
-    powers_of_two: torch.Tensor  # [63]: 2**0 .. 2**62
+    thresholds: tuple[torch.Tensor, ...]  # thresholds[b]: [63 - b] = 2**b .. 2**62
     softmax: torch.Tensor  # exp2_neg_table(SOFTMAX_BITS, 2**SOFTMAX_BITS - 1)
     rsqrt: torch.Tensor  # [2**11, 2]: (value, next - value), rows below 2**9 unused
     sigmoid: torch.Tensor  # int32 [2 * 16 * 2**13]
@@ -212,7 +212,7 @@ class FixedPointTables:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
         return cls(
-            powers_of_two=tensor([1 << i for i in range(63)]),
+            thresholds=tuple(tensor([1 << i for i in range(b, 63)]) for b in range(63)),
             softmax=tensor(exp2_neg_table(SOFTMAX_BITS, (1 << SOFTMAX_BITS) - 1)),
             rsqrt=tensor(_pairs(rsqrt_table(), _RSQRT_LOW)),
             sigmoid=tensor(sigmoid_table()).to(torch.int32),
@@ -228,7 +228,9 @@ def excess_bits(x: torch.Tensor, bits: int, tables: FixedPointTables) -> torch.T
     """``max(0, bit_length(x) - bits)`` for non-negative int64 ``x``: the smallest ``s >= 0``
     with ``x >> s < 2**bits`` (exact; it counts the powers ``2**bits .. 2**62`` that ``x``
     reaches)."""
-    return (x.unsqueeze(-1) >= tables.powers_of_two[bits:]).sum(-1)
+    if x.shape[-1] == 1:  # a column (a row maximum kept as [..., 1]): broadcast directly
+        return (x >= tables.thresholds[bits]).sum(-1, keepdim=True)
+    return (x.unsqueeze(-1) >= tables.thresholds[bits]).sum(-1)
 
 
 def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

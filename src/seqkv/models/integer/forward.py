@@ -97,6 +97,7 @@ _MASKED = -(1 << 60)
 _LOW_MASK = (1 << PLANE_BITS) - 1
 _INITIAL_CAPACITY = 64
 _HEAD_ROWS = 8
+_SMALL_ROWS = 16
 # NOTE: attention temporaries are [rows, heads, keys] int64; 32 rows keep them cache-sized.
 _ATTENTION_ROWS = 32
 
@@ -393,9 +394,14 @@ class IntegerForward:
         shift = excess_bits(x.abs().amax(-1, keepdim=True), ACTIVATION_BITS, self._tables)
         q = x >> shift
         rows = x.shape[0]
-        planes = torch.empty((2 * rows, x.shape[1]), dtype=torch.int8, device=x.device)
-        planes[:rows] = q >> PLANE_BITS
-        planes[rows:] = q & _LOW_MASK
+        if rows <= _SMALL_ROWS:
+            planes = torch.cat((q >> PLANE_BITS, q & _LOW_MASK)).to(torch.int8)
+        else:
+            # NOTE: large blocks write the planes straight into int8 (no int64 temporary of
+            # twice the rows); small ones take the path with fewer torch calls.
+            planes = torch.empty((2 * rows, x.shape[1]), dtype=torch.int8, device=x.device)
+            planes[:rows] = q >> PLANE_BITS
+            planes[rows:] = q & _LOW_MASK
         return q, planes, shift
 
     def _accumulate(self, planes: torch.Tensor, linear: IntLinear) -> torch.Tensor:
@@ -531,7 +537,7 @@ def _scale(acc: torch.Tensor, scale: torch.Tensor, scale_bits: int, exponent: to
     """``acc * scale * 2**(exponent - scale_bits)`` at ``2**-out_frac``: ``acc * scale`` is below
     2**58, and the per-row right shift is non-negative for activations and weights within the
     assumed bounds (|values| < 2**11 real, weights below 2**9); it is clamped at 0."""
-    result = (acc * scale) >> (scale_bits - out_frac - exponent).clamp(0, 62)
+    result = (acc * scale) >> (scale_bits - out_frac - exponent).clamp_(0, 62)
     return result if bias is None else result + bias
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from typing import Any, Literal, NewType
 
@@ -175,6 +175,18 @@ class IntegerWeights:
                            bias=None)
         embedding, embedding_frac = _embedding(_float32(backbone.embed_tokens.weight))
         return cls(geometry, config, embedding, embedding_frac, tuple(layers), head)
+
+    def to(self, device: torch.device | str) -> IntegerWeights:
+        """The same integers on ``device`` (the forward runs where its weights are; the digest
+        does not change)."""
+        def move(linear: IntLinear) -> IntLinear:
+            return replace(linear, weight=linear.weight.to(device), scale=linear.scale.to(device),
+                           bias=None if linear.bias is None else linear.bias.to(device))
+
+        layers = tuple(IntLayer(move(layer.qkv), move(layer.o), move(layer.gate_up),
+                                move(layer.down)) for layer in self.layers)
+        return replace(self, embedding=self.embedding.to(device), layers=layers,
+                       head=move(self.head))
 
     def digest(self) -> PredictorDigest:
         """SHA-256 over the version, geometry, config and every integer tensor."""
