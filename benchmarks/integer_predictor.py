@@ -15,7 +15,7 @@ tokenized with the model's tokenizer), with SmolLM2-135M on the CPU:
 Timings are medians (and minima) of ``--repeats`` runs. Prints one JSON object.
 
 Usage: ``PYTHONPATH=src python benchmarks/integer_predictor.py [--tokens 256] [--context 128]
-[--layers 6 12] [--weight-planes 1] [--repeats 5] [--quick]``.
+[--layers 6 12 24] [--weight-planes 1] [--activation-planes 2] [--repeats 5] [--quick]``.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ class Report:
     machine: str
     torch_version: str
     weight_planes: int
+    activation_planes: int
     digest: str
     bits: list[TextBits]
     steps: list[StepCost]
@@ -186,13 +187,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--context", type=int, default=128)
-    parser.add_argument("--layers", type=int, nargs="*", default=[6, 12])
+    parser.add_argument("--layers", type=int, nargs="*", default=[6, 12, 24])
     parser.add_argument("--weight-planes", type=int, choices=[1, 2], default=1)
+    parser.add_argument("--activation-planes", type=int, choices=[1, 2], default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="two texts, fewer repeats")
     args = parser.parse_args()
     model = load_default_model()
-    config = IntegerConfig(weight_planes=args.weight_planes)
+    config = IntegerConfig(weight_planes=args.weight_planes,
+                           activation_planes=args.activation_planes)
     engine = IntegerForward(model, config=config)
     names = ["prose", "code"] if args.quick else list(TEXTS)
     repeats = 2 if args.quick else args.repeats
@@ -220,6 +223,7 @@ def main() -> None:
     report = Report(
         model=model.name, machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
         torch_version=torch.__version__, weight_planes=args.weight_planes,
+        activation_planes=args.activation_planes,
         digest=engine.digest, bits=bits, steps=steps, prefill=prefill, truncated=truncated,
         bits_target_met=all(b.meets_target for b in bits),
         step_target_met=steps[0].integer.median_ms <= STEP_TARGET_MS,

@@ -165,6 +165,21 @@ def test_fifteen_bit_weights_are_closer_to_the_float_model(
     assert np.array_equal(steps, rows[:8])
 
 
+def test_int8_activations_are_invariant_and_further_from_float(
+    tiny_model: CausalLM, reference: tuple[np.ndarray, torch.Tensor]
+) -> None:
+    coarse = IntegerForward(tiny_model, config=IntegerConfig(activation_planes=1))
+    rows = _one_chunk(coarse, TOKENS)[0]
+    sequence = coarse.new_sequence()
+    steps = np.concatenate([coarse.forward([(sequence, [t])])[0] for t in TOKENS[:8]])
+    assert np.array_equal(steps, rows[:8])
+    with torch.inference_mode():
+        logits = tiny_model.model(input_ids=torch.tensor([TOKENS])).logits[0].numpy()
+    error = np.abs(rows / 2**LOGIT_FRAC - logits).max()
+    assert np.abs(reference[0] / 2**LOGIT_FRAC - logits).max() < error < 0.1
+    assert coarse.digest != IntegerForward(tiny_model).digest
+
+
 def test_truncated_predictors_are_invariant_too(tiny_model: CausalLM,
                                                 engine: IntegerForward) -> None:
     short = IntegerForward(engine.weights, layers=1)

@@ -242,6 +242,7 @@ class IntegerForward:
         self.max_positions = geometry.max_positions
         self.vocab_size = geometry.vocab
         self.device = weights.embedding.device
+        self._activation_planes = weights.config.activation_planes
         device = self.device
         self._tables = FixedPointTables.on(device)
         heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
@@ -390,10 +391,15 @@ class IntegerForward:
         return _Quantized(planes, exponent - RSQRT_BITS)
 
     def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per row: ``q = x >> s`` below 2**14, its two planes ``[2 * rows, K]``, and ``s``."""
+        """Per row: ``q = x >> s`` below 2**14 (2**7 for one activation plane), its planes
+        ``[planes * rows, K]``, and ``s``."""
+        rows = x.shape[0]
+        if self._activation_planes == 1:
+            shift = excess_bits(x.abs().amax(-1, keepdim=True), PLANE_BITS, self._tables)
+            q = x >> shift
+            return q, q.to(torch.int8), shift
         shift = excess_bits(x.abs().amax(-1, keepdim=True), ACTIVATION_BITS, self._tables)
         q = x >> shift
-        rows = x.shape[0]
         if rows <= _SMALL_ROWS:
             planes = torch.cat((q >> PLANE_BITS, q & _LOW_MASK)).to(torch.int8)
         else:
@@ -405,9 +411,15 @@ class IntegerForward:
         return q, planes, shift
 
     def _accumulate(self, planes: torch.Tensor, linear: IntLinear) -> torch.Tensor:
-        """The exact products ``[rows, N]`` of 14-bit rows and the layer's integers (int32 when
-        they fit, else int64)."""
+        """The exact products ``[rows, N]`` of the activation rows and the layer's integers
+        (int32 when they fit, else int64)."""
         weight = linear.weight.t()  # [K, planes * N]
+        n = linear.out_features
+        if self._activation_planes == 1:
+            raw = int_matmul(planes, weight)  # [rows, planes * N], |.| < K * 2**14
+            if linear.planes == 1:
+                return raw
+            return torch.add(raw[:, n:], raw[:, :n], alpha=1 << PLANE_BITS)
         rows = planes.shape[0] // 2
         if rows == 1:
             # NOTE: two one-row products beat one two-row product here (in cache, 576 x 3072:
@@ -420,7 +432,6 @@ class IntegerForward:
         if wide:
             high, low = high.to(torch.int64), low.to(torch.int64)
         if linear.planes > 1:
-            n = linear.out_features
             high = torch.add(high[:, n:], high[:, :n], alpha=1 << PLANE_BITS)
             low = torch.add(low[:, n:], low[:, :n], alpha=1 << PLANE_BITS)
         return torch.add(low, high, alpha=1 << PLANE_BITS)

@@ -58,6 +58,7 @@ from seqkv.models.adapter import CausalLM
 
 PredictorDigest = NewType("PredictorDigest", str)
 WeightPlanes = Literal[1, 2]
+ActivationPlanes = Literal[1, 2]
 
 # NOTE: bump on any change to the arithmetic of the integer forward or table: the digest then
 # changes, so a file coded by an older predictor is refused rather than decoded wrongly.
@@ -86,6 +87,10 @@ class IntegerConfig:
 
     # NOTE: 1 plane is the measured choice, see the module docstring.
     weight_planes: WeightPlanes = 1
+    # NOTE: 2 planes (14-bit activations) is the measured choice, see forward.py; 1 plane
+    # (int8 activations into every linear layer) is the faster, costlier alternative the
+    # benchmark reports.
+    activation_planes: ActivationPlanes = 2
 
 
 @dataclass(frozen=True, eq=False)
