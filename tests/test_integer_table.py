@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import doctest
+import importlib
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -101,3 +104,8 @@ def test_a_prefill_encodes_what_token_by_token_steps_decode(tiny_model: CausalLM
         previous = decoder.decode(table)
         decoded.append(previous)
     assert decoded == tokens
+
+
+def test_the_package_docstring_runs() -> None:
+    result = doctest.testmod(importlib.import_module("seqkv.models.integer"))
+    assert result.attempted > 0 and result.failed == 0

@@ -31,20 +31,23 @@ SmolLM2-135M): int8 per-row activations before every linear layer cost +0.6/+3.5
 cross-entropy on prose/code/legal/technical, 14 bits +0.00/+0.01/+0.02/-0.00 %. Leaving the
 outlier channels (8 per layer, found on random tokens) at 14 bits and the rest at int8 still
 cost up to +0.6 %; every layer kind but o_proj contributed (qkv up to +0.75 %, MLP input +0.68,
-down_proj input +1.2, head +0.64). So every linear layer takes two activation planes.
+down_proj input +1.2, head +0.64). So every linear layer takes two activation planes by default;
+``IntegerConfig(activation_planes=1)`` (int8) is the faster variant the benchmark reports.
 
 Invariants:
 1. Every output row depends only on its sequence's tokens up to and including its position
    (enforced by construction: per-row scales come from that row's own maximum, attention runs
    per sequence with keys up to the row's position, and every reduction is exact).
-2. No float operation runs in the forward; every shift amount is within [0, 62] (enforced;
-   the clamps sit in ``fixedpoint``), and every product fits int64 for activations within the
-   bounds stated at each site (assumed: |residual| < 2**38, |q|, |k|, |v| < 2**11 real).
-3. ``IntegerForward.forward`` appends each sequence's ids to its pool slot and returns int64
-   logit rows ``[len(ids), vocab]``; ``IntSequence.crop`` only shortens (enforced).
+2. No float operation runs in the forward. Every shift amount lies in [0, 62]: a constant, a
+   quantization shift (at most 49), or clamped (enforced). Every product fits int64 for values
+   within the bounds stated at each site (assumed: |q|, |k| < 2**11, |gate| < 2**17,
+   |silu(gate) * up| < 2**31 in real units; SmolLM2-135M peaks at 21, 49 and ~3,700).
+3. ``IntegerForward.forward`` appends each sequence's ids to its pool slot (it mutates the
+   sequences' lengths and their pools) and returns int64 logit rows ``[len(ids), vocab]``;
+   ``IntSequence.crop`` only shortens (enforced). The engine itself only caches start rows.
 4. On CUDA, ``_int_mm`` needs more than 16 rows and sizes in multiples of 8: ``int_matmul``
-   pads with zeros, which leaves every integer sum unchanged (designed for; not tested here,
-   this machine has no GPU).
+   pads with zeros, which leaves every integer sum unchanged. Move the weights with
+   ``IntegerWeights.to(device)``. Designed for, not tested: this machine has no GPU.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ NORM_BITS = 16  # RMSNorm input: |q| < 2**16, so sum(q**2) < K * 2**32 stays in 
 RSQRT_BITS = 38
 # NOTE: int32 holds 128 * high + low for sums over K <= 1024 (K * 127 * (2**14 + 127) < 2**31).
 _INT32_DEPTH = 1024
-GATE_FRAC = 16  # gate and up at 2**-16: below 2**23 for |values| < 128
+GATE_FRAC = 16  # gate and up at 2**-16 (gate * sigmoid * 2**30 < 2**63 for |gate| < 2**17)
 _LOGIT_SCALE_BITS = 24
 _MASKED = -(1 << 60)
 _LOW_MASK = (1 << PLANE_BITS) - 1
