@@ -23,8 +23,8 @@ Functions and their documented errors (checked against float64 references by
                               a table within 2**-31 relative)
 ``exp2_neg_fine`` (numpy)     the same with a two-level table over 20 fractional bits:
                               relative error <= 2**-29 before the final floor
-``rsqrt``                     ``2**out / sqrt(v)`` on [2**24, 2**46]: relative error
-                              <= 5e-7, plus 1 ulp
+``rsqrt``                     ``2**out / sqrt(v)`` for v >= 2**24: relative error
+                              <= 2**-17 + 2**-30, plus the final floor
 ``sigmoid``                   ``2**30 * sigmoid(x)``: absolute error <= 2**-16 + 2**-31,
                               and <= sigmoid(x) * 2**-14 + 2**-31
 ``rope_tables``               cos and sin at 2**-30: absolute error <= 2**-29
@@ -65,11 +65,14 @@ EXP2_FRAC_BITS = 12  # attention: log2 logits with 12 fractional bits index a 40
 SOFTMAX_BITS = 14  # attention weights: at most 2**14 - 1, two int8 planes
 FINE_FRAC_BITS = 20  # output table: two 1024-entry levels
 _FINE_HALF = FINE_FRAC_BITS // 2
-RSQRT_CELL_BITS = 21  # the rsqrt argument, scaled into [2**30, 2**32), in cells of 2**21
-_RSQRT_TABLE_BITS = 46
-_RSQRT_LOW = 1 << (30 - RSQRT_CELL_BITS)  # first cell index: 2**30 >> 21
-RSQRT_MIN = 1 << 24  # rsqrt's domain: a norm's sum of squares of 14-bit rows lies inside
-RSQRT_MAX = 1 << 46
+# NOTE: rsqrt scales its argument into [2**24, 2**26) and looks up the cell of 2**9 it falls
+# in, at the cell's midpoint: relative error <= 2**-17 (7.6e-6), with no interpolation. The
+# interpolated table it replaced (3.6e-7) cost six more torch calls per RMSNorm (61 per step);
+# 7.6e-6 is a deterministic scale error per row, far below the 6e-5 of 14-bit activations.
+RSQRT_CELL_BITS = 9
+RSQRT_MANTISSA_BITS = 42  # the table holds 2**42 / sqrt(cell midpoint): below 2**30
+RSQRT_MIN = 1 << 24  # rsqrt's domain: smaller arguments are raised to it
+RSQRT_MAX = (1 << 62) - 1
 # NOTE: a 2**-13 grid looked up at the nearest point (one gather, no interpolation) errs by at
 # most max|sigmoid'| * 2**-14 = 2**-16 absolute, 2**-14 relative; the interpolated 2**-7 grid
 # it replaced was exact to 7e-7 but cost four more passes over the [rows, 1536] gate (measured
@@ -95,17 +98,17 @@ def exp2_table(frac_bits: int) -> tuple[int, ...]:
 
 @cache
 def rsqrt_table() -> tuple[int, ...]:
-    """``floor(2**46 / sqrt(n * 2**21))`` for ``n`` in ``[2**9, 2**11]`` (1537 entries), exact:
-    ``isqrt(floor(a / b)) == floor(sqrt(a / b))``."""
-    return tuple(math.isqrt((1 << (2 * _RSQRT_TABLE_BITS)) // (n << RSQRT_CELL_BITS))
-                 for n in range(_RSQRT_LOW, 4 * _RSQRT_LOW + 1))
-
-
-def _pairs(values: tuple[int, ...], offset: int = 0) -> list[list[int]]:
-    """``[value[i], value[i + 1] - value[i]]`` rows for one-gather linear interpolation, after
-    ``offset`` unused zero rows (so an index needs no subtraction)."""
-    return [[0, 0]] * offset + [[values[i], values[i + 1] - values[i]]
-                                for i in range(len(values) - 1)]
+    """``round(2**42 / sqrt((n + 1/2) * 2**9))`` for ``n`` in ``[0, 2**17)`` (entries below
+    ``2**15`` are 0: no normalized argument reaches them), by exact integer arithmetic:
+    ``isqrt(floor(a / b)) == floor(sqrt(a / b))`` of twice the value, then halved rounding
+    up."""
+    low = 1 << (24 - RSQRT_CELL_BITS)
+    entries = [0] * low
+    for n in range(low, 4 * low):
+        # (2 * value)**2 = 4 * 2**84 / ((n + 1/2) * 2**9) = 2**87 / ((2n + 1) * 2**9)
+        doubled = math.isqrt((1 << 87) // ((2 * n + 1) << RSQRT_CELL_BITS))
+        entries.append((doubled + 1) >> 1)
+    return tuple(entries)
 
 
 @cache
@@ -203,7 +206,7 @@ class FixedPointTables:
 
     thresholds: tuple[torch.Tensor, ...]  # thresholds[b]: [63 - b] = 2**b .. 2**62
     softmax: torch.Tensor  # exp2_neg_table(SOFTMAX_BITS, 2**SOFTMAX_BITS - 1)
-    rsqrt: torch.Tensor  # [2**11, 2]: (value, next - value), rows below 2**9 unused
+    rsqrt: torch.Tensor  # int32 [2**17]
     sigmoid: torch.Tensor  # int32 [2 * 16 * 2**13]
 
     @classmethod
@@ -214,7 +217,7 @@ class FixedPointTables:
         return cls(
             thresholds=tuple(tensor([1 << i for i in range(b, 63)]) for b in range(63)),
             softmax=tensor(exp2_neg_table(SOFTMAX_BITS, (1 << SOFTMAX_BITS) - 1)),
-            rsqrt=tensor(_pairs(rsqrt_table(), _RSQRT_LOW)),
+            rsqrt=tensor(rsqrt_table()).to(torch.int32),
             sigmoid=tensor(sigmoid_table()).to(torch.int32),
         )
 
@@ -262,25 +265,25 @@ def softmax_weights(d: torch.Tensor, tables: FixedPointTables) -> torch.Tensor:
     return _gather(tables.softmax, d.clamp(max=tables.softmax.shape[0] - 1))
 
 
-def rsqrt(v: torch.Tensor, out_bits: int, tables: FixedPointTables) -> torch.Tensor:
-    """``2**out_bits / sqrt(v)`` for int64 ``v`` in ``[2**24, 2**46]`` (clamped into it) and
-    ``out_bits <= 43``, to a relative error below 5e-7.
+def rsqrt_parts(v: torch.Tensor, tables: FixedPointTables) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mantissa, half)`` with ``2**42 / sqrt(v) ~= mantissa * 2**-half`` for int64 ``v``
+    (raised to at least 2**24); ``mantissa`` is int32 in ``(2**29, 2**30]``, relative error
+    below ``2**-17 + 2**-30``.
 
-    ``v * 2**6`` is scaled by an even power of two into ``[2**30, 2**32)``; its bits above the
-    lowest 21 index the table and those 21 interpolate linearly. The linear interpolation of
-    ``x**-0.5`` over a cell of relative width at most ``2**-9`` errs by at most
-    ``3/32 * 2**-18`` (3.6e-7 relative); the table entries by 2**-30; the result is floored
-    (1 ulp).
+    ``v >> 2 half`` falls in ``[2**24, 2**26)``; the table holds ``2**42 / sqrt`` at the
+    midpoint of its cell of 2**9, whose relative width is at most 2**-15.
     """
-    widened = v.clamp(RSQRT_MIN, RSQRT_MAX) << 6  # [2**30, 2**52]
-    twice = excess_bits(widened, 31, tables) & -2  # even, >= 0
-    normalized = widened >> twice  # [2**30, 2**32)
-    pair = _gather(tables.rsqrt, normalized >> RSQRT_CELL_BITS)  # [..., 2]
-    fraction = normalized & ((1 << RSQRT_CELL_BITS) - 1)
-    # |slope| < 2**21 and fraction < 2**21: the product is exact in int64.
-    mantissa = pair[..., 0] + ((pair[..., 1] * fraction) >> RSQRT_CELL_BITS)
-    # 2**out / sqrt(v) = mantissa * 2**(out - 46 + 3 - twice / 2)
-    return mantissa >> ((twice >> 1) + (_RSQRT_TABLE_BITS - 3 - out_bits))
+    raised = v.clamp(min=RSQRT_MIN)
+    twice = excess_bits(raised, 25, tables) & -2  # even: v >> twice in [2**24, 2**26)
+    mantissa = _gather(tables.rsqrt, (raised >> twice) >> RSQRT_CELL_BITS)
+    return mantissa, twice >> 1
+
+
+def rsqrt(v: torch.Tensor, out_bits: int, tables: FixedPointTables) -> torch.Tensor:
+    """``2**out_bits / sqrt(v)`` for int64 ``v >= 2**24`` (smaller values are raised to it) and
+    ``out_bits <= 42``: relative error below ``2**-17 + 2**-30``, plus the final floor."""
+    mantissa, half = rsqrt_parts(v, tables)
+    return mantissa.to(torch.int64) >> (half + (RSQRT_MANTISSA_BITS - out_bits))
 
 
 def sigmoid(x: torch.Tensor, frac_bits: int, tables: FixedPointTables) -> torch.Tensor:

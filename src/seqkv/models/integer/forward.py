@@ -16,7 +16,8 @@ Formats (``x`` at ``2**-f`` means the int64 ``x`` stands for ``x / 2**f``):
   ``q * 2**exponent`` (``_Quantized``), so a layer's output is ``(acc * scale) >> shift``;
 * RMSNorm: ``y = g * h / rms(h)`` is ``q * sqrt(K) / sqrt(sum q**2 + eps')`` for the 16-bit
   ``q = h >> s``, since the row's scale cancels; ``g`` and ``sqrt(K)`` are folded into the
-  weights (``weights.py``); ``q * 2**38 / sqrt(.)`` (``fixedpoint.rsqrt``) is quantized again;
+  weights (``weights.py``); ``q * 2**42 / sqrt(.)`` (``fixedpoint.rsqrt_parts``) is quantized
+  again;
 * queries, keys, values at ``2**-QKV_FRAC`` (20) after the projection; RoPE with ``2**-30``
   tables; then per (row, head) the same 14-bit planes. The KV pool holds those planes and
   shifts, i.e. a 14-bit floating-point KV cache;
@@ -65,12 +66,13 @@ from seqkv.errors import InvalidTokensError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.integer.fixedpoint import (
     EXP2_FRAC_BITS,
+    RSQRT_MANTISSA_BITS,
     SOFTMAX_BITS,
     TABLE_BITS,
     FixedPointTables,
     excess_bits,
     rope_tables,
-    rsqrt,
+    rsqrt_parts,
     sigmoid,
     softmax_weights,
 )
@@ -88,10 +90,7 @@ from seqkv.models.integer.weights import (
 
 LOGIT_FRAC = 16  # output logits: natural-log units at 2**-16
 ACTIVATION_BITS = 14  # |q| < 2**14: two int8 planes
-NORM_BITS = 16  # RMSNorm input: |q| < 2**16, so sum(q**2) < K * 2**32 stays in rsqrt's domain
-# NOTE: the RMSNorm factor 2**38 / sqrt(sum of squares) lies in [2**15, 2**23] for rows whose
-# largest |q| reaches 2**15 (sum of squares >= 2**30), so q * factor < 2**39.
-RSQRT_BITS = 38
+NORM_BITS = 16  # RMSNorm input: |q| < 2**16, so sum(q**2) < K * 2**32
 # NOTE: int32 holds 128 * high + low for sums over K <= 1024 (K * 127 * (2**14 + 127) < 2**31).
 _INT32_DEPTH = 1024
 GATE_FRAC = 16  # gate and up at 2**-16 (gate * sigmoid * 2**30 < 2**63 for |gate| < 2**17)
@@ -262,9 +261,7 @@ class IntegerForward:
             self._score_scale = int(mpmath.nint(
                 mpmath.ldexp(1 / (mpmath.log(2) * mpmath.sqrt(head_dim)), _LOGIT_SCALE_BITS)))
         # eps * K * 2**48 in the units of a row shifted right by s: eps' = term >> 2s
-        self._eps_by_shift = torch.tensor(
-            [geometry.norm_eps_term >> min(2 * s, 62) for s in range(64)], dtype=torch.int64,
-            device=device)
+        self._eps_term = torch.tensor(geometry.norm_eps_term, dtype=torch.int64, device=device)
         self._score_shift = _LOGIT_SCALE_BITS + 2 * QKV_FRAC - EXP2_FRAC_BITS
         self._start_rows: dict[int, npt.NDArray[np.int64]] = {}
         digest = hashlib.sha256(f"{weights.digest()}:layers={self.num_layers}".encode())
@@ -381,7 +378,7 @@ class IntegerForward:
         """RMSNorm (weights and sqrt(K) folded into the next layer) as 14-bit planes.
 
         ``h / rms(h) = q * sqrt(K) / sqrt(sum q**2 + eps')`` for ``q = h >> s`` (16 bits): the
-        row's scale cancels. ``q * 2**38 / sqrt(.)`` is quantized again to 14 bits, so every
+        row's scale cancels. ``q * 2**42 / sqrt(.)`` is quantized again to 14 bits, so every
         later product needs one shift per row and no multiply (measured: two fewer passes
         over each norm-fed layer's output, the head's [rows, 49152] among them).
         """
@@ -389,9 +386,10 @@ class IntegerForward:
         shift = excess_bits(peak, NORM_BITS, self._tables)  # [rows, 1]
         q = hidden >> shift
         squares = (q * q).sum(-1, keepdim=True)  # < K * 2**32
-        factor = rsqrt(squares + self._eps_by_shift[shift], RSQRT_BITS, self._tables)
-        _, planes, exponent = self._quantize(q * factor)
-        return _Quantized(planes, exponent - RSQRT_BITS)
+        eps = self._eps_term >> (shift << 1).clamp_(max=62)
+        mantissa, half = rsqrt_parts(squares + eps, self._tables)
+        _, planes, exponent = self._quantize(q * mantissa)  # < 2**16 * 2**30
+        return _Quantized(planes, exponent - half - RSQRT_MANTISSA_BITS)
 
     def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per row: ``q = x >> s`` below 2**14 (2**7 for one activation plane), its planes
