@@ -127,7 +127,7 @@ class IntKVState:
     """A sequence's integer keys and values: what ``IntegerForward.new_sequence`` continues."""
 
     planes: torch.Tensor  # int8 [layers, 2 (keys, values), tokens, 2 (planes), kv_heads, head_dim]
-    shifts: torch.Tensor  # int64 [layers, 2, tokens, heads]: real = q * 2**(shift - 20)
+    shifts: torch.Tensor  # int8 [layers, 2, tokens, heads]: real = q * 2**(shift - 20)
 
     @property
     def length(self) -> int:
@@ -143,8 +143,9 @@ class IntKVPool:
         # [layers, 2 (keys, values), slots, capacity, 2 (planes), kv_heads, head_dim]
         self.planes = torch.zeros((layers, 2, slots, capacity, 2, kv_heads, head_dim),
                                   dtype=torch.int8, device=device)
-        # [layers, 2, slots, capacity, heads]: per query head, so no read repeats them
-        self.shifts = torch.zeros((layers, 2, slots, capacity, heads), dtype=torch.int64,
+        # [layers, 2, slots, capacity, heads]: per query head, so no read repeats them; a
+        # quantization shift is at most 49, so int8 holds it
+        self.shifts = torch.zeros((layers, 2, slots, capacity, heads), dtype=torch.int8,
                                   device=device)
 
     @property
@@ -460,7 +461,8 @@ class IntegerForward:
         planes = torch.stack((q >> PLANE_BITS, q & _LOW_MASK), dim=2).to(torch.int8)
         shift = shift[..., 0]  # [N, heads + 2 kv_heads]
         # key and value shifts per query head: [N, 2, heads]
-        kv_shift = shift[:, heads:].view(n, 2, kv_heads).index_select(2, self._head_to_kv)
+        kv_shift = shift[:, heads:].view(n, 2, kv_heads).index_select(2, self._head_to_kv).to(
+            torch.int8)
         for write in writes:
             # [2 (keys, values), R, 2 (planes), kv_heads, head_dim]
             new = planes[write.rows, heads:].view(-1, 2, kv_heads, 2, head_dim)
