@@ -20,6 +20,7 @@ from seqkv.models.integer import (
     IntegerWeights,
     integer_tables,
 )
+from seqkv.models.integer.forward import int_matmul
 from seqkv.schedule import pinned_threads
 
 TOKENS = [int(t) for t in np.random.default_rng(0).integers(3, 512, 48)]
@@ -197,6 +198,16 @@ def test_the_digest_is_a_function_of_weights_and_config(tiny_model: CausalLM,
     assert IntegerForward(tiny_random_llama(seed=1)).digest != engine.digest
     two_planes = IntegerWeights.from_model(tiny_model, IntegerConfig(weight_planes=2))
     assert two_planes.digest() != engine.weights.digest()
+
+
+@given(st.integers(1, 40), st.integers(1, 70), st.integers(1, 50), st.integers(0, 2**32))
+def test_padding_for_cuda_keeps_every_integer_sum(m: int, k: int, n: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=generator)
+    b = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=generator).t()
+    expected = a.to(torch.int64) @ b.to(torch.int64)
+    assert torch.equal(int_matmul(a, b, pad=True).to(torch.int64), expected)
+    assert torch.equal(int_matmul(a, b).to(torch.int64), expected)
 
 
 def test_a_sequence_may_appear_once_per_forward(engine: IntegerForward) -> None:

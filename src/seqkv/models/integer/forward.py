@@ -105,13 +105,14 @@ _SMALL_ROWS = 16
 _ATTENTION_ROWS = 32
 
 
-def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def int_matmul(a: torch.Tensor, b: torch.Tensor, pad: bool | None = None) -> torch.Tensor:
     """``a @ b`` for int8 ``a [M, K]`` and ``b [K, N]``, exact int32 ``[M, N]``.
 
-    On CUDA, ``torch._int_mm`` needs M > 16 and K, N multiples of 8: zero padding keeps every
-    sum (designed for, untested here). On the CPU it takes any shape (measured: M = 1 runs).
+    On CUDA, ``torch._int_mm`` needs M > 16 and K, N multiples of 8: zero rows and columns
+    (``pad``, the default on CUDA) keep every sum; designed for, and tested on the CPU only. On
+    the CPU ``_int_mm`` takes any shape (measured: M = 1 runs).
     """
-    if a.device.type != "cuda":
+    if not (a.device.type == "cuda" if pad is None else pad):
         return torch._int_mm(a, b)
     m, k = a.shape
     n = b.shape[1]
