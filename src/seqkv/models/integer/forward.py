@@ -405,11 +405,18 @@ class IntegerForward:
         """Per row: ``q = x >> s`` below 2**14 (2**7 for one activation plane), its planes
         ``[planes * rows, K]``, and ``s``."""
         rows = x.shape[0]
+        if rows <= _SMALL_ROWS:
+            peak = x.abs().amax(-1, keepdim=True)
+        else:
+            # NOTE: one pass over the block for both extremes, where abs would write a whole
+            # temporary first (large blocks only: for a few rows the two small calls win)
+            low, high = torch.aminmax(x, dim=-1, keepdim=True)
+            peak = torch.maximum(-low, high)
         if self._activation_planes == 1:
-            shift = excess_bits(x.abs().amax(-1, keepdim=True), PLANE_BITS, self._tables)
+            shift = excess_bits(peak, PLANE_BITS, self._tables)
             q = x >> shift
             return q, q.to(torch.int8), shift
-        shift = excess_bits(x.abs().amax(-1, keepdim=True), ACTIVATION_BITS, self._tables)
+        shift = excess_bits(peak, ACTIVATION_BITS, self._tables)
         q = x >> shift
         if rows <= _SMALL_ROWS:
             planes = torch.cat((q >> PLANE_BITS, q & _LOW_MASK)).to(torch.int8)
@@ -463,9 +470,13 @@ class IntegerForward:
         rotated = heads + kv_heads
         qk = qkv[:, :rotated]
         # |q|, |k| < 2**11 real: below 2**31 at 2**-20, times 2**30 below 2**62.
-        qk = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin) >> TABLE_BITS
-        qkv = torch.cat((qk, qkv[:, rotated:]), dim=1)
-        shift = excess_bits(qkv.abs().amax(-1, keepdim=True), ACTIVATION_BITS, self._tables)
+        qkv[:, :rotated] = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin) >> TABLE_BITS
+        if n <= _SMALL_ROWS:
+            peak = qkv.abs().amax(-1, keepdim=True)  # [N, heads, 1]
+        else:
+            low, high = torch.aminmax(qkv, dim=-1, keepdim=True)
+            peak = torch.maximum(-low, high)
+        shift = excess_bits(peak, ACTIVATION_BITS, self._tables)
         q = qkv >> shift
         planes = torch.stack((q >> PLANE_BITS, q & _LOW_MASK), dim=2).to(torch.int8)
         shift = shift[..., 0]  # [N, heads + 2 kv_heads]
@@ -543,12 +554,9 @@ class IntegerForward:
     def _mlp(self, layer: IntLayer, hidden: torch.Tensor) -> torch.Tensor:
         x = self._norm(hidden)
         linear = layer.gate_up
-        acc = self._accumulate(x.planes, linear)
-        half = acc.shape[1] // 2
-        gate = _scale(acc[:, :half], linear.scale[:half], linear.scale_bits, x.exponent,
-                      GATE_FRAC, None)
-        up = _scale(acc[:, half:], linear.scale[half:], linear.scale_bits, x.exponent,
-                    GATE_FRAC, None)
+        both = self._linear(x, linear, GATE_FRAC)  # [rows, 2 I]: gate, then up
+        half = both.shape[1] // 2
+        gate, up = both[:, :half], both[:, half:]
         silu = (gate * sigmoid(gate, GATE_FRAC, self._tables)) >> TABLE_BITS
         _, planes, shift = self._quantize(silu * up)  # |silu|, |up| < 2**23: below 2**46
         inner = _Quantized(planes, shift - 2 * GATE_FRAC)
