@@ -392,8 +392,7 @@ class IntegerForward:
         later product needs one shift per row and no multiply (measured: two fewer passes
         over each norm-fed layer's output, the head's [rows, 49152] among them).
         """
-        peak = hidden.abs().amax(-1, keepdim=True)
-        shift = excess_bits(peak, NORM_BITS, self._tables)  # [rows, 1]
+        shift = excess_bits(_peak(hidden), NORM_BITS, self._tables)  # [rows, 1]
         q = hidden >> shift
         squares = (q * q).sum(-1, keepdim=True)  # < K * 2**32
         eps = self._eps_term >> (shift << 1).clamp_(max=62)
@@ -405,13 +404,7 @@ class IntegerForward:
         """Per row: ``q = x >> s`` below 2**14 (2**7 for one activation plane), its planes
         ``[planes * rows, K]``, and ``s``."""
         rows = x.shape[0]
-        if rows <= _SMALL_ROWS:
-            peak = x.abs().amax(-1, keepdim=True)
-        else:
-            # NOTE: one pass over the block for both extremes, where abs would write a whole
-            # temporary first (large blocks only: for a few rows the two small calls win)
-            low, high = torch.aminmax(x, dim=-1, keepdim=True)
-            peak = torch.maximum(-low, high)
+        peak = _peak(x)
         if self._activation_planes == 1:
             shift = excess_bits(peak, PLANE_BITS, self._tables)
             q = x >> shift
@@ -471,12 +464,7 @@ class IntegerForward:
         qk = qkv[:, :rotated]
         # |q|, |k| < 2**11 real: below 2**31 at 2**-20, times 2**30 below 2**62.
         qkv[:, :rotated] = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin) >> TABLE_BITS
-        if n <= _SMALL_ROWS:
-            peak = qkv.abs().amax(-1, keepdim=True)  # [N, heads, 1]
-        else:
-            low, high = torch.aminmax(qkv, dim=-1, keepdim=True)
-            peak = torch.maximum(-low, high)
-        shift = excess_bits(peak, ACTIVATION_BITS, self._tables)
+        shift = excess_bits(_peak(qkv), ACTIVATION_BITS, self._tables)  # [N, heads, 1]
         q = qkv >> shift
         planes = torch.stack((q >> PLANE_BITS, q & _LOW_MASK), dim=2).to(torch.int8)
         shift = shift[..., 0]  # [N, heads + 2 kv_heads]
@@ -561,6 +549,18 @@ class IntegerForward:
         _, planes, shift = self._quantize(silu * up)  # |silu|, |up| < 2**23: below 2**46
         inner = _Quantized(planes, shift - 2 * GATE_FRAC)
         return self._linear(inner, layer.down, HIDDEN_FRAC)
+
+
+def _peak(x: torch.Tensor) -> torch.Tensor:
+    """``max |x|`` over the last dimension, kept as ``[..., 1]``.
+
+    NOTE: large blocks take one pass for both extremes, where abs would write a whole
+    temporary first; for a few rows the two small calls are fewer torch calls.
+    """
+    if x.shape[0] <= _SMALL_ROWS:
+        return x.abs().amax(-1, keepdim=True)
+    low, high = torch.aminmax(x, dim=-1, keepdim=True)
+    return torch.maximum(-low, high)
 
 
 def _scale(acc: torch.Tensor, scale: torch.Tensor, scale_bits: int, exponent: torch.Tensor,
