@@ -267,6 +267,9 @@ class IntegerForward:
         self._eps_term = torch.tensor(geometry.norm_eps_term, dtype=torch.int64, device=device)
         self._score_shift = _LOGIT_SCALE_BITS + 2 * QKV_FRAC - EXP2_FRAC_BITS
         self._head_pieces = _column_pieces(weights.head, _HEAD_COLUMNS)
+        self._gate_up = tuple(
+            (gate, up) for (_, gate), (_, up) in (
+                _column_pieces(layer.gate_up, geometry.intermediate) for layer in self._layers))
         self._start_rows: dict[int, npt.NDArray[np.int64]] = {}
         digest = hashlib.sha256(f"{weights.digest()}:layers={self.num_layers}".encode())
         self.digest = PredictorDigest(digest.hexdigest())
@@ -321,7 +324,7 @@ class IntegerForward:
         hidden = self.weights.embedding[token_ids].to(torch.int64) << shift  # [N, hidden]
         for index, layer in enumerate(self._layers):
             hidden = hidden + self._attention(index, layer, hidden, cos, sin, spans, writes)
-            hidden = hidden + self._mlp(layer, hidden)
+            hidden = hidden + self._mlp(index, layer, hidden)
         logits = self._head(hidden)
         for sequence, chunk in calls:
             sequence.length += len(chunk)
@@ -539,12 +542,13 @@ class IntegerForward:
         exponent = running.amax(-1, keepdim=True)  # [n, 1]
         return out >> (exponent - running)[:, :, None], exponent
 
-    def _mlp(self, layer: IntLayer, hidden: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, index: int, layer: IntLayer, hidden: torch.Tensor) -> torch.Tensor:
         x = self._norm(hidden)
-        linear = layer.gate_up
-        both = self._linear(x, linear, GATE_FRAC)  # [rows, 2 I]: gate, then up
-        half = both.shape[1] // 2
-        gate, up = both[:, :half], both[:, half:]
+        # NOTE: gate and up as two products of 1,536 columns: a 512-row product with all 3,072
+        # columns ran 1.5x slower than the two halves (4.3 ms vs 2.8 ms, one thread).
+        gate_linear, up_linear = self._gate_up[index]
+        gate = self._linear(x, gate_linear, GATE_FRAC)
+        up = self._linear(x, up_linear, GATE_FRAC)
         silu = (gate * sigmoid(gate, GATE_FRAC, self._tables)) >> TABLE_BITS
         _, planes, shift = self._quantize(silu * up)  # |silu|, |up| < 2**23: below 2**46
         inner = _Quantized(planes, shift - 2 * GATE_FRAC)
