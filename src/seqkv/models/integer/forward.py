@@ -342,7 +342,7 @@ class IntegerForward:
         (measured: a multiply 82 ms fresh vs 17 ms in place or in 8-row blocks), and a 16-row
         product with all 49,152 columns ran at 0.53 ms per row against 0.23 ms in slices of
         4,096 columns. So blocks of ``_HEAD_ROWS`` rows meet slices of ``_HEAD_COLUMNS``
-        columns; a single row takes the whole head at once (no faster sliced).
+        columns (a single row: the same CPU time either way, 42.6 vs 42.9 ms per step).
         """
         rows = hidden.shape[0]
         logits = np.empty((rows, self.vocab_size), dtype=np.int64)
@@ -350,8 +350,7 @@ class IntegerForward:
             block = hidden[start : start + _HEAD_ROWS]
             x = self._norm(block)
             end = start + block.shape[0]
-            pieces = self._head_pieces if block.shape[0] > 1 else ((0, self.weights.head),)
-            for column, piece in pieces:
+            for column, piece in self._head_pieces:
                 out = self._linear(x, piece, LOGIT_FRAC)
                 logits[start:end, column : column + piece.out_features] = out.cpu().numpy()
         return logits
