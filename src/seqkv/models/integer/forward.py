@@ -408,8 +408,13 @@ class IntegerForward:
         rows = x.shape[0]
         peak = _peak(x)
         if self._activation_planes == 1:
+            # NOTE: int8 rows round to nearest: flooring biases every element by half a step,
+            # 1/256 of the row's maximum, which adds up coherently in the products (measured
+            # on the tiny Llama: largest logit error 0.032 floored, 0.011 rounded). 14-bit rows
+            # floor (rounding them changed the KL to the float model by 3%, 0.0116 -> 0.0113 nats):
+            # their bias is 2**-15 of the maximum.
             shift = excess_bits(peak, PLANE_BITS, self._tables)
-            q = x >> shift
+            q = ((x + ((1 << shift) >> 1)) >> shift).clamp_(max=(1 << PLANE_BITS) - 1)
             return q, q.to(torch.int8), shift
         shift = excess_bits(peak, ACTIVATION_BITS, self._tables)
         q = x >> shift
