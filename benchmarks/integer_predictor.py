@@ -12,7 +12,8 @@ tokenized with the model's tokenizer), with SmolLM2-135M on the CPU:
   transformers prefill of the same tokens;
 * the same bits and batch-1 cost for predictors truncated to ``--layers`` layers.
 
-Timings are medians (and minima) of ``--repeats`` runs, in wall-clock and in process CPU time.
+Timings are medians (and minima) of ``--repeats`` runs, in wall-clock and in process CPU time,
+each integer run alternating with its float counterpart so both meet the same load.
 Targets are judged on CPU time for one thread (on a shared machine wall time counts other
 processes' turns) and on wall time for two. Prints one JSON object.
 
@@ -79,7 +80,8 @@ class StepCost:
     rows: int
     integer: Timing
     per_row_ms: float  # CPU time
-    float_step: Timing  # one transformers step of one session at the same context
+    float_step: Timing  # one transformers step of one session at the same context, timed
+    # alternately with the integer forward
     speedup_per_row: float  # CPU time
 
 
@@ -121,16 +123,25 @@ class Report:
     prefill_target_met: bool
 
 
-def _time(run: Callable[[], object], repeats: int) -> Timing:
-    run()  # warm up
-    seconds, cpu = [], []
+def _time_pair(first: Callable[[], object], second: Callable[[], object],
+               repeats: int) -> tuple[Timing, Timing]:
+    """Time two runs alternately, so that both meet the same load on a shared machine."""
+    first()  # warm up
+    second()
+    samples: tuple[list[float], list[float], list[float], list[float]] = ([], [], [], [])
     for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        run()
-        seconds.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    return Timing(1000 * statistics.median(seconds), 1000 * min(seconds),
-                  1000 * statistics.median(cpu))
+        for run, wall, cpu in ((first, samples[0], samples[1]),
+                               (second, samples[2], samples[3])):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run()
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+
+    def timing(wall: list[float], cpu: list[float]) -> Timing:
+        return Timing(1000 * statistics.median(wall), 1000 * min(wall),
+                      1000 * statistics.median(cpu))
+
+    return timing(samples[0], samples[1]), timing(samples[2], samples[3])
 
 
 def _float_log2p(model: CausalLM, inputs: list[int]) -> np.ndarray:
@@ -157,38 +168,36 @@ def _bits(model: CausalLM, engine: IntegerForward, name: str, tokens: list[int],
                     relative, relative <= BITS_TARGET, rows.argmax(-1).tolist())
 
 
-def _step_cost(engine: IntegerForward, context: list[int], rows: int, repeats: int,
-               float_step: Timing) -> StepCost:
+def _step_cost(model: CausalLM, engine: IntegerForward, context: list[int], rows: int,
+               repeats: int) -> StepCost:
+    """One forward of ``rows`` sessions (one new token each) beside one float step of one
+    session, both after ``context``."""
     sessions = engine.new_batch(rows)
     engine.forward([(s, context) for s in sessions])
     length = len(context)
     token = context[-1]
+    kv = model.kv_tensor(model.prefill(context))
 
     def step() -> None:
         for s in sessions:
             s.crop(length)
         engine.forward([(s, [token]) for s in sessions])
 
-    timing = _time(step, repeats)
-    return StepCost(rows, timing, timing.cpu_median_ms / rows, float_step,
-                    float_step.cpu_median_ms / (timing.cpu_median_ms / rows))
+    def float_step() -> None:
+        model.new_stepper(kv).step(token)
 
-
-def _float_step(model: CausalLM, context: list[int], repeats: int) -> Timing:
-    cache = model.prefill(context)
-    kv = model.kv_tensor(cache)
-
-    def step() -> None:
-        model.new_stepper(kv).step(context[-1])
-
-    return _time(step, repeats)
+    timing, floats = _time_pair(step, float_step, repeats)
+    return StepCost(rows, timing, timing.cpu_median_ms / rows, floats,
+                    floats.cpu_median_ms / (timing.cpu_median_ms / rows))
 
 
 def _prefill(model: CausalLM, engine: IntegerForward, tokens: list[int], threads: int,
              repeats: int) -> Prefill:
     with pinned_threads(threads):
-        timing = _time(lambda: engine.forward([(engine.new_sequence(), tokens)]), repeats)
-        floats = _time(lambda: model.prefill(tokens), repeats)
+        timing, floats = _time_pair(
+            lambda: engine.forward([(engine.new_sequence(), tokens)]),
+            lambda: model.prefill(tokens), repeats)
+
     def seconds(timing: Timing) -> float:
         return (timing.cpu_median_ms if threads == 1 else timing.median_ms) / 1000
 
@@ -222,9 +231,7 @@ def main() -> None:
     with pinned_threads(1):
         bits = [_bits(model, engine, name, texts[name], floats[name]) for name in names]
         context = texts["prose"][: args.context]
-        float_step = _float_step(model, context, repeats)
-        steps = [_step_cost(engine, context, rows, repeats, float_step)
-                 for rows in (1, 4, 16)]
+        steps = [_step_cost(model, engine, context, rows, repeats) for rows in (1, 4, 16)]
         truncated = []
         for layers in args.layers:
             short = IntegerForward(integer_weights(model, config), layers=layers)
@@ -232,8 +239,7 @@ def main() -> None:
             agree = [a == b for full, part in zip(bits, short_bits, strict=True)
                      for a, b in zip(full.top1, part.top1, strict=True)]
             truncated.append(Truncated(layers, short_bits,
-                                       _step_cost(short, context, 1, repeats,
-                                                  float_step).integer,
+                                       _step_cost(model, short, context, 1, repeats).integer,
                                        sum(agree) / len(agree)))
     prefill = [_prefill(model, engine, texts["prose"], threads, max(2, repeats // 2))
                for threads in (1, 2)]
