@@ -1,0 +1,59 @@
+"""A deterministic integer predictor: a Llama-family model whose probabilities are exact.
+
+Float logits change with the schedule (prefill, steps, chunks, batches), the thread count and
+the device, so a coder's tables built from them tie a file to one machine and one schedule.
+This package evaluates the model with exact integer arithmetic for every reduction:
+
+* ``fixedpoint``: exp2, rsqrt, sigmoid and rotary tables built with exact software arithmetic,
+  evaluated with integer tensor ops;
+* ``weights``: the model as int8 weight planes with per-row fixed-point scales, and its digest;
+* ``forward``: ``IntegerForward``, the row-invariant forward over an integer KV pool, returning
+  int64 logits at ``2**-LOGIT_FRAC``;
+* ``table``: integer logits to the coder's cumulative frequency table with integer and
+  correctly rounded float64 elementwise operations only.
+
+>>> from seqkv.models import tiny_random_llama
+>>> engine = IntegerForward(tiny_random_llama())
+>>> rows = engine.forward([(engine.new_sequence(), [1, 5, 9])])[0]
+>>> rows.shape, rows.dtype
+((3, 512), dtype('int64'))
+>>> table, log2p = integer_table(rows[-1])
+>>> int(table[0]), int(table[-1])
+(0, 4294967296)
+"""
+
+from seqkv.models.integer.forward import (
+    LOGIT_FRAC,
+    IntegerForward,
+    IntKVState,
+    IntSequence,
+)
+from seqkv.models.integer.table import (
+    cumulative_from_integer_logits,
+    integer_table,
+    integer_tables,
+)
+from seqkv.models.integer.weights import (
+    PREDICTOR_VERSION,
+    IntegerConfig,
+    IntegerWeights,
+    PredictorDigest,
+    UnsupportedWeightsError,
+    integer_weights,
+)
+
+__all__ = [
+    "LOGIT_FRAC",
+    "PREDICTOR_VERSION",
+    "IntKVState",
+    "IntSequence",
+    "IntegerConfig",
+    "IntegerForward",
+    "IntegerWeights",
+    "PredictorDigest",
+    "UnsupportedWeightsError",
+    "cumulative_from_integer_logits",
+    "integer_table",
+    "integer_tables",
+    "integer_weights",
+]

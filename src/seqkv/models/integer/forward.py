@@ -1,0 +1,611 @@
+"""The integer forward: a Llama-family model whose every reduction is exact integer arithmetic.
+
+A float forward's logits depend on how rows are grouped (prefill, steps, chunks, batches), on
+the thread count and on the device, because float sums are not associative. Here every sum is
+an integer sum: ``torch._int_mm`` of int8 planes (exact int32), int64 sums, maxima and integer
+division. So each output row is a pure function of its sequence's tokens up to it, whatever was
+computed with it, on any number of threads, on any device with two's complement int64.
+
+Formats (``x`` at ``2**-f`` means the int64 ``x`` stands for ``x / 2**f``):
+
+* residual stream: ``[rows, hidden]`` at ``2**-HIDDEN_FRAC`` (24);
+* activations entering a linear layer: per row, ``q = x >> s`` with the smallest ``s >= 0``
+  that brings ``|q|`` below ``2**14``, split into two int8 planes ``q = 128 * hi + lo``
+  (``hi`` signed, ``lo`` in ``[0, 127]``), stacked as ``[2 * rows, K]`` so one ``_int_mm`` per
+  layer serves both planes and all rows of the call. A row's real value is
+  ``q * 2**exponent`` (``_Quantized``), so a layer's output is ``(acc * scale) >> shift``;
+* RMSNorm: ``y = g * h / rms(h)`` is ``q * sqrt(K) / sqrt(sum q**2 + eps')`` for the 16-bit
+  ``q = h >> s``, since the row's scale cancels; ``g`` and ``sqrt(K)`` are folded into the
+  weights (``weights.py``); ``q * 2**42 / sqrt(.)`` (``fixedpoint.rsqrt_parts``) is quantized
+  again;
+* queries, keys, values at ``2**-QKV_FRAC`` (20) after the projection; RoPE with ``2**-30``
+  tables; then per (row, head) the same 14-bit planes. The KV pool holds those planes and
+  shifts, i.e. a 14-bit floating-point KV cache;
+* attention logits in base 2 at ``2**-12``; weights ``round(2**(14 - (max - z)))`` (14-bit
+  planes; a weight below ``2**-15`` of the row's largest is 0); the weighted sum of values and
+  the sum of weights are exact int64, divided with integer division;
+* SiLU as ``x * sigmoid(x)`` from ``fixedpoint.sigmoid``, gate at ``2**-16``;
+* logits at ``2**-LOGIT_FRAC`` (16), natural-log units.
+
+NOTE: 14-bit activations, measured (float simulation on the 4 shipped texts, 256 tokens each,
+SmolLM2-135M): int8 per-row activations before every linear layer cost +0.6/+3.5/+2.6/+1.2 %
+cross-entropy on prose/code/legal/technical, 14 bits +0.00/+0.01/+0.02/-0.00 %. Leaving the
+outlier channels (8 per layer, found on random tokens) at 14 bits and the rest at int8 still
+cost up to +0.6 %; every layer kind but o_proj contributed (qkv up to +0.75 %, MLP input +0.68,
+down_proj input +1.2, head +0.64). So every linear layer takes two activation planes by default;
+``IntegerConfig(activation_planes=1)`` (int8) is the faster variant the benchmark reports.
+
+Invariants:
+1. Every output row depends only on its sequence's tokens up to and including its position
+   (enforced by construction: per-row scales come from that row's own maximum, attention runs
+   per sequence with keys up to the row's position, and every reduction is exact).
+2. No float operation runs in the forward. Every shift amount lies in [0, 62]: a constant, a
+   quantization shift (at most 49), or clamped (enforced). Every product fits int64 for values
+   within the bounds stated at each site (assumed: |q|, |k| < 2**11, |gate| < 2**17,
+   |silu(gate) * up| < 2**31 in real units; SmolLM2-135M peaks at 21, 49 and ~3,700).
+3. ``IntegerForward.forward`` appends each sequence's ids to its pool slot (it mutates the
+   sequences' lengths and their pools) and returns int64 logit rows ``[len(ids), vocab]``;
+   ``IntSequence.crop`` only shortens (enforced). The engine itself only caches start rows.
+4. On CUDA, ``_int_mm`` needs more than 16 rows and sizes in multiples of 8: ``int_matmul``
+   pads with zeros, which leaves every integer sum unchanged. Move the weights with
+   ``IntegerWeights.to(device)``. Designed for, not tested: this machine has no GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import mpmath  # type: ignore[import-untyped]
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from seqkv.errors import InvalidTokensError
+from seqkv.models.adapter import CausalLM
+from seqkv.models.integer.fixedpoint import (
+    EXP2_FRAC_BITS,
+    RSQRT_MANTISSA_BITS,
+    SOFTMAX_BITS,
+    TABLE_BITS,
+    FixedPointTables,
+    excess_bits,
+    rope_tables,
+    rsqrt_parts,
+    sigmoid,
+    softmax_weights,
+)
+from seqkv.models.integer.weights import (
+    HIDDEN_FRAC,
+    PLANE_BITS,
+    QKV_FRAC,
+    IntegerConfig,
+    IntegerWeights,
+    IntLayer,
+    IntLinear,
+    PredictorDigest,
+    integer_weights,
+)
+
+LOGIT_FRAC = 16  # output logits: natural-log units at 2**-16
+ACTIVATION_BITS = 14  # |q| < 2**14: two int8 planes
+NORM_BITS = 16  # RMSNorm input: |q| < 2**16, so sum(q**2) < K * 2**32
+# NOTE: int32 holds 128 * high + low for sums over K <= 1024 (K * 127 * (2**14 + 127) < 2**31).
+_INT32_DEPTH = 1024
+GATE_FRAC = 16  # gate and up at 2**-16 (gate * sigmoid * 2**30 < 2**63 for |gate| < 2**17)
+_LOGIT_SCALE_BITS = 24
+_MASKED = -(1 << 60)
+_LOW_MASK = (1 << PLANE_BITS) - 1
+_INITIAL_CAPACITY = 64
+_HEAD_ROWS = 16
+_HEAD_COLUMNS = 4096
+_SMALL_ROWS = 16
+# NOTE: attention temporaries are [rows, heads, keys] int64; 32 rows keep them cache-sized.
+_ATTENTION_ROWS = 32
+
+
+def int_matmul(a: torch.Tensor, b: torch.Tensor, pad: bool | None = None) -> torch.Tensor:
+    """``a @ b`` for int8 ``a [M, K]`` and ``b [K, N]``, exact int32 ``[M, N]``.
+
+    On CUDA, ``torch._int_mm`` needs M > 16 and K, N multiples of 8: zero rows and columns
+    (``pad``, the default on CUDA) keep every sum; designed for, and tested on the CPU only. On
+    the CPU ``_int_mm`` takes any shape (measured: M = 1 runs).
+    """
+    if not (a.device.type == "cuda" if pad is None else pad):
+        return torch._int_mm(a, b)
+    m, k = a.shape
+    n = b.shape[1]
+    rows, depth, cols = max(32, -(-m // 8) * 8), -(-k // 8) * 8, -(-n // 8) * 8
+    padded_a = a.new_zeros((rows, depth))
+    padded_a[:m, :k] = a
+    padded_b = b.new_zeros((depth, cols))
+    padded_b[:k, :n] = b
+    return torch._int_mm(padded_a, padded_b)[:m, :n]
+
+
+@dataclass(frozen=True)
+class IntKVState:
+    """A sequence's integer keys and values: what ``IntegerForward.new_sequence`` continues."""
+
+    planes: torch.Tensor  # int8 [layers, 2 (keys, values), tokens, 2 (planes), kv_heads, head_dim]
+    shifts: torch.Tensor  # int8 [layers, 2, tokens, heads]: real = q * 2**(shift - 20)
+
+    @property
+    def length(self) -> int:
+        return int(self.planes.shape[2])
+
+
+class IntKVPool:
+    """Integer keys and values of one or more sequences in one buffer."""
+
+    def __init__(self, slots: int, capacity: int, layers: int, heads: int, kv_heads: int,
+                 head_dim: int, device: torch.device) -> None:
+        capacity = max(1, capacity)
+        # [layers, 2 (keys, values), slots, capacity, 2 (planes), kv_heads, head_dim]
+        self.planes = torch.zeros((layers, 2, slots, capacity, 2, kv_heads, head_dim),
+                                  dtype=torch.int8, device=device)
+        # [layers, 2, slots, capacity, heads]: per query head, so no read repeats them; a
+        # quantization shift is at most 49, so int8 holds it
+        self.shifts = torch.zeros((layers, 2, slots, capacity, heads), dtype=torch.int8,
+                                  device=device)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.planes.shape[3])
+
+    def grow(self, length: int) -> None:
+        """Make room for ``length`` positions in every slot, keeping what is held."""
+        capacity = self.capacity
+        if length <= capacity:
+            return
+        while capacity < length:
+            capacity *= 2
+        old = self.capacity
+        planes = self.planes.new_zeros((*self.planes.shape[:3], capacity,
+                                        *self.planes.shape[4:]))
+        planes[:, :, :, :old] = self.planes
+        shifts = self.shifts.new_zeros((*self.shifts.shape[:3], capacity,
+                                        *self.shifts.shape[4:]))
+        shifts[:, :, :, :old] = self.shifts
+        self.planes, self.shifts = planes, shifts
+
+
+class IntSequence:
+    """One sequence: a slot of an ``IntKVPool`` and how many positions it holds."""
+
+    def __init__(self, pool: IntKVPool, slot: int, length: int = 0) -> None:
+        self.pool = pool
+        self.slot = slot
+        self.length = length
+
+    def state(self) -> IntKVState:
+        """The held keys and values (a copy)."""
+        return IntKVState(self.pool.planes[:, :, self.slot, : self.length].clone(),
+                          self.pool.shifts[:, :, self.slot, : self.length].clone())
+
+    def crop(self, length: int) -> None:
+        """Forget every position at or after ``length``."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"a sequence of {self.length} positions cannot be cropped to "
+                             f"{length}: crop only shortens")
+        self.length = length
+
+    def copy(self) -> IntSequence:
+        """The same sequence in a pool of its own."""
+        pool = self.pool
+        twin = IntKVPool(1, max(_INITIAL_CAPACITY, self.length), pool.planes.shape[0],
+                         pool.shifts.shape[4], pool.planes.shape[5], pool.planes.shape[6],
+                         pool.planes.device)
+        twin.planes[:, :, 0, : self.length] = pool.planes[:, :, self.slot, : self.length]
+        twin.shifts[:, :, 0, : self.length] = pool.shifts[:, :, self.slot, : self.length]
+        return IntSequence(twin, 0, self.length)
+
+
+@dataclass(frozen=True)
+class _Span:
+    """Consecutive rows of one sequence at consecutive positions (at most _ATTENTION_ROWS)."""
+
+    sequence: IntSequence
+    start: int  # first row of the call
+    count: int
+    position: int  # position of the first row
+    mask: torch.Tensor | None  # bool [count, 1, position + count]: True where a key is hidden
+
+
+@dataclass(frozen=True)
+class _PoolWrites:
+    pool: IntKVPool
+    rows: torch.Tensor  # [R] long
+    slots: torch.Tensor  # [R] long
+    positions: torch.Tensor  # [R] long
+
+
+@dataclass(frozen=True)
+class _Quantized:
+    """Rows entering a linear layer: ``x = q * 2**exponent`` per row, ``|q| < 2**14``."""
+
+    planes: torch.Tensor  # int8 [2 * rows, K]: the high planes, then the low planes
+    exponent: torch.Tensor  # int64 [rows, 1]
+
+
+class IntegerForward:
+    """The integer forward of a Llama-family model (see the module docstring)."""
+
+    def __init__(self, source: CausalLM | IntegerWeights, *, layers: int | None = None,
+                 config: IntegerConfig | None = None) -> None:
+        weights = (source if isinstance(source, IntegerWeights)
+                   else integer_weights(source, config))
+        geometry = weights.geometry
+        total = geometry.layers
+        if layers is not None and not 1 <= layers <= total:
+            raise ValueError(f"layers must be in 1..{total}, not {layers}")
+        self.weights = weights
+        self.geometry = geometry
+        self.num_layers = total if layers is None else layers
+        self._layers: tuple[IntLayer, ...] = weights.layers[: self.num_layers]
+        self.max_positions = geometry.max_positions
+        self.vocab_size = geometry.vocab
+        self.device = weights.embedding.device
+        self._activation_planes = weights.config.activation_planes
+        device = self.device
+        self._tables = FixedPointTables.on(device)
+        heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
+        group = heads // kv_heads
+        cos, sin = rope_tables(head_dim, geometry.rope_theta, geometry.max_positions)
+        # [P, head_dim]: out = x * cos_full + roll(x, half) * sin_signed (rotate_half convention)
+        self._cos = torch.from_numpy(np.concatenate([cos, cos], axis=1)).to(device)
+        self._sin = torch.from_numpy(np.concatenate([-sin, sin], axis=1)).to(device)
+        # [kv_heads, 1, 1, kv_heads, 1]: places each query group in its KV head's block
+        self._block_eye = torch.eye(kv_heads, dtype=torch.int8, device=device).view(
+            kv_heads, 1, 1, kv_heads, 1)
+        self._head_to_kv = torch.arange(heads, device=device) // group
+        with mpmath.workprec(120):
+            self._score_scale = int(mpmath.nint(
+                mpmath.ldexp(1 / (mpmath.log(2) * mpmath.sqrt(head_dim)), _LOGIT_SCALE_BITS)))
+        # eps * K * 2**48 in the units of a row shifted right by s: eps' = term >> 2s
+        self._eps_term = torch.tensor(geometry.norm_eps_term, dtype=torch.int64, device=device)
+        self._score_shift = _LOGIT_SCALE_BITS + 2 * QKV_FRAC - EXP2_FRAC_BITS
+        self._head_pieces = _column_pieces(weights.head, _HEAD_COLUMNS)
+        self._gate_up = tuple(
+            (gate, up) for (_, gate), (_, up) in (
+                _column_pieces(layer.gate_up, geometry.intermediate) for layer in self._layers))
+        self._start_rows: dict[int, npt.NDArray[np.int64]] = {}
+        digest = hashlib.sha256(f"{weights.digest()}:layers={self.num_layers}".encode())
+        self.digest = PredictorDigest(digest.hexdigest())
+
+    def new_sequence(self, state: IntKVState | None = None) -> IntSequence:
+        """An empty sequence, or one continuing ``state`` (e.g. another sequence's)."""
+        geometry = self.geometry
+        length = 0 if state is None else state.length
+        pool = IntKVPool(1, max(_INITIAL_CAPACITY, length), self.num_layers, geometry.heads,
+                         geometry.kv_heads, geometry.head_dim, self.device)
+        if state is not None and length:
+            if state.planes.shape[0] != self.num_layers:
+                raise ValueError(f"the state holds {state.planes.shape[0]} layers, this "
+                                 f"predictor runs {self.num_layers}")
+            pool.planes[:, :, 0, :length] = state.planes.to(self.device)
+            pool.shifts[:, :, 0, :length] = state.shifts.to(self.device)
+        return IntSequence(pool, 0, length)
+
+    def new_batch(self, count: int) -> list[IntSequence]:
+        """``count`` empty sequences in the slots of one pool: a forward over them writes their
+        keys and values with one indexed write per layer."""
+        geometry = self.geometry
+        pool = IntKVPool(count, _INITIAL_CAPACITY, self.num_layers, geometry.heads,
+                         geometry.kv_heads, geometry.head_dim, self.device)
+        return [IntSequence(pool, slot) for slot in range(count)]
+
+    def start_row(self, token: int) -> npt.NDArray[np.int64]:
+        """The row after ``token`` alone at position 0, computed once (read-only)."""
+        row = self._start_rows.get(token)
+        if row is None:
+            row = self.forward([(self.new_sequence(), [token])])[0][0]
+            row.setflags(write=False)
+            self._start_rows[token] = row
+        return row
+
+    @torch.inference_mode()
+    def forward(self, calls: Sequence[tuple[IntSequence, Sequence[int]]]
+                ) -> list[npt.NDArray[np.int64]]:
+        """Append each sequence's ids in one forward; return int64 logit rows ``[len(ids), V]``
+        at ``2**-LOGIT_FRAC``. A sequence may appear once per call."""
+        if len({id(sequence) for sequence, _ in calls}) != len(calls):
+            raise ValueError("a sequence may appear only once in a forward")
+        spans, ids, positions = self._plan(calls)
+        if not spans:
+            return [np.zeros((0, self.vocab_size), dtype=np.int64) for _ in calls]
+        device = self.device
+        token_ids = torch.tensor(ids, dtype=torch.long, device=device)
+        position_ids = torch.tensor(positions, dtype=torch.long, device=device)
+        writes = _pool_writes(spans, device)
+        cos, sin = self._cos[position_ids][:, None], self._sin[position_ids][:, None]
+        shift = HIDDEN_FRAC - self.weights.embedding_frac
+        hidden = self.weights.embedding[token_ids].to(torch.int64) << shift  # [N, hidden]
+        for index, layer in enumerate(self._layers):
+            hidden = hidden + self._attention(index, layer, hidden, cos, sin, spans, writes)
+            hidden = hidden + self._mlp(index, layer, hidden)
+        logits = self._head(hidden)
+        for sequence, chunk in calls:
+            sequence.length += len(chunk)
+        result: list[npt.NDArray[np.int64]] = []
+        offset = 0
+        for _, chunk in calls:
+            result.append(logits[offset : offset + len(chunk)])
+            offset += len(chunk)
+        return result
+
+    def _head(self, hidden: torch.Tensor) -> npt.NDArray[np.int64]:
+        """Final norm and output layer, in blocks of rows and columns (int64 ``[N, V]``).
+
+        NOTE: a [256, 49152] int64 temporary costs its page faults on every allocation
+        (measured: a multiply 82 ms fresh vs 17 ms in place or in 8-row blocks), and a 16-row
+        product with all 49,152 columns ran at 0.53 ms per row against 0.23 ms in slices of
+        4,096 columns. So blocks of ``_HEAD_ROWS`` rows meet slices of ``_HEAD_COLUMNS``
+        columns (a single row: the same CPU time either way, 42.6 vs 42.9 ms per step).
+        """
+        rows = hidden.shape[0]
+        logits = np.empty((rows, self.vocab_size), dtype=np.int64)
+        for start in range(0, rows, _HEAD_ROWS):
+            block = hidden[start : start + _HEAD_ROWS]
+            x = self._norm(block)
+            end = start + block.shape[0]
+            for column, piece in self._head_pieces:
+                out = self._linear(x, piece, LOGIT_FRAC)
+                logits[start:end, column : column + piece.out_features] = out.cpu().numpy()
+        return logits
+
+    def _plan(self, calls: Sequence[tuple[IntSequence, Sequence[int]]]
+              ) -> tuple[list[_Span], list[int], list[int]]:
+        spans: list[_Span] = []
+        ids: list[int] = []
+        positions: list[int] = []
+        for sequence, chunk in calls:
+            if not chunk:
+                continue
+            end = sequence.length + len(chunk)
+            if end > self.max_positions:
+                raise InvalidTokensError(
+                    f"a sequence of {end} tokens exceeds the model's {self.max_positions} "
+                    "positions")
+            bad = [t for t in chunk if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise InvalidTokensError(
+                    f"token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
+            sequence.pool.grow(end)
+            for offset in range(0, len(chunk), _ATTENTION_ROWS):
+                count = min(_ATTENTION_ROWS, len(chunk) - offset)
+                position = sequence.length + offset
+                mask = None
+                if count > 1:
+                    keys = torch.arange(position + count, device=self.device)
+                    rows = torch.arange(position, position + count, device=self.device)
+                    mask = (keys[None, :] > rows[:, None])[:, None, :]  # [count, 1, keys]
+                spans.append(_Span(sequence, len(ids) + offset, count, position, mask))
+            positions.extend(range(sequence.length, end))
+            ids.extend(int(t) for t in chunk)
+        return spans, ids, positions
+
+    def _norm(self, hidden: torch.Tensor) -> _Quantized:
+        """RMSNorm (weights and sqrt(K) folded into the next layer) as 14-bit planes.
+
+        ``h / rms(h) = q * sqrt(K) / sqrt(sum q**2 + eps')`` for ``q = h >> s`` (16 bits): the
+        row's scale cancels. ``q * 2**42 / sqrt(.)`` is quantized again to 14 bits, so every
+        later product needs one shift per row and no multiply (measured: two fewer passes
+        over each norm-fed layer's output, the head's [rows, 49152] among them).
+        """
+        shift = excess_bits(_peak(hidden), NORM_BITS, self._tables)  # [rows, 1]
+        q = hidden >> shift
+        squares = (q * q).sum(-1, keepdim=True)  # < K * 2**32
+        eps = self._eps_term >> (shift << 1).clamp_(max=62)
+        mantissa, half = rsqrt_parts(squares + eps, self._tables)
+        _, planes, exponent = self._quantize(q * mantissa)  # < 2**16 * 2**30
+        return _Quantized(planes, exponent - half - RSQRT_MANTISSA_BITS)
+
+    def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per row: ``q = x >> s`` below 2**14 (2**7 for one activation plane), its planes
+        ``[planes * rows, K]``, and ``s``."""
+        rows = x.shape[0]
+        peak = _peak(x)
+        if self._activation_planes == 1:
+            # NOTE: int8 rows round to nearest: flooring biases every element by half a step,
+            # 1/256 of the row's maximum, which adds up coherently in the products (measured
+            # on the tiny Llama: largest logit error 0.032 floored, 0.011 rounded). 14-bit rows
+            # floor (rounding them changed the KL to the float model by 3%, 0.0116 -> 0.0113 nats):
+            # their bias is 2**-15 of the maximum.
+            shift = excess_bits(peak, PLANE_BITS, self._tables)
+            q = ((x + ((1 << shift) >> 1)) >> shift).clamp_(max=(1 << PLANE_BITS) - 1)
+            return q, q.to(torch.int8), shift
+        shift = excess_bits(peak, ACTIVATION_BITS, self._tables)
+        q = x >> shift
+        if rows <= _SMALL_ROWS:
+            planes = torch.cat((q >> PLANE_BITS, q & _LOW_MASK)).to(torch.int8)
+        else:
+            # NOTE: large blocks write the planes straight into int8 (no int64 temporary of
+            # twice the rows); small ones take the path with fewer torch calls.
+            planes = torch.empty((2 * rows, x.shape[1]), dtype=torch.int8, device=x.device)
+            planes[:rows] = q >> PLANE_BITS
+            planes[rows:] = q & _LOW_MASK
+        return q, planes, shift
+
+    def _accumulate(self, planes: torch.Tensor, linear: IntLinear) -> torch.Tensor:
+        """The exact products ``[rows, N]`` of the activation rows and the layer's integers
+        (int32 when they fit, else int64)."""
+        weight = linear.weight.t()  # [K, planes * N]
+        n = linear.out_features
+        if self._activation_planes == 1:
+            raw = int_matmul(planes, weight)  # [rows, planes * N], |.| < K * 2**14
+            if linear.planes == 1:
+                return raw
+            return torch.add(raw[:, n:], raw[:, :n], alpha=1 << PLANE_BITS)
+        rows = planes.shape[0] // 2
+        if rows == 1:
+            # NOTE: two one-row products beat one two-row product here (in cache, 576 x 3072:
+            # 95 us vs 115 us; the one-row kernel is a matrix-vector product).
+            high, low = int_matmul(planes[:1], weight), int_matmul(planes[1:], weight)
+        else:
+            raw = int_matmul(planes, weight)  # [2 * rows, planes * N]
+            high, low = raw[:rows], raw[rows:]
+        wide = linear.planes > 1 or linear.in_features > _INT32_DEPTH
+        if wide:
+            high, low = high.to(torch.int64), low.to(torch.int64)
+        if linear.planes > 1:
+            high = torch.add(high[:, n:], high[:, :n], alpha=1 << PLANE_BITS)
+            low = torch.add(low[:, n:], low[:, :n], alpha=1 << PLANE_BITS)
+        return torch.add(low, high, alpha=1 << PLANE_BITS)
+
+    def _linear(self, x: _Quantized, linear: IntLinear, out_frac: int) -> torch.Tensor:
+        """``x @ W.T (+ b)`` at ``2**-out_frac`` (int64 ``[rows, N]``)."""
+        acc = self._accumulate(x.planes, linear)
+        return _scale(acc, linear.scale, linear.scale_bits, x.exponent, out_frac, linear.bias)
+
+    def _attention(self, index: int, layer: IntLayer, hidden: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, spans: list[_Span], writes: list[_PoolWrites]
+                   ) -> torch.Tensor:
+        geometry = self.geometry
+        heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
+        n = hidden.shape[0]
+        qkv = self._linear(self._norm(hidden), layer.qkv, QKV_FRAC)
+        qkv = qkv.view(n, heads + 2 * kv_heads, head_dim)  # [N, heads, head_dim] at 2**-20
+        rotated = heads + kv_heads
+        qk = qkv[:, :rotated]
+        # |q|, |k| < 2**11 real: below 2**31 at 2**-20, times 2**30 below 2**62.
+        qkv[:, :rotated] = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin) >> TABLE_BITS
+        shift = excess_bits(_peak(qkv), ACTIVATION_BITS, self._tables)  # [N, heads, 1]
+        q = qkv >> shift
+        planes = torch.stack((q >> PLANE_BITS, q & _LOW_MASK), dim=2).to(torch.int8)
+        shift = shift[..., 0]  # [N, heads + 2 kv_heads]
+        # key and value shifts per query head: [N, 2, heads]
+        kv_shift = shift[:, heads:].view(n, 2, kv_heads).index_select(2, self._head_to_kv).to(
+            torch.int8)
+        for write in writes:
+            # [2 (keys, values), R, 2 (planes), kv_heads, head_dim]
+            new = planes[write.rows, heads:].view(-1, 2, kv_heads, 2, head_dim)
+            write.pool.planes[index][:, write.slots, write.positions] = new.permute(1, 0, 3, 2, 4)
+            write.pool.shifts[index][:, write.slots, write.positions] = (
+                kv_shift[write.rows].permute(1, 0, 2))
+        if len(spans) == 1:
+            out, exponent = self._attend(index, planes[:, :heads], shift[:, :heads], spans[0])
+        else:
+            out = hidden.new_empty((n, heads, head_dim))
+            exponent = hidden.new_empty((n, 1))
+            for span in spans:
+                rows = slice(span.start, span.start + span.count)
+                out[rows], exponent[rows] = self._attend(
+                    index, planes[rows, :heads], shift[rows, :heads], span)
+        _, o_planes, o_shift = self._quantize(out.view(n, heads * head_dim))
+        x = _Quantized(o_planes, o_shift + exponent - (QKV_FRAC + SOFTMAX_BITS))
+        return self._linear(x, layer.o, HIDDEN_FRAC)
+
+    def _attend(self, index: int, q_planes: torch.Tensor, q_shift: torch.Tensor, span: _Span
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's rows against its keys up to each row's position.
+
+        Returns the outputs ``[n, heads, head_dim]``, each row of all heads at
+        ``2**(exponent - QKV_FRAC - 14)``, and that exponent ``[n, 1]``.
+        """
+        geometry = self.geometry
+        heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
+        group = heads // kv_heads
+        n, end = span.count, span.position + span.count
+        sequence = span.sequence
+        pool_planes = sequence.pool.planes[index, :, sequence.slot, :end]  # [2, T, 2, kvh, D]
+        pool_shifts = sequence.pool.shifts[index, :, sequence.slot, :end]  # [2, T, heads]
+        # Block-diagonal queries: head h of KV group g only meets the keys of g. [n*heads*2, kvh*D]
+        queries = (q_planes.reshape(n, kv_heads, group, 2, 1, head_dim) * self._block_eye
+                   ).view(n * heads * 2, kv_heads * head_dim)
+        keys = pool_planes[0].reshape(2 * end, kv_heads * head_dim)  # rows: (token, plane)
+        raw = int_matmul(queries, keys.t()).view(n, heads, 2, end, 2)
+        # key planes in int32: |.| <= D * 128 * (2**14 + 127) < 2**31 for D <= 1024
+        by_key = torch.add(raw[..., 1], raw[..., 0], alpha=1 << PLANE_BITS)  # [n, heads, 2, T]
+        dot = torch.add(by_key[:, :, 1], by_key[:, :, 0].to(torch.int64),
+                        alpha=1 << PLANE_BITS)  # [n, heads, T], |dot| < D * 2**28
+        # logit * log2(e) at 2**-12 = dot * 2**(sq + sk - 40) / sqrt(D) / ln 2 * 2**12
+        amount = (self._score_shift - q_shift)[:, :, None] - pool_shifts[0].t()[None]
+        z = (dot * self._score_scale) >> amount.clamp(0, 62)  # [n, heads, T]
+        if span.mask is not None:
+            z = z.masked_fill(span.mask, _MASKED)
+        weights = softmax_weights(z.amax(-1, keepdim=True) - z, self._tables)
+        total = weights.sum(-1, keepdim=True)  # [n, heads, 1], >= 2**14 - 1
+        # Values carry per-token exponents: scale each weight to the largest exponent seen up
+        # to the row's position (a running maximum, so later tokens never matter).
+        value_shift = pool_shifts[1]  # [T, heads]
+        running = value_shift.cummax(0).values[span.position : end]  # [n, heads]
+        scaled = weights >> (running[:, :, None] - value_shift.t()[None]).clamp(0, 62)
+        w_planes = torch.stack((scaled >> PLANE_BITS, scaled & _LOW_MASK), dim=2).to(torch.int8)
+        values = pool_planes[1].reshape(end, 2 * kv_heads * head_dim)  # [T, (plane, kvh, D)]
+        raw = int_matmul(w_planes.view(n * heads * 2, end), values)
+        # [n, kvh, group, 2 (weight plane), 2 (value plane), kvh, D] -> its diagonal in kvh
+        blocks = raw.view(n, kv_heads, group, 2, 2, kv_heads, head_dim)
+        diagonal = torch.diagonal(blocks, dim1=1, dim2=5).to(torch.int64)  # [n, g, 2, 2, D, kvh]
+        by_value = torch.add(diagonal[:, :, :, 1], diagonal[:, :, :, 0], alpha=1 << PLANE_BITS)
+        summed = torch.add(by_value[:, :, 1], by_value[:, :, 0], alpha=1 << PLANE_BITS)
+        summed = summed.permute(0, 3, 1, 2).reshape(n, heads, head_dim)  # from [n, g, D, kvh]
+        # |summed| <= T * 2**28 <= 2**41: shifted by 14 it stays below 2**55.
+        out = torch.div(summed << SOFTMAX_BITS, total, rounding_mode="floor")
+        exponent = running.amax(-1, keepdim=True)  # [n, 1]
+        return out >> (exponent - running)[:, :, None], exponent
+
+    def _mlp(self, index: int, layer: IntLayer, hidden: torch.Tensor) -> torch.Tensor:
+        x = self._norm(hidden)
+        # NOTE: gate and up as two products of 1,536 columns: a 512-row product with all 3,072
+        # columns ran 1.5x slower than the two halves (4.3 ms vs 2.8 ms, one thread).
+        gate_linear, up_linear = self._gate_up[index]
+        gate = self._linear(x, gate_linear, GATE_FRAC)
+        up = self._linear(x, up_linear, GATE_FRAC)
+        silu = (gate * sigmoid(gate, GATE_FRAC, self._tables)) >> TABLE_BITS
+        _, planes, shift = self._quantize(silu * up)  # |silu|, |up| < 2**23: below 2**46
+        inner = _Quantized(planes, shift - 2 * GATE_FRAC)
+        return self._linear(inner, layer.down, HIDDEN_FRAC)
+
+
+def _peak(x: torch.Tensor) -> torch.Tensor:
+    """``max |x|`` over the last dimension, kept as ``[..., 1]``.
+
+    NOTE: large blocks take one pass for both extremes, where abs would write a whole
+    temporary first; for a few rows the two small calls are fewer torch calls.
+    """
+    if x.shape[0] <= _SMALL_ROWS:
+        return x.abs().amax(-1, keepdim=True)
+    low, high = torch.aminmax(x, dim=-1, keepdim=True)
+    return torch.maximum(-low, high)
+
+
+def _scale(acc: torch.Tensor, scale: torch.Tensor, scale_bits: int, exponent: torch.Tensor,
+           out_frac: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``acc * scale * 2**(exponent - scale_bits)`` at ``2**-out_frac``: ``acc * scale`` is below
+    2**58, and the per-row right shift is non-negative for activations and weights within the
+    assumed bounds (|values| < 2**11 real, weights below 2**9); it is clamped at 0."""
+    result = (acc * scale) >> (scale_bits - out_frac - exponent).clamp_(0, 62)
+    return result if bias is None else result + bias
+
+
+def _column_pieces(linear: IntLinear, width: int) -> tuple[tuple[int, IntLinear], ...]:
+    """``linear`` cut into slices of at most ``width`` output rows, with their first column."""
+    n = linear.out_features
+    pieces = []
+    for start in range(0, n, width):
+        end = min(n, start + width)
+        if linear.planes == 1:
+            weight = linear.weight[start:end]  # a view
+        else:
+            weight = torch.cat([linear.weight[p * n + start : p * n + end]
+                                for p in range(linear.planes)])
+        pieces.append((start, replace(
+            linear, weight=weight, scale=linear.scale[start:end],
+            bias=None if linear.bias is None else linear.bias[start:end])))
+    return tuple(pieces)
+
+
+def _pool_writes(spans: list[_Span], device: torch.device) -> list[_PoolWrites]:
+    grouped: dict[int, tuple[IntKVPool, list[int], list[int], list[int]]] = {}
+    for span in spans:
+        sequence = span.sequence
+        _, rows, slots, positions = grouped.setdefault(id(sequence.pool),
+                                                       (sequence.pool, [], [], []))
+        rows.extend(range(span.start, span.start + span.count))
+        slots.extend([sequence.slot] * span.count)
+        positions.extend(range(span.position, span.position + span.count))
+    return [_PoolWrites(pool, *(torch.tensor(v, dtype=torch.long, device=device)
+                                for v in (rows, slots, positions)))
+            for pool, rows, slots, positions in grouped.values()]

@@ -1,0 +1,119 @@
+"""Integer logits to the coder's cumulative frequency table, the same bits on every machine.
+
+The float path (``seqkv.coding.frequencies.table_and_log2p``) runs ``np.exp`` and a float sum,
+whose bits depend on the math library and the summation order. Here a row of the integer
+predictor's logits (int64 at ``2**-LOGIT_FRAC``) becomes a table with
+
+* integer ops: the row maximum, the base-2 exponent ``z = (max - l) * log2(e)`` at ``2**-20``,
+  the weights ``p = 2**(P - z)`` from exact tables (``fixedpoint.exp2_neg_fine``), their
+  exact int64 sum ``S``, the settling of the remainder and the cumulative sum;
+* IEEE-754 float64 elementwise operations, each correctly rounded and so the same everywhere:
+  ``count = floor(p * ((2**32 - V) / S)) + 1`` (``p < 2**53`` converts exactly; ``S`` converts
+  with one rounding).
+
+No float reduction and no transcendental function touches the table. The same contract as
+``seqkv.coding.frequencies.cumulative_from_counts``: a length ``V + 1`` int64 array from 0 to
+``2**32`` in which every symbol has a count of at least 1.
+
+Dynamic range: ``P = 61 - bit_length(V)`` (45 at V = 49,152), so every token within 45 bits of
+the most likely one has a weight of at least 1 and costs its own surprisal; a token further
+out gets the floor count 1 (32 bits), less than its surprisal. Each count is at least
+``p / S * (2**32 - V)``, so the table costs at most ``-log2(1 - V / 2**32)`` (1.65e-5 bits at
+V = 49,152) over the integer model's ``-log2 p``, plus the exp2 tables' ``2**-29`` relative
+error (both measured by ``benchmarks/integer_predictor.py``).
+
+Invariants:
+1. Every count is at least 1 and the counts sum to ``TOTAL_FREQUENCY`` (enforced, asserted).
+2. The table is a pure function of the logit row's integers (enforced by construction).
+3. The log2-probabilities are for reports: ``P - z / 2**20 - log2(S)`` with a table-based
+   ``log2``: within 1.5e-6 bits of the exact softmax of the integer logits (``z`` rounded to
+   2**-21, ``log2`` within 2e-7); they never feed the table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from seqkv.coding.frequencies import FREQUENCY_BITS, MAX_VOCAB, TOTAL_FREQUENCY
+from seqkv.models.integer.fixedpoint import (
+    FINE_FRAC_BITS,
+    bit_length_np,
+    exp2_neg_fine,
+    log2_fine,
+)
+from seqkv.models.integer.forward import LOGIT_FRAC
+
+IntArray = npt.NDArray[np.int64]
+
+_LOG2E_BITS = 36
+LOG2E_FIXED = 99141248300  # round(log2(e) * 2**36); the tests recompute it with mpmath
+# NOTE: logit gaps beyond 2**7 nats (185 bits) are clamped: such a token's weight is 0 anyway,
+# and the clamp keeps gap * log2(e) * 2**36 below 2**62.
+_MAX_GAP = 1 << (LOGIT_FRAC + 7)
+
+
+def _checked(logits: npt.NDArray[np.integer], ndim: int) -> IntArray:
+    rows = np.asarray(logits)
+    if rows.ndim != ndim or rows.dtype.kind not in "iu":
+        raise ValueError(f"expected {ndim}-D integer logits (int64 at 2**-{LOGIT_FRAC}), got "
+                         f"{rows.ndim}-D {rows.dtype}")
+    vocab = rows.shape[-1]
+    if not 1 <= vocab <= MAX_VOCAB:
+        raise ValueError(f"expected 1..{MAX_VOCAB} logits per row, got {vocab}")
+    return rows.astype(np.int64, copy=False)
+
+
+def _weights(rows: IntArray) -> tuple[IntArray, IntArray, int]:
+    """``z`` (base-2 gaps at 2**-20), the weights ``2**(P - z)`` and ``P``."""
+    vocab = rows.shape[-1]
+    top_bits = 61 - int(bit_length_np(np.array([vocab], dtype=np.int64))[0])
+    gap = np.minimum(rows.max(axis=-1, keepdims=True) - rows, _MAX_GAP)
+    shift = _LOG2E_BITS + LOGIT_FRAC - FINE_FRAC_BITS
+    z = (gap * LOG2E_FIXED + (1 << (shift - 1))) >> shift  # rounded to the nearest 2**-20
+    return z, exp2_neg_fine(z, top_bits), top_bits
+
+
+def _counts(weights: IntArray, total: IntArray) -> IntArray:
+    """``floor(p * ((T - V) / S)) + 1``: float64 elementwise, correctly rounded."""
+    vocab = weights.shape[-1]
+    ratio = float(TOTAL_FREQUENCY - vocab) / total.astype(np.float64)
+    return np.floor(weights.astype(np.float64) * ratio).astype(np.int64) + 1
+
+
+def integer_table(logits: npt.NDArray[np.integer]
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The cumulative table (``[V + 1]``, 0 .. 2**32) and the log2-probabilities (``[V]``) of
+    one integer logit row."""
+    tables, log2p = integer_tables(_checked(logits, 1)[None])
+    return tables[0], log2p[0]
+
+
+def integer_tables(logits: npt.NDArray[np.integer]
+                   ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The tables ``[R, V + 1]`` and log2-probabilities ``[R, V]`` of many rows at once; each
+    row's table is bit-identical to ``integer_table`` of that row."""
+    rows = _checked(logits, 2)
+    z, weights, top_bits = _weights(rows)
+    total = weights.sum(axis=-1, keepdims=True)  # exact: below V * 2**P < 2**62
+    counts = _counts(weights, total)
+    top = counts.argmax(axis=-1)
+    picked = np.arange(counts.shape[0])
+    counts[picked, top] += TOTAL_FREQUENCY - counts.sum(axis=-1)
+    assert np.all(counts[picked, top] >= 1)
+    cumulative = np.zeros((counts.shape[0], counts.shape[1] + 1), dtype=np.int64)
+    np.cumsum(counts, axis=-1, out=cumulative[:, 1:])
+    assert np.all(cumulative[:, -1] == TOTAL_FREQUENCY)
+    log2p = (top_bits - z * 2.0**-FINE_FRAC_BITS) - log2_fine(total)
+    return cumulative, np.asarray(log2p, dtype=np.float64)
+
+
+def cumulative_from_integer_logits(logits: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+    """The coder's cumulative table of one integer logit row."""
+    return integer_table(logits)[0]
+
+
+def table_cost_bits(cumulative: npt.NDArray[np.int64], symbol: int) -> float:
+    """``-log2(count / 2**32)`` of ``symbol`` under a table (for reports)."""
+    count = int(cumulative[symbol + 1] - cumulative[symbol])
+    return FREQUENCY_BITS - float(np.log2(count))
