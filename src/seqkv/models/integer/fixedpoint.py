@@ -75,8 +75,8 @@ RSQRT_MIN = 1 << 24  # rsqrt's domain: smaller arguments are raised to it
 RSQRT_MAX = (1 << 62) - 1
 # NOTE: a 2**-13 grid looked up at the nearest point (one gather, no interpolation) errs by at
 # most max|sigmoid'| * 2**-14 = 2**-16 absolute, 2**-14 relative; the interpolated 2**-7 grid
-# it replaced was exact to 7e-7 but cost four more passes over the [rows, 1536] gate (measured
-# in a 256-token prefill: 8 of the MLP's 23 elementwise passes).
+# it replaced was exact to 7e-7 but cost four more passes over the [rows, 1536] gate (counted
+# in a 256-token prefill profile: 8 of the MLP's 23 elementwise passes were the sigmoid's).
 SIGMOID_STEP_BITS = 13
 SIGMOID_RANGE = 16  # beyond +-16 sigmoid is 0 or 1 to within 1.2e-7
 _LOG2_INDEX_BITS = 10
