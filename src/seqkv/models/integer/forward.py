@@ -114,6 +114,11 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor, pad: bool | None = None) -> tor
     (``pad``, the default on CUDA) keep every sum; designed for, and tested on the CPU only. On
     the CPU ``_int_mm`` takes any shape (measured: M = 1 runs).
     """
+    if b.shape[0] == 1:
+        # NOTE: measured on this CPU (torch 2.13): with K = 1, a transposed view ([N, 1].t(),
+        # strides (1, 1)) returns uninitialized sums for every M and N >= 2 (torch counts it as
+        # contiguous, so .contiguous() keeps it); a fresh row-major copy is right.
+        b = b.clone(memory_format=torch.contiguous_format)
     if not (a.device.type == "cuda" if pad is None else pad):
         return torch._int_mm(a, b)
     m, k = a.shape
