@@ -19,11 +19,12 @@ Functions and their documented errors (checked against float64 references by
 
 ============================  ============================================================
 ``bit_length``                exact
+``excess_bits``               exact
 ``softmax_weights``           ``2**(14 - d)`` rounded to an integer (0.5 ulp; entries from
                               a table within 2**-31 relative)
-``exp2_neg_fine`` (numpy)     the same with a two-level table over 20 fractional bits:
-                              relative error <= 2**-29 before the final floor
-``rsqrt``                     ``2**out / sqrt(v)`` for v >= 2**24: relative error
+``exp2_neg_fine`` (numpy)     ``2**(out - d)`` floored, from a two-level table over 20
+                              fractional bits: relative error <= 2**-29 before the floor
+``rsqrt`` / ``rsqrt_parts``   ``2**out / sqrt(v)`` for v >= 2**24: relative error
                               <= 2**-17 + 2**-30, plus the final floor
 ``sigmoid``                   ``2**30 * sigmoid(x)``: absolute error <= 2**-16 + 2**-31,
                               and <= sigmoid(x) * 2**-14 + 2**-31
@@ -33,12 +34,14 @@ Functions and their documented errors (checked against float64 references by
 
 Invariants:
 1. Every table is a pure function of its size parameters, built with mpmath at
-   ``_WORKING_PRECISION`` bits or with exact integer arithmetic (enforced: no float math calls).
+   ``_WORKING_PRECISION`` bits or with exact integer arithmetic (enforced: no float math calls);
+   ``tests/test_integer_fixedpoint.py`` pins their SHA-256.
 2. The evaluation functions use integer tensor ops only, and every shift amount lies in
-   ``[0, 62]`` (enforced by clamps).
+   ``[0, 62]`` (enforced by clamps or bounded by construction).
 3. Inputs are within the stated domains (assumed; callers bound their values, see forward.py).
 
-Nothing here mutates its arguments; the tables are immutable once built.
+Nothing here mutates its arguments. The table builders are memoized with ``functools.cache``:
+pure functions of their arguments returning immutable tuples or read-only arrays.
 """
 
 from __future__ import annotations
@@ -75,8 +78,8 @@ RSQRT_MIN = 1 << 24  # rsqrt's domain: smaller arguments are raised to it
 RSQRT_MAX = (1 << 62) - 1
 # NOTE: a 2**-13 grid looked up at the nearest point (one gather, no interpolation) errs by at
 # most max|sigmoid'| * 2**-14 = 2**-16 absolute, 2**-14 relative; the interpolated 2**-7 grid
-# it replaced was exact to 7e-7 but cost four more passes over the [rows, 1536] gate (measured
-# in a 256-token prefill: 8 of the MLP's 23 elementwise passes).
+# it replaced was exact to 7e-7 but cost four more passes over the [rows, 1536] gate (counted
+# in a 256-token prefill profile: 8 of the MLP's 23 elementwise passes were the sigmoid's).
 SIGMOID_STEP_BITS = 13
 SIGMOID_RANGE = 16  # beyond +-16 sigmoid is 0 or 1 to within 1.2e-7
 _LOG2_INDEX_BITS = 10

@@ -61,8 +61,9 @@ PredictorDigest = NewType("PredictorDigest", str)
 WeightPlanes = Literal[1, 2]
 ActivationPlanes = Literal[1, 2]
 
-# NOTE: bump on any change to the arithmetic of the integer forward or table: the digest then
-# changes, so a file coded by an older predictor is refused rather than decoded wrongly.
+# NOTE: bump on any change to the arithmetic of the integer forward, its fixed-point tables or
+# the coder table (table.py): the digest then changes, so a file coded by an older predictor is
+# refused rather than decoded wrongly.
 PREDICTOR_VERSION = 1
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2"})
 
