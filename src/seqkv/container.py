@@ -32,18 +32,29 @@ Invariants:
    anything (``seqkv.framing``), so each kind of damage gets its own error: EmptyInputError,
    NotASeqKVFileError, UnsupportedVersionError, TruncatedFileError, CorruptFileError (enforced;
    one test each). A header that passes the checksum but does not parse is CorruptFileError.
-2. ``decode_container(encode_container(c)) == c`` for a format-3 container (checked).
-3. This module imports neither torch nor transformers (enforced by ``tests/test_layering.py``).
-4. ``write_container_file`` replaces an existing file whole or not at all (enforced).
+2. ``decode_container(encode_container(c)) == c`` for a format-3 container, and
+   ``encode_container(decode_container(d)) == d`` for any bytes ``d`` it accepts: every field is
+   read in the one form the encoder writes (minimal varints, zero padding bits, no bitmap bits
+   past the groups, no zero scale marked used), so no two files decode alike (enforced; checked
+   by the fuzz suite).
+3. Every header and residual field is validated while it is read, against the format's own
+   ranges (``MAX_POSITIONS``, ``MAX_SEGMENTS``, ``MAX_VOCAB``, ``MAX_GROUPS``, the residual's
+   ``ResidualCode.check``), before anything is allocated by its size: a crafted file with a valid
+   checksum still ends in CorruptFileError (enforced; ``tests/test_fuzz_skv.py``). What depends
+   on the model (its context, vocabulary, layer count) the decoder checks (``seqkv.codec``).
+4. This module imports neither torch nor transformers (enforced by ``tests/test_layering.py``).
+5. ``write_container_file`` replaces an existing file whole or not at all (enforced).
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from seqkv.coding.arithmetic import BitStream
+from seqkv.coding.frequencies import MAX_VOCAB
 from seqkv.coding.residual_code import ResidualCode, ResidualMode
 from seqkv.container_legacy import LEGACY_MAGIC, LegacyFile, read_legacy
 from seqkv.digests import DIGEST_BYTES, Digest, model_digest, profile_digest
@@ -57,7 +68,7 @@ from seqkv.errors import (
 from seqkv.files import write_atomically
 from seqkv.framing import (
     FramingErrors,
-    decode_varint,
+    SectionReader,
     encode_varint,
     frame,
     framing_overhead,
@@ -69,12 +80,26 @@ MAGIC = b"\x89SKV"
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 # The file's level ids: an id is never reused; a new level appends its family name here.
-LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain")
+LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain", "portable")
+# NOTE: ``seqkv.levels.segments.MAX_SEGMENTS``, repeated here because this module imports no
+# torch (a test keeps the two equal).
+MAX_SEGMENTS = 64
+# The parameter each level family may carry (segments N; portable's layer count, 0 = all), and
+# the levels that decode without the model and so record the vocabulary size
+# (``tests/test_container.py`` checks both against ``seqkv.levels``).
+_LEVEL_PARAMETERS: dict[str, tuple[int, int]] = {"segments": (2, MAX_SEGMENTS),
+                                                 "portable": (0, 1024)}
+VOCAB_STORED_LEVELS = frozenset({"ngram", "plain"})
+# NOTE: 2**31 positions: more than any model's context, so a count beyond it is corruption
+# without asking the model; the decoder then bounds it by the model's own context.
+MAX_POSITIONS = 1 << 31
+# NOTE: a (layer, K/V) group each: 1,024 layers, beyond any model seqkv runs (SmolLM2: 30).
+MAX_GROUPS = 2 * 1024
 PREFIX_HASH_BYTES = 32
 _ERRORS = FramingErrors(EmptyInputError, NotASeqKVFileError, UnsupportedVersionError,
                         TruncatedFileError, CorruptFileError)
 _WHAT = "the .skv file"
-_FLAG_PREFIX, _FLAG_RESIDUAL, _FLAG_VOCAB = 1, 2, 4
+_FLAG_PREFIX, _FLAG_RESIDUAL, _FLAG_VOCAB, _FLAG_RESERVED = 1, 2, 4, 0b11000
 
 
 @dataclass(frozen=True)
@@ -182,34 +207,6 @@ def encode_residual_section(residual: ResidualCode) -> bytes:
     ])
 
 
-class _Reader:
-    """Reads the fixed fields of a section, raising CorruptFileError past its end."""
-
-    def __init__(self, data: bytes, what: str) -> None:
-        self.data = data
-        self.offset = 0
-        self.what = what
-
-    def take(self, count: int) -> bytes:
-        if self.offset + count > len(self.data):
-            raise CorruptFileError(f"the .skv {self.what} ends inside a field")
-        chunk = self.data[self.offset : self.offset + count]
-        self.offset += count
-        return chunk
-
-    def varint(self) -> int:
-        parsed = decode_varint(self.data, self.offset)
-        if parsed is None:
-            raise CorruptFileError(f"the .skv {self.what} has a malformed integer")
-        value, self.offset = parsed
-        return value
-
-    def rest(self) -> bytes:
-        chunk = self.data[self.offset :]
-        self.offset = len(self.data)
-        return chunk
-
-
 def decode_container(data: bytes) -> Container:
     """Parse .skv bytes of any readable format (see the module invariants)."""
     if len(data) >= len(LEGACY_MAGIC) and data[: len(LEGACY_MAGIC)] == LEGACY_MAGIC:
@@ -218,11 +215,7 @@ def decode_container(data: bytes) -> Container:
     if len(sections) not in (2, 3):
         raise CorruptFileError(f"the .skv file has {len(sections)} sections, not 2 or 3")
     header, flags = _decode_header(sections[0])
-    padding = flags >> 5
-    token_data = sections[1]
-    if padding and not token_data:
-        raise CorruptFileError("the .skv token code is empty but declares unused bits")
-    token_code = BitStream(token_data, 8 * len(token_data) - padding)
+    token_code = _token_code(sections[1], flags >> 5)
     has_residual = bool(flags & _FLAG_RESIDUAL)
     if has_residual != (len(sections) == 3):
         raise CorruptFileError("the .skv file's residual flag and sections disagree")
@@ -230,22 +223,43 @@ def decode_container(data: bytes) -> Container:
     return Container(header, token_code, residual)
 
 
+def _token_code(data: bytes, padding: int) -> BitStream:
+    """The token code, whose last byte's ``padding`` unused bits must be zeros."""
+    if padding and not data:
+        raise CorruptFileError("the .skv token code is empty but declares unused bits")
+    if data and data[-1] & ((1 << padding) - 1):
+        raise CorruptFileError("the .skv token code's unused bits are not zeros")
+    return BitStream(data, 8 * len(data) - padding)
+
+
 def _decode_header(section: bytes) -> tuple[Header, int]:
-    reader = _Reader(section, "header")
-    flags, level_id = reader.take(2)
-    if flags & 0b11000 or level_id >= len(LEVEL_IDS):
-        raise CorruptFileError(f"the .skv header has unknown flags or level id {level_id}")
-    parameter = reader.varint()
-    count = reader.varint()
-    vocab = reader.varint() if flags & _FLAG_VOCAB else None
-    model, profile, tokens, kv = (Digest(reader.take(DIGEST_BYTES)) for _ in range(4))
+    reader = SectionReader(section, "the .skv header", CorruptFileError)
+    flags = reader.u8("flags")
+    level_id = reader.u8("level id")
+    if flags & _FLAG_RESERVED:
+        raise CorruptFileError(f"the .skv header has unknown flags {flags & _FLAG_RESERVED:#x}")
+    if level_id >= len(LEVEL_IDS):
+        raise CorruptFileError(f"the .skv header has unknown level id {level_id}: use the "
+                               "seqkv release that wrote it")
+    family = LEVEL_IDS[level_id]
+    low, high = _LEVEL_PARAMETERS.get(family, (0, 0))
+    parameter = reader.varint(f"{family} parameter", low, high)
+    count = reader.varint("token count", 1, MAX_POSITIONS)
+    if bool(flags & _FLAG_VOCAB) != (family in VOCAB_STORED_LEVELS):
+        raise CorruptFileError(f"the .skv header {'stores' if flags & _FLAG_VOCAB else 'lacks'} "
+                               f"a vocabulary size, which the {family} level "
+                               f"{'does not' if flags & _FLAG_VOCAB else 'does'} record")
+    vocab = reader.varint("vocabulary size", 1, MAX_VOCAB) if flags & _FLAG_VOCAB else None
+    model, profile, tokens, kv = (Digest(reader.take(DIGEST_BYTES, name))
+                                  for name in ("model digest", "profile digest",
+                                               "tokens digest", "KV digest"))
     prefix = None
     if flags & _FLAG_PREFIX:
-        prefix_hash = reader.take(PREFIX_HASH_BYTES).hex()
-        prefix = PrefixRef(prefix_hash, reader.varint(), Digest(reader.take(DIGEST_BYTES)))
-    if reader.offset != len(section):
-        raise CorruptFileError("the .skv header has unexpected bytes after its fields")
-    family = LEVEL_IDS[level_id]
+        prefix_hash = reader.take(PREFIX_HASH_BYTES, "prefix hash").hex()
+        prefix_tokens = reader.varint("prefix token count", 1, MAX_POSITIONS - count)
+        prefix = PrefixRef(prefix_hash, prefix_tokens,
+                           Digest(reader.take(DIGEST_BYTES, "prefix KV digest")))
+    reader.finish()
     level = f"{family}:{parameter}" if parameter else family
     segments = tuple(split_lengths(count, parameter)) if parameter else (count,)
     header = Header(format_version=FORMAT_VERSION, level=level, count=count, segments=segments,
@@ -255,42 +269,49 @@ def _decode_header(section: bytes) -> tuple[Header, int]:
 
 
 def decode_residual_section(section: bytes) -> ResidualCode:
-    """The residual a third section holds; its shape is set by the decoder (``with_shape``)."""
-    reader = _Reader(section, "residual")
-    (mode_byte,) = reader.take(1)
+    """The residual a third section holds, checked (``ResidualCode.check``); its shape is set by
+    the decoder (``with_shape``)."""
+    reader = SectionReader(section, "the .skv residual", CorruptFileError)
+    mode_byte = reader.u8("mode")
     if mode_byte not in (0, 1):
         raise CorruptFileError(f"the .skv residual has unknown mode {mode_byte}")
     mode = ResidualMode.QUANTIZED if mode_byte == 0 else ResidualMode.BIT_EXACT
-    tolerance = struct.unpack("<d", reader.take(8))[0] if mode_byte == 0 else 0.0
-    groups = reader.varint()
-    bitmap = reader.take((groups + 7) // 8)
+    tolerance = reader.f64("tolerance") if mode_byte == 0 else 0.0
+    groups = reader.varint("group count", 2, MAX_GROUPS)
+    if groups % 2:
+        raise CorruptFileError(f"the .skv residual has {groups} groups: not a key and a value "
+                               "group per layer")
+    bitmap = reader.take((groups + 7) // 8, "group bitmap")
+    if groups % 8 and bitmap[-1] >> (groups % 8):
+        raise CorruptFileError("the .skv residual's group bitmap sets bits past its groups")
     used = [i for i in range(groups) if bitmap[i // 8] >> (i % 8) & 1]
-    values = dict(zip(used, struct.unpack(f"<{len(used)}f", reader.take(4 * len(used))),
-                      strict=True))
+    raw = reader.take(4 * len(used), "scales")
+    values = dict(zip(used, struct.unpack(f"<{len(used)}f", raw), strict=True))
     scales = tuple(float(values.get(i, 0.0)) for i in range(groups))
-    escapes = reader.varint()
+    if any(values[i] == 0.0 for i in used):
+        raise CorruptFileError("the .skv residual marks a group used whose scale is 0")
+    escapes = reader.varint("escape count")
     rest = reader.rest()
     if 4 * escapes > len(rest):
         raise CorruptFileError("the .skv residual declares more escapes than it holds")
     split = len(rest) - 4 * escapes
-    return ResidualCode(mode, tolerance, (), scales, rest[:split], rest[split:])
+    code = ResidualCode(mode, tolerance, (), scales, rest[:split], rest[split:]).check()
+    if not all(math.isfinite(value) for (value,) in struct.iter_unpack("<f", code.escapes)):
+        raise CorruptFileError("the .skv residual escapes a value that is not finite")
+    return code
 
 
 def _from_legacy(file: LegacyFile) -> Container:
-    """A format-1 or 2 file as a container (its full descriptions kept in ``legacy``)."""
-    if sum(file.segments) != file.count:
-        raise CorruptFileError("the file's segment lengths do not add up to its token count")
+    """A format-1 or 2 file as a container (its full descriptions kept in ``legacy``; the reader
+    has checked every field, ``seqkv.container_legacy``)."""
     parameter = len(file.segments) if file.level == "segments" else 0
     level = f"segments:{parameter}" if parameter else file.level
     prefix = None
     if file.prefix_hash is not None:
         prefix = PrefixRef(file.prefix_hash, file.prefix_tokens,
                            Digest(bytes.fromhex(file.prefix_kv_sha256)[:DIGEST_BYTES]))
-    try:
-        tokens_digest = Digest(bytes.fromhex(file.tokens_sha256)[:DIGEST_BYTES])
-        kv_digest = Digest(bytes.fromhex(file.kv_sha256)[:DIGEST_BYTES])
-    except ValueError as error:
-        raise CorruptFileError(f"the .skv header holds a malformed digest: {error}") from error
+    tokens_digest = Digest(bytes.fromhex(file.tokens_sha256)[:DIGEST_BYTES])
+    kv_digest = Digest(bytes.fromhex(file.kv_sha256)[:DIGEST_BYTES])
     header = Header(
         format_version=file.version, level=level, count=file.count, segments=file.segments,
         vocab_size=file.vocab_size, model_digest=model_digest(file.model),

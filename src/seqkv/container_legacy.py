@@ -18,32 +18,53 @@ module only reads; ``seqkv upgrade`` rewrites such files in the current format
 Invariants:
 1. ``read_legacy`` checks, in this order, magic, version, length and checksum before it parses
    the header, so each kind of damage gets its own error (enforced; one test each).
-2. Every field the JSON header carries is type-checked while it is parsed; a file that passes
-   the checksum but holds a malformed header is CorruptFileError (enforced).
+2. Every field the JSON header carries is checked for its type and range while it is parsed,
+   and against the others and the sections' sizes (segments add up to the count, the KV shape
+   covers the positions, scales one per group, ``num_bits`` fits the code, escapes match their
+   count); a file that passes the checksum but holds anything else is CorruptFileError
+   (enforced; ``tests/test_fuzz_skv.py``).
+3. The JSON header is parsed only after its size (``MAX_HEADER_BYTES``) and nesting depth are
+   checked, and with NaN, Infinity and repeated keys refused (enforced: ``seqkv.framing``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import math
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from seqkv.coding.arithmetic import BitStream
+from seqkv.coding.frequencies import MAX_VOCAB
 from seqkv.coding.residual_code import ResidualCode, ResidualMode
 from seqkv.errors import (
     CorruptFileError,
     TruncatedFileError,
     UnsupportedVersionError,
 )
-from seqkv.types import ExecutionProfile, ModelIdentity
+from seqkv.framing import load_json
+from seqkv.types import ExecutionProfile, ModelIdentity, Schedule
 
 LEGACY_MAGIC = b"\x89SKV\r\n\x1a\n"
 LEGACY_VERSIONS = (1, 2)
 _PREFIX = struct.Struct("<8sHHIQQQ")
 _DIGEST_BYTES = 32
 _LEVELS = ("tokens", "rows", "segments", "ngram", "plain")
+_MODEL_FREE = ("ngram", "plain")
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_SHA256 = re.compile("[0-9a-f]{64}")
+# NOTE: the writers of formats 1 and 2 wrote headers of about 1.4 KB, nested 3 levels deep;
+# these bounds are generous for them and refuse a crafted header before it is parsed.
+MAX_HEADER_BYTES = 64 * 1024
+_MAX_DEPTH = 4
+_MAX_STRING = 256
+_MAX_THREADS = 4096
+# The same bounds as format 3 (``seqkv.container``), repeated: that module imports this one.
+MAX_POSITIONS = 1 << 31
+MAX_SEGMENTS = 64
+MAX_GROUPS = 2 * 1024
 
 
 @dataclass(frozen=True)
@@ -73,7 +94,8 @@ def read_legacy(data: bytes) -> LegacyFile:
     """Parse a version-1 or 2 file (its magic already matched)."""
     if len(data) < _PREFIX.size:
         raise TruncatedFileError(f"the .skv file ends after {len(data)} bytes, inside its prefix")
-    _, version, _, header_len, token_len, words_len, escapes_len = _PREFIX.unpack_from(data)
+    _, version, reserved, header_len, token_len, words_len, escapes_len = _PREFIX.unpack_from(
+        data)
     if version not in LEGACY_VERSIONS:
         raise UnsupportedVersionError(
             f"the .skv file has format version {version}; this seqkv reads versions 1, 2 and 3: "
@@ -91,6 +113,8 @@ def read_legacy(data: bytes) -> LegacyFile:
     body, digest = data[:-_DIGEST_BYTES], data[-_DIGEST_BYTES:]
     if hashlib.sha256(body).digest() != digest:
         raise CorruptFileError("the .skv file is corrupted: its SHA-256 checksum does not match")
+    if reserved:
+        raise CorruptFileError(f"the .skv file's reserved field is {reserved}, not 0")
     offset = _PREFIX.size
     header_bytes = body[offset : offset + header_len]
     offset += header_len
@@ -98,38 +122,73 @@ def read_legacy(data: bytes) -> LegacyFile:
     offset += token_len
     words = body[offset : offset + words_len]
     escapes = body[offset + words_len :]
-    try:
-        return _parse(json.loads(header_bytes), version, token_data, words, escapes)
-    except (ValueError, KeyError, TypeError, RecursionError) as error:
-        raise CorruptFileError(f"the .skv header is malformed: {error}") from error
+    raw = load_json(header_bytes, "the .skv header", CorruptFileError, MAX_HEADER_BYTES,
+                    _MAX_DEPTH)
+    return _parse(raw, version, token_data, words, escapes)
+
+
+def _fail(message: str) -> CorruptFileError:
+    return CorruptFileError(f"the .skv header is malformed: {message}")
 
 
 def _object(raw: Any, name: str, keys: set[str]) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise TypeError(f"{name} must be a JSON object")
+        raise _fail(f"{name} must be a JSON object")
     if set(raw) != keys:
-        raise KeyError(f"{name} fields {sorted(raw)} differ from {sorted(keys)}")
+        raise _fail(f"{name} fields {sorted(raw)} differ from {sorted(keys)}")
     return raw
 
 
-def _int(value: Any, name: str, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
+def _int(value: Any, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _fail(f"{name} must be an integer in [{low:,}, {high:,}], not {_show(value)}")
     return value
 
 
-def _str(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, not {value!r}")
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(f"{name} must be a number, not {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise _fail(f"{name} {_show(value)} is out of range") from None
+    if not math.isfinite(number):
+        raise _fail(f"{name} must be finite, not {_show(value)}")
+    return number
+
+
+def _str(value: Any, name: str, choices: tuple[str, ...] = ()) -> str:
+    if not isinstance(value, str) or len(value) > _MAX_STRING:
+        raise _fail(f"{name} must be a string of at most {_MAX_STRING} characters, not "
+                    f"{_show(value)}")
+    if choices and value not in choices:
+        raise _fail(f"{name} must be one of {', '.join(choices)}, not {_show(value)}")
     return value
+
+
+def _sha256(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not _SHA256.fullmatch(value):
+        raise _fail(f"{name} must be 64 lowercase hexadecimal digits, not {_show(value)}")
+    return value
+
+
+def _list(value: Any, name: str, high: int) -> list[Any]:
+    if not isinstance(value, list) or len(value) > high:
+        raise _fail(f"{name} must be a list of at most {high} entries, not {_show(value)}")
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _parse(raw: Any, version: int, token_data: bytes, words: bytes,
            escapes: bytes) -> LegacyFile:
     top = _object(raw, "header", {"format_version", "writer", "model", "profile", "prefix",
                                   "tokens", "kv"})
-    if top["format_version"] != version:
-        raise ValueError(f"header version {top['format_version']!r} differs from the file's")
+    if top["format_version"] != version or isinstance(top["format_version"], bool):
+        raise _fail(f"header version {_show(top['format_version'])} differs from the file's")
     model = _object(top["model"], "model", {"name", "config_sha256", "weights_sha256",
                                             "tokenizer_sha256"})
     profile = _object(top["profile"], "profile", {
@@ -140,65 +199,123 @@ def _parse(raw: Any, version: int, token_data: bytes, words: bytes,
         token_keys |= {"level", "segments", "vocab_size"}
     tokens = _object(top["tokens"], "tokens", token_keys)
     kv = _object(top["kv"], "kv", {"shape", "dtype", "sha256", "residual"})
-    count = _int(tokens["count"], "tokens.count")
-    level = _str(tokens.get("level", "tokens"), "tokens.level")
-    if level not in _LEVELS:
+    count = _int(tokens["count"], "tokens.count", 1, MAX_POSITIONS)
+    level = tokens.get("level", "tokens")
+    if not isinstance(level, str) or level not in _LEVELS:
         raise UnsupportedVersionError(
-            f"the file was coded at level {level!r}, which this seqkv does not know: use the "
+            f"the file was coded at level {_show(level)}, which this seqkv does not know: use the "
             "seqkv release that wrote it")
-    segments_raw = tokens.get("segments") or [count]
-    if not isinstance(segments_raw, list):
-        raise TypeError("tokens.segments must be a list")
-    segments = tuple(_int(n, "tokens.segments[]", 1) for n in segments_raw)
-    vocab = tokens.get("vocab_size")
-    shape_raw = kv["shape"]
-    if not isinstance(shape_raw, list) or len(shape_raw) != 5:
-        raise ValueError("kv.shape must be a list of 5 integers")
-    shape = tuple(_int(n, "kv.shape[]") for n in shape_raw)
-    context = tokens["first_token_context"]
-    residual = None
-    if kv["residual"] is not None:
-        section = _object(kv["residual"], "kv.residual", {"mode", "tolerance", "scales",
-                                                          "num_escapes", "max_abs_error"})
-        scales = section["scales"]
-        if not isinstance(scales, list):
-            raise TypeError("kv.residual.scales must be a list")
-        residual = ResidualCode(ResidualMode(section["mode"]), float(section["tolerance"]),
-                                shape, tuple(float(s) for s in scales), words, escapes)
+    segments = _segments(tokens.get("segments", [count]), level, count)
+    vocab_raw = tokens.get("vocab_size")
+    vocab = None if vocab_raw is None else _int(vocab_raw, "tokens.vocab_size", 1, MAX_VOCAB)
+    if vocab is None and level in _MODEL_FREE:
+        raise _fail(f"tokens.vocab_size is missing, which the {level} level needs")
+    context_raw = tokens["first_token_context"]
+    context = None if context_raw is None else _int(context_raw, "tokens.first_token_context",
+                                                     0, MAX_VOCAB - 1)
+    if vocab is not None and context is not None and context >= vocab:
+        raise _fail(f"tokens.first_token_context {context} lies outside the vocabulary of "
+                    f"{vocab}")
+    num_bits = _int(tokens["num_bits"], "tokens.num_bits", 0, 8 * len(token_data))
+    if (num_bits + 7) // 8 != len(token_data):
+        raise _fail(f"tokens.num_bits {num_bits} does not fit the {len(token_data)}-byte code")
+    if token_data and token_data[-1] & ((1 << (-num_bits % 8)) - 1):
+        raise _fail("the token code's unused bits are not zeros")
     prefix = top["prefix"]
     prefix_fields = None if prefix is None else _object(prefix, "prefix", {
         "prefix_hash", "tokens", "kv_sha256"})
+    prefix_tokens = 0 if prefix_fields is None else _int(
+        prefix_fields["tokens"], "prefix.tokens", 1, MAX_POSITIONS - count)
+    shape = _kv_shape(kv, count + prefix_tokens)
+    residual = _residual(kv["residual"], shape, words, escapes)
     return LegacyFile(
         version=version,
         writer=_str(top["writer"], "writer"),
         model=ModelIdentity(_str(model["name"], "model.name"),
-                            _str(model["config_sha256"], "model.config_sha256"),
-                            _str(model["weights_sha256"], "model.weights_sha256"),
+                            _sha256(model["config_sha256"], "model.config_sha256"),
+                            _sha256(model["weights_sha256"], "model.weights_sha256"),
                             None if model["tokenizer_sha256"] is None
-                            else _str(model["tokenizer_sha256"], "model.tokenizer_sha256")),
+                            else _sha256(model["tokenizer_sha256"], "model.tokenizer_sha256")),
         profile=ExecutionProfile(
-            schedule=_str(profile["schedule"], "profile.schedule"),  # type: ignore[arg-type]
-            dtype=_str(profile["dtype"], "profile.dtype"),
+            schedule=_schedule(profile["schedule"]),
+            dtype=_str(profile["dtype"], "profile.dtype", _DTYPES),
             device_class=_str(profile["device_class"], "profile.device_class"),
             cpu_capability=_str(profile["cpu_capability"], "profile.cpu_capability"),
-            num_threads=_int(profile["num_threads"], "profile.num_threads", 1),
+            num_threads=_int(profile["num_threads"], "profile.num_threads", 1, _MAX_THREADS),
             torch_version=_str(profile["torch_version"], "profile.torch_version"),
             transformers_version=_str(profile["transformers_version"],
                                       "profile.transformers_version")),
         count=count,
-        first_token_context=None if context is None else _int(context, "first_token_context"),
-        tokens_sha256=_str(tokens["sha256"], "tokens.sha256"),
+        first_token_context=context,
+        tokens_sha256=_sha256(tokens["sha256"], "tokens.sha256"),
         level=level,
         segments=segments,
-        vocab_size=None if vocab is None else _int(vocab, "tokens.vocab_size", 1),
+        vocab_size=vocab,
         kv_shape=shape,
-        kv_sha256=_str(kv["sha256"], "kv.sha256"),
+        kv_sha256=_sha256(kv["sha256"], "kv.sha256"),
         prefix_hash=None if prefix_fields is None
-        else _str(prefix_fields["prefix_hash"], "prefix.prefix_hash"),
-        prefix_tokens=0 if prefix_fields is None else _int(prefix_fields["tokens"],
-                                                           "prefix.tokens", 1),
+        else _sha256(prefix_fields["prefix_hash"], "prefix.prefix_hash"),
+        prefix_tokens=prefix_tokens,
         prefix_kv_sha256="" if prefix_fields is None
-        else _str(prefix_fields["kv_sha256"], "prefix.kv_sha256"),
-        token_code=BitStream(token_data, _int(tokens["num_bits"], "tokens.num_bits")),
+        else _sha256(prefix_fields["kv_sha256"], "prefix.kv_sha256"),
+        token_code=BitStream(token_data, num_bits),
         residual=residual,
     )
+
+
+def _schedule(value: Any) -> Schedule:
+    if value == "token-by-token":
+        return "token-by-token"
+    if value == "rows":
+        return "rows"
+    raise _fail(f"profile.schedule must be token-by-token or rows, not {_show(value)}")
+
+
+def _segments(raw: Any, level: str, count: int) -> tuple[int, ...]:
+    items = _list(raw, "tokens.segments", MAX_SEGMENTS)
+    segments = tuple(_int(n, "tokens.segments[]", 1, count) for n in items)
+    if sum(segments) != count:
+        raise _fail(f"tokens.segments add up to {sum(segments):,}, not the {count:,} tokens")
+    if level == "segments" and len(segments) < 2:
+        raise _fail("the segments level needs at least 2 segments")
+    if level != "segments" and len(segments) != 1:
+        raise _fail(f"the {level} level codes one segment, not {len(segments)}")
+    return segments
+
+
+def _kv_shape(kv: dict[str, Any], positions: int) -> tuple[int, ...]:
+    _str(kv["dtype"], "kv.dtype", ("float32",))
+    raw = _list(kv["shape"], "kv.shape", 5)
+    if len(raw) != 5:
+        raise _fail("kv.shape must be a list of 5 integers")
+    shape = tuple(_int(n, "kv.shape[]", 1, MAX_POSITIONS) for n in raw)
+    if shape[1] != 2 or shape[3] != positions or 2 * shape[0] > MAX_GROUPS:
+        raise _fail(f"kv.shape {list(shape)} is not [layers <= {MAX_GROUPS // 2}, 2, heads, "
+                    f"{positions}, head_dim]")
+    return shape
+
+
+def _residual(raw: Any, shape: tuple[int, ...], words: bytes,
+              escapes: bytes) -> ResidualCode | None:
+    if raw is None:
+        if words or escapes:
+            raise _fail("the file holds residual bytes but no residual")
+        return None
+    section = _object(raw, "kv.residual", {"mode", "tolerance", "scales", "num_escapes",
+                                           "max_abs_error"})
+    mode = _str(section["mode"], "kv.residual.mode", tuple(m.value for m in ResidualMode))
+    tolerance = _number(section["tolerance"], "kv.residual.tolerance")
+    groups = shape[0] * shape[1]
+    scales = tuple(_number(s, "kv.residual.scales[]")
+                   for s in _list(section["scales"], "kv.residual.scales", groups))
+    if len(scales) != groups:
+        raise _fail(f"kv.residual.scales has {len(scales)} entries, not {groups}")
+    if _int(section["num_escapes"], "kv.residual.num_escapes", 0, MAX_POSITIONS) * 4 != len(
+            escapes):
+        raise _fail("kv.residual.num_escapes differs from the escapes the file holds")
+    if _number(section["max_abs_error"], "kv.residual.max_abs_error") < 0:
+        raise _fail("kv.residual.max_abs_error is negative")
+    code = ResidualCode(ResidualMode(mode), tolerance, shape, scales, words, escapes).check()
+    if not all(math.isfinite(value) for (value,) in struct.iter_unpack("<f", escapes)):
+        raise CorruptFileError("the .skv residual escapes a value that is not finite")
+    return code

@@ -78,3 +78,20 @@ class UnsupportedModelError(SeqKVError, ValueError):
 
 class InvalidLevelError(SeqKVError, ValueError):
     """A coding level name that does not parse, or a level parameter out of range."""
+
+
+class InputTooLongError(InvalidTokensError):
+    """More tokens (or text) than the model's context holds: refused before any work starts."""
+
+
+class InvalidToleranceError(SeqKVError, ValueError):
+    """A residual tolerance that is negative, NaN, infinite or beyond what float32 can step."""
+
+
+class UsageError(SeqKVError, ValueError):
+    """A command-line argument that is malformed, out of range or contradicts another one."""
+
+
+class OutputError(SeqKVError):
+    """An output file that cannot be written where asked (missing or read-only folder, a
+    directory in the way, a name too long, a full disk); nothing was changed."""

@@ -1,36 +1,45 @@
 """One envelope for every seqkv file format: magic, version, length-prefixed sections, checksum.
 
-Every format seqkv writes (``.skv`` sessions, trie snapshots, mixing dictionaries, store records)
-frames its bytes the same way, so each gets the same ordered checks and the same specific errors
-for the same kinds of damage, and none allocates more than its input's size before its checksum
-has passed::
+Every format seqkv writes (``.skv`` sessions, trie snapshots, mixing dictionaries) frames its
+bytes the same way, so each gets the same ordered checks and the same specific errors for the
+same kinds of damage, and none allocates more than its input's size before its checksum has
+passed::
 
     magic      4 bytes   per format; the first is 0x89 (not ASCII: catches text-mode mangling)
     version    u8        the format's version
     count      u8        number of sections
-    lengths    varint    one per section (LEB128, at most 8 bytes each)
+    lengths    varint    one per section (LEB128, at most 8 bytes each, minimal)
     sections   bytes     in order
     checksum   4 bytes   CRC-32 (zlib) of everything before it, little-endian
 
-The checksum detects damage; it is not a cryptographic seal. Formats that must prove their
-content store content digests inside their sections (``.skv`` keeps truncated SHA-256 digests of
-the tokens and KV and verifies them after decoding).
+The checksum detects damage; it is not a cryptographic seal. A crafted file can carry a valid
+checksum, so each format also validates every field it parses: this module gives them the tools
+for that (``SectionReader`` for binary fields, ``inflate`` for zlib sections with a cap,
+``load_json`` for the JSON headers of older formats), each raising the caller's error class.
 
 Invariants:
 1. ``unframe`` checks, in this order: empty input, magic, version, the declared lengths against
    the input's size (before any allocation), then the checksum; each failure raises the
    ``FramingErrors`` class the caller supplied for it (enforced; one test each).
 2. ``unframe(frame(m, v, s), m, {v}) == (v, s)`` for any sections (checked by a property test).
-3. This module imports nothing beyond the standard library and ``seqkv.errors`` (enforced by
+3. A varint is read only in its minimal form: the encoding of a value is unique, so a file that
+   parses re-encodes to the same bytes (enforced: a longer form is corruption).
+4. ``inflate`` never holds more than ``size + 1`` inflated bytes, whatever the input claims
+   (enforced: streaming with ``max_length``).
+5. This module imports nothing beyond the standard library and ``seqkv.errors`` (enforced by
    ``tests/test_layering.py``).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import struct
 import zlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from seqkv.errors import SeqKVError
 
@@ -38,6 +47,9 @@ MAGIC_BYTES = 4
 CHECKSUM_BYTES = 4
 _MAX_SECTIONS = 255
 _MAX_VARINT_BYTES = 8
+MAX_VARINT = (1 << (7 * _MAX_VARINT_BYTES)) - 1
+_F32 = struct.Struct("<f")
+_F64 = struct.Struct("<d")
 
 
 @dataclass(frozen=True)
@@ -52,9 +64,9 @@ class FramingErrors:
 
 
 def encode_varint(value: int) -> bytes:
-    """Unsigned LEB128."""
-    if value < 0:
-        raise ValueError(f"a varint holds a non-negative integer, not {value}")
+    """Unsigned LEB128, minimal."""
+    if value < 0 or value > MAX_VARINT:
+        raise ValueError(f"a varint holds an integer in [0, 2**56), not {value}")
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -66,17 +78,36 @@ def encode_varint(value: int) -> bytes:
             return bytes(out)
 
 
-def decode_varint(data: bytes | memoryview, offset: int) -> tuple[int, int] | None:
-    """The varint at ``offset`` and the offset after it, or None if the data ends inside it or it
-    runs past ``_MAX_VARINT_BYTES`` bytes."""
+class VarintError(ValueError):
+    """A varint that is cut short, longer than 8 bytes, or not in its minimal form."""
+
+    def __init__(self, reason: str, truncated: bool) -> None:
+        super().__init__(reason)
+        self.truncated = truncated
+
+
+def read_varint(data: bytes | memoryview, offset: int) -> tuple[int, int]:
+    """The varint at ``offset`` and the offset after it, or ``VarintError``."""
     value = shift = 0
     for index in range(offset, min(len(data), offset + _MAX_VARINT_BYTES)):
         byte = data[index]
         value |= (byte & 0x7F) << shift
         shift += 7
         if not byte & 0x80:
+            if byte == 0 and index > offset:
+                raise VarintError("an integer is not in its minimal form", truncated=False)
             return value, index + 1
-    return None
+    if len(data) < offset + _MAX_VARINT_BYTES:
+        raise VarintError("the data ends inside an integer", truncated=True)
+    raise VarintError(f"an integer runs past {_MAX_VARINT_BYTES} bytes", truncated=False)
+
+
+def decode_varint(data: bytes | memoryview, offset: int) -> tuple[int, int] | None:
+    """The varint at ``offset`` and the offset after it, or None where ``read_varint`` fails."""
+    try:
+        return read_varint(data, offset)
+    except VarintError:
+        return None
 
 
 def frame(magic: bytes, version: int, sections: Sequence[bytes]) -> bytes:
@@ -126,10 +157,12 @@ def unframe(data: bytes, magic: bytes, versions: Collection[int], errors: Framin
     offset = MAGIC_BYTES + 2
     lengths = []
     for _ in range(count):
-        parsed = decode_varint(data, offset)
-        if parsed is None:
-            raise errors.truncated(f"{what} ends inside its section lengths")
-        length, offset = parsed
+        try:
+            length, offset = read_varint(data, offset)
+        except VarintError as error:
+            if error.truncated:
+                raise errors.truncated(f"{what} ends inside its section lengths") from None
+            raise errors.corrupt(f"{what} has a malformed section length: {error}") from None
         lengths.append(length)
     expected = offset + sum(lengths) + CHECKSUM_BYTES
     if len(data) < expected:
@@ -146,3 +179,131 @@ def unframe(data: bytes, magic: bytes, versions: Collection[int], errors: Framin
         sections.append(bytes(data[offset : offset + length]))
         offset += length
     return version, sections
+
+
+class SectionReader:
+    """Reads the fields of one section in order; every failure raises ``error`` naming the field.
+
+    ``what`` names the section in messages ("the .skv header").
+    """
+
+    def __init__(self, data: bytes, what: str, error: type[SeqKVError]) -> None:
+        self.data = data
+        self.offset = 0
+        self.what = what
+        self.error = error
+
+    def fail(self, message: str) -> SeqKVError:
+        """The error to raise for ``message`` about this section."""
+        return self.error(f"{self.what} {message}")
+
+    @property
+    def remaining(self) -> int:
+        return len(self.data) - self.offset
+
+    def take(self, count: int, name: str) -> bytes:
+        if count < 0 or count > self.remaining:
+            raise self.fail(f"ends inside its {name}")
+        chunk = self.data[self.offset : self.offset + count]
+        self.offset += count
+        return chunk
+
+    def u8(self, name: str) -> int:
+        return self.take(1, name)[0]
+
+    def varint(self, name: str, low: int = 0, high: int = MAX_VARINT) -> int:
+        """A varint in ``[low, high]``."""
+        try:
+            value, self.offset = read_varint(self.data, self.offset)
+        except VarintError as error:
+            if error.truncated:
+                raise self.fail(f"ends inside its {name}") from None
+            raise self.fail(f"has a malformed {name}: {error}") from None
+        if not low <= value <= high:
+            raise self.fail(f"has {name} {value:,}, outside [{low:,}, {high:,}]")
+        return value
+
+    def f32(self, name: str) -> float:
+        return float(_F32.unpack(self.take(4, name))[0])
+
+    def f64(self, name: str) -> float:
+        return float(_F64.unpack(self.take(8, name))[0])
+
+    def finite(self, value: float, name: str, low: float, high: float) -> float:
+        """``value`` if it is finite and within ``[low, high]``."""
+        if not (math.isfinite(value) and low <= value <= high):
+            raise self.fail(f"has {name} {value!r}, not a finite number in [{low:g}, {high:g}]")
+        return value
+
+    def rest(self) -> bytes:
+        chunk = self.data[self.offset :]
+        self.offset = len(self.data)
+        return chunk
+
+    def finish(self) -> None:
+        """Refuse bytes after the last field."""
+        if self.offset != len(self.data):
+            raise self.fail(f"has {self.remaining} unexpected bytes after its fields")
+
+
+def inflate(data: bytes, size: int, what: str, error: type[SeqKVError]) -> bytes:
+    """The zlib stream ``data`` inflated, which must give exactly ``size`` bytes and end there.
+
+    Streaming with a cap: at most ``size + 1`` bytes are ever inflated (a "zip bomb" costs no
+    more memory than the size the caller expects, which it has bounded beforehand).
+    """
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, size + 1)
+    except zlib.error as failure:
+        raise error(f"{what} does not inflate: {failure}") from None
+    if len(out) > size:
+        raise error(f"{what} inflates to more than the {size:,} bytes its shape allows")
+    if not inflater.eof:
+        raise error(f"{what} inflates to {len(out):,} bytes, not {size:,}: its stream is cut "
+                    "short")
+    if len(out) != size:
+        raise error(f"{what} inflates to {len(out):,} bytes, not {size:,}")
+    if inflater.unused_data:
+        raise error(f"{what} has {len(inflater.unused_data)} bytes after its zlib stream")
+    return out
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_depth(data: bytes) -> int:
+    """The deepest nesting of arrays and objects in JSON text (strings skipped), without
+    parsing it: a guard that runs before ``json.loads`` can recurse."""
+    depth = deepest = 0
+    for match in _BRACKET.finditer(_STRING.sub(b'""', data)):
+        depth += 1 if match.group() in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise ValueError("an object repeats a key")
+    return result
+
+
+def load_json(data: bytes, what: str, error: type[SeqKVError], max_bytes: int,
+              max_depth: int) -> Any:
+    """Parse JSON text of at most ``max_bytes`` bytes and ``max_depth`` levels of nesting; NaN,
+    Infinity and repeated keys are refused. Every failure raises ``error``."""
+    if len(data) > max_bytes:
+        raise error(f"{what} has {len(data):,} bytes, more than the {max_bytes:,} it may hold")
+    if json_depth(data) > max_depth:
+        raise error(f"{what} nests deeper than {max_depth} levels")
+    try:
+        return json.loads(data, parse_constant=_refuse_constant,
+                          object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as failure:
+        raise error(f"{what} is not valid JSON: {failure}") from None

@@ -1,43 +1,85 @@
 """The ``seqkv`` command: compress, decompress, inspect, upgrade, check, store, bench, demo.
 
-Every ``SeqKVError`` (bad input, damaged file, wrong model) ends the command with one line on
-stderr and exit status 2, never a traceback. ``check`` exits 1 when a bound is violated. Output
-files are written atomically, and ``compress`` writes its file only after a full decode has
-verified it (unless ``--no-verify``). One module per group of verbs; each adds its parsers.
+Every ``SeqKVError`` (bad input, damaged file, wrong model), every bad argument and every error
+of the operating system on an input or output ends the command with one line on stderr and exit
+status 2, never a traceback. ``check`` exits 1 when a bound is violated. Arguments are checked
+when they are parsed, before any work starts; output files are written atomically, all staged
+before any replaces its target, and ``compress`` writes its file only after a full decode has
+verified it (unless ``--no-verify``). ``--progress`` reports progress on stderr even when it is
+not a terminal (JSON lines with ``--json``).
+
+One module per group of verbs; each adds its parsers through a function listed in
+``VERB_GROUPS``, and may declare which arguments are input and output paths
+(``set_defaults(paths=common.PathRoles(...))``) so that an output is never an input, and a
+``complete(args)`` that fills and checks defaults computed from other arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from seqkv.cli import bench, check, sessions, store
+from seqkv.cli import bench, check, common, sessions, store
 from seqkv.errors import SeqKVError
 
+VERB_GROUPS: tuple[Callable[[common.Subparsers], None], ...] = (
+    sessions.add_session_verbs,
+    check.add_check,
+    store.add_store,
+    bench.add_bench,
+    sessions.add_demo,
+)
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="seqkv", description=__doc__.splitlines()[0])
+
+def build_parser(groups: Sequence[Callable[[common.Subparsers], None]] = VERB_GROUPS
+                 ) -> common.Parser:
+    parser = common.Parser(prog="seqkv", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    sessions.add_session_verbs(commands)
-    check.add_check(commands)
-    store.add_store(commands)
-    bench.add_bench(commands)
-    sessions.add_demo(commands)
+    for add in groups:
+        add(commands)
     return parser
 
 
+def _message(error: BaseException) -> str:
+    if isinstance(error, FileNotFoundError):
+        return f"no such file: {error.filename}"
+    if isinstance(error, OSError):
+        where = f"{error.filename}: " if error.filename else ""
+        return f"{where}{error.strerror or error}"
+    if isinstance(error, UnicodeDecodeError):
+        return f"the input is not UTF-8 text: {error}"
+    if isinstance(error, MemoryError):
+        return "out of memory"
+    return str(error)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
     try:
-        status: int = args.run(args)
-    except SeqKVError as error:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help (0), or a usage error already printed as one line (2)
+        return done.code if isinstance(done.code, int) else 0 if done.code is None else 2
+    complete = getattr(args, "complete", None)
+    try:
+        if complete is not None:
+            complete(args)
+        common.check_paths(args)
+    except (SeqKVError, argparse.ArgumentTypeError) as error:
         print(f"seqkv: error: {error}", file=sys.stderr)
         return 2
-    except FileNotFoundError as error:
-        print(f"seqkv: error: no such file: {error.filename}", file=sys.stderr)
-        return 2
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-        print(f"seqkv: error: {error}", file=sys.stderr)
+    failure: BaseException | None = None
+    status = 2
+    with common.reporting(args) as reporter:
+        args.reporter = reporter
+        try:
+            status = args.run(args)
+        except (SeqKVError, OSError, UnicodeDecodeError, MemoryError) as error:
+            failure = error
+        except KeyboardInterrupt:
+            print("seqkv: interrupted", file=sys.stderr)
+            return 130
+    if failure is not None:
+        print(f"seqkv: error: {_message(failure)}", file=sys.stderr)
         return 2
     return status

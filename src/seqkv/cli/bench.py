@@ -50,7 +50,7 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
     bench = run_decode_bench(model, args.tokens, args.sessions, log=log)
     command = f"seqkv bench decode --tokens {args.tokens} --sessions {args.sessions}"
     target = Path(args.report)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    common.make_folder(target.parent)
     common.write_text(str(target), render_markdown(bench, command))
     if args.json:
         print(json.dumps(bench.to_json_dict() | {"report": str(target)}, default=str))
@@ -89,7 +89,8 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
     model = common.load(args.model)
     config = StoreBenchConfig(sessions=args.sessions, scale_sessions=args.scale_sessions,
                               level=args.level)
-    result = run_store_bench(model, config, workdir=args.workdir, progress=not args.json,
+    result = run_store_bench(model, config, workdir=args.workdir,
+                             progress=common.reporter_of(args).enabled,
                              parts=args.parts.split(","))
     figures = result.to_json_dict()
     if args.json:
@@ -99,12 +100,24 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+STORE_PARTS = ("model", "scale", "throughput", "faults")
+
+
+def _store_parts(text: str) -> str:
+    parts = text.split(",")
+    unknown = [part for part in parts if part not in STORE_PARTS]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(
+            f"unknown part {', '.join(map(repr, unknown))}: choose from {', '.join(STORE_PARTS)}")
+    return text
+
+
+def add_bench(commands: common.Subparsers) -> None:
     bench = commands.add_parser("bench", help="measure a layer on a generated workload")
     benches = bench.add_subparsers(dest="bench", required=True)
     bt = benches.add_parser("trie", help="prefix trie vs vLLM-style hashed blocks")
-    bt.add_argument("--seed", type=int, default=0)
-    bt.add_argument("--json", action="store_true", help="print one JSON object")
+    bt.add_argument("--seed", type=common.int_in(0, 2**63 - 1), default=0)
+    common.json_option(bt)
     bt.set_defaults(run=_cmd_bench_trie)
 
     bq = benches.add_parser("quant", help="per-vector quantizers, and the rate-distortion sweep of "
@@ -112,37 +125,47 @@ def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     common.model_option(bq)
     bq.add_argument("--no-sweep", action="store_true",
                     help="only the quantizers on random unit vectors (seconds, no model)")
-    bq.add_argument("--tokens", type=int, default=160, help="cached tokens in the sweep")
-    bq.add_argument("--reports", default="reports", help="folder for rate_distortion.md/.png")
-    bq.add_argument("--json", action="store_true", help="print one JSON object")
+    bq.add_argument("--tokens", type=common.int_in(2, 100_000), default=160,
+                    help="cached tokens in the sweep")
+    bq.add_argument("--reports", default="reports", type=common.output_folder,
+                    help="folder for rate_distortion.md/.png")
+    common.json_option(bq)
+    common.progress_option(bq)
     bq.set_defaults(run=_cmd_bench_quant)
 
     bd = benches.add_parser("decode", help="bits per token and decode speed of every coding "
                                           "level, on prose, code, legal and technical text")
     common.model_option(bd)
-    bd.add_argument("--tokens", type=int, default=200, help="tokens per text")
-    bd.add_argument("--sessions", type=int, default=16, help="sessions decoded as one batch")
+    bd.add_argument("--tokens", type=common.int_in(2, 100_000), default=200,
+                    help="tokens per text")
+    bd.add_argument("--sessions", type=common.int_in(1, 4096), default=16,
+                    help="sessions decoded as one batch")
     bd.add_argument("--report", default="reports/decode_levels.md", metavar="PATH",
+                    type=common.output_file_in_new_folder,
                     help="markdown Pareto table (default reports/decode_levels.md)")
     bd.add_argument("--forwards-only", action="store_true",
                     help="only the cost of one forward (1 row, 4 and 16 rows) and the probe of "
                          "which row counts give row-invariant matrix products (about a minute)")
-    bd.add_argument("--json", action="store_true", help="print one JSON object")
+    common.json_option(bd)
+    common.progress_option(bd)
     bd.set_defaults(run=_cmd_bench_decode)
 
     bs = benches.add_parser("store", help="the session store on a generated multi-tenant chat "
                             "workload: bytes against fp16 KV, zstd -19 and one .skv per session; "
                             "the index at scale; throughput; a fault run")
     common.model_option(bs)
-    bs.add_argument("--sessions", type=int, default=200, help="sessions coded with the model")
-    bs.add_argument("--scale-sessions", type=int, default=100_000,
+    bs.add_argument("--sessions", type=common.int_in(1, 1_000_000), default=200,
+                    help="sessions coded with the model")
+    bs.add_argument("--scale-sessions", type=common.int_in(1, 100_000_000), default=100_000,
                     help="sessions of the index-scale run (no model forwards)")
-    bs.add_argument("--level", default="ngram", help="level of the model run (default ngram)")
-    bs.add_argument("--parts", default="model,scale,throughput,faults",
+    bs.add_argument("--level", default="ngram", type=common.level_name,
+                    help="level of the model run (default ngram)")
+    bs.add_argument("--parts", default=",".join(STORE_PARTS), type=_store_parts,
                     help="comma-separated parts to run")
-    bs.add_argument("--workdir", default="store-bench", metavar="DIR",
+    bs.add_argument("--workdir", default="store-bench", metavar="DIR", type=common.output_folder,
                     help="scratch folder (stores and Redis servers)")
     common.json_option(bs)
+    common.progress_option(bs)
     bs.set_defaults(run=_cmd_bench_store)
 
     bf = benches.add_parser("figures", help="deterministic figures of every level (code bits, "
@@ -152,8 +175,9 @@ def add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     bf.add_argument("--record", action="store_true",
                     help="write this profile's baseline instead of comparing with it")
     bf.add_argument("--baselines", default=str(Path("benchmarks") / "baselines" / "figures"),
-                    metavar="DIR", help="folder of the baselines (default "
-                    "benchmarks/baselines/figures)")
-    bf.add_argument("--json", action="store_true", help="print one JSON object")
+                    metavar="DIR", type=common.output_folder, help="folder of the baselines "
+                    "(default benchmarks/baselines/figures)")
+    common.json_option(bf)
+    common.progress_option(bf)
     bf.set_defaults(run=_cmd_bench_figures)
 

@@ -13,21 +13,29 @@ from seqkv.codec import DEFAULT_TOLERANCE
 from seqkv.container import MAGIC
 
 
+def default_report(source: str) -> str:
+    return str(Path("reports") / f"check-{Path(source).stem}.md")
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
-    source = Path(args.input)
+    reporter = common.reporter_of(args)
     options = CheckOptions(seed=args.seed, kv_positions=args.kv_positions,
                            entropy_contexts=args.entropy_contexts)
-    data = common.read_bytes(args.input)
+    reporter.phase("load the model")
     model = common.load(args.model)
     baselines = Path(args.baselines)
-    if data.startswith(MAGIC):
-        report = check_skv(model, data, args.input, options, progress=True, baselines=baselines)
+    reporter.phase("check")
+    data = common.read_bytes(args.input)
+    if data.startswith(MAGIC):  # formats 1 and 2 start with these bytes too
+        report = check_skv(model, data, args.input, options, progress=reporter.enabled,
+                           baselines=baselines)
     else:
-        tokens = model.encode_text(common.read_text(args.input))
+        tokens = model.encode_text(common.read_text(args.input, common.text_limit(model)))
+        model.check_tokens(tokens)
         report = check_text_tokens(model, tokens, args.input, args.tolerance, options,
-                                   progress=True, baselines=baselines)
-    target = Path(args.report) if args.report else Path("reports") / f"check-{source.stem}.md"
-    target.parent.mkdir(parents=True, exist_ok=True)
+                                   progress=reporter.enabled, baselines=baselines)
+    target = Path(args.report)
+    common.make_folder(target.parent)
     common.write_text(str(target), render_markdown(report))
     if args.json:
         print(json.dumps(report.to_json_dict() | {"report": str(target)}, default=str))
@@ -38,23 +46,43 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def add_check(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_check(commands: common.Subparsers) -> None:
     k = commands.add_parser("check", help="check the paper's bounds on a text or .skv file and "
                                          "write a markdown proof-check report")
-    k.add_argument("input", metavar="TEXT|FILE.skv")
+    k.add_argument("input", metavar="TEXT|FILE.skv", type=common.input_file_no_stdin)
     common.model_option(k)
-    k.add_argument("--report", metavar="PATH", help="report file (default reports/check-NAME.md)")
-    k.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
-    k.add_argument("--seed", type=int, default=0, help="seed of the Monte-Carlo estimates")
-    k.add_argument("--kv-positions", type=int, default=CheckOptions.kv_positions, metavar="N",
+    k.add_argument("--report", metavar="PATH", type=common.output_file_in_new_folder,
+                   help="report file (default reports/check-NAME.md)")
+    common.tolerance_option(k, DEFAULT_TOLERANCE)
+    k.add_argument("--seed", type=common.int_in(0, 2**63 - 1), default=0,
+                   help="seed of the Monte-Carlo estimates")
+    k.add_argument("--kv-positions", type=common.int_in(1, 100_000),
+                   default=CheckOptions.kv_positions, metavar="N",
                    help="prefixes drawn from the data for H(KV | prefix) vs H(t | prefix) "
                         f"(default {CheckOptions.kv_positions})")
-    k.add_argument("--entropy-contexts", type=int, default=CheckOptions.entropy_contexts,
+    k.add_argument("--entropy-contexts", type=common.int_in(2, 100_000),
+                   default=CheckOptions.entropy_contexts,
                    metavar="N", help="contexts drawn from the data for the model's entropy "
                    f"rate (default {CheckOptions.entropy_contexts}, 2 or more)")
     k.add_argument("--baselines", default=str(Path("benchmarks") / "baselines" / "figures"),
-                   metavar="DIR", help="committed deterministic figures: a text found there has "
-                   "its code length gated exactly (default benchmarks/baselines/figures)")
-    k.add_argument("--json", action="store_true", help="print one JSON object")
-    k.set_defaults(run=_cmd_check)
+                   metavar="DIR", type=_folder_or_missing,
+                   help="committed deterministic figures: a text found there has its code length "
+                        "gated exactly (default benchmarks/baselines/figures)")
+    common.json_option(k)
+    common.progress_option(k)
+    k.set_defaults(run=_cmd_check, paths=common.PathRoles(("input",), ("report",)),
+                   complete=_complete)
+
+
+def _folder_or_missing(text: str) -> str:
+    """A folder to read baselines from: absent is allowed (no gate), a file is not."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    return text
+
+
+def _complete(args: argparse.Namespace) -> None:
+    """The default report path, checked like one given."""
+    if args.report is None:
+        args.report = common.output_file_in_new_folder(default_report(args.input))
 

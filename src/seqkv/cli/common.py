@@ -1,21 +1,66 @@
-"""What every ``seqkv`` verb shares: loading the model, reading inputs, writing outputs,
-printing figures, and the options that recur."""
+"""What every ``seqkv`` verb shares: the parser, argument checks, loading the model, reading
+inputs, writing outputs, progress, printing figures, and the options that recur.
+
+Invariants:
+1. Every argument is checked when it is parsed (types, ranges, paths), and every cross-argument
+   rule (an output is never an input, two outputs never coincide) right after, before any verb
+   starts work; a failure is one line ``seqkv: error: ...`` on stderr and exit status 2
+   (enforced: ``Parser.error``; ``tests/test_cli_misuse.py``).
+2. Outputs are written only through ``write_outputs`` (atomic, all staged before any is renamed:
+   ``seqkv.files``), so a handled failure changes no output (enforced).
+3. Progress goes to stderr only, never to stdout, whose content is the command's result
+   (enforced).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
+from typing import Any, NoReturn, TextIO, TypeAlias
 
 from rich.console import Console
 from rich.table import Table
+from tqdm import tqdm
 
-from seqkv.errors import EmptyInputError
+from seqkv.coding.residual_code import MAX_TOLERANCE
+from seqkv.errors import EmptyInputError, InputTooLongError, OutputError, UsageError
+from seqkv.files import write_all_atomically
 from seqkv.levels import CodingLevel, parse_level
 from seqkv.models import CausalLM, load_default_model, load_model
 
 MODEL_HELP = "local HF model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)"
+STDIO = "-"
+# NOTE: no tokenizer seqkv runs makes tokens longer than 64 bytes on average over a text (the
+# shipped sample: 4.4 bytes per token), so a text over 64 bytes per position of the model's
+# context is refused before it is tokenized.
+MAX_TEXT_BYTES_PER_POSITION = 64
+# NOTE: the longest file name most file systems allow (ext4, xfs, btrfs, tmpfs).
+_NAME_MAX = 255
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line, ``seqkv: error: ...``, exit status 2.
+
+    argparse's own errors print the usage (five lines and more) first; sub-parsers made by
+    ``add_subparsers`` are of this class too.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("seqkv").strip()
+        hint = f" (seqkv {command} --help)" if command else " (seqkv --help)"
+        self.exit(2, f"seqkv: error: {message}{hint}\n")
+
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"
 
 
 def load(model_path: str | None) -> CausalLM:
@@ -23,16 +68,223 @@ def load(model_path: str | None) -> CausalLM:
     return load_default_model() if model_path is None else load_model(model_path)
 
 
+
+def tolerance(text: str) -> float:
+    """A residual tolerance: a finite number in [0, MAX_TOLERANCE]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and 0 <= value <= MAX_TOLERANCE):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the tolerance is a finite number from 0 (bit-exact) to "
+            f"{MAX_TOLERANCE:g}")
+    return value
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An integer type with the range ``[low, high]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside [{low:,}, {high:,}]")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def level_argument(text: str) -> CodingLevel:
+    try:
+        return parse_level(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def level_name(text: str) -> str:
+    """A level's name, checked like ``level_argument``."""
+    return level_argument(text).spec.name
+
+
+def input_file(text: str) -> str:
+    """An existing, readable regular file (or ``-`` for stdin)."""
+    if text == STDIO:
+        return text
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text} cannot be read (permission denied)")
+    return text
+
+
+def input_file_no_stdin(text: str) -> str:
+    if text == STDIO:
+        raise argparse.ArgumentTypeError("this input must be a file, not - (stdin)")
+    return input_file(text)
+
+
+def model_path(text: str) -> str:
+    """An existing model folder or file (its content is checked when it loads)."""
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"no such model file or folder: {text}")
+    return text
+
+
+def _check_output(text: str, create_parents: bool) -> None:
+    """Raise ArgumentTypeError unless a file can be written at ``text``."""
+    if not text or text.endswith(os.sep):
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder, not a file")
+    path = Path(text)
+    if len(os.fsencode(path.name)) > _NAME_MAX:
+        raise argparse.ArgumentTypeError(
+            f"the file name of {text} is longer than {_NAME_MAX} bytes")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory: name a file")
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a regular file")
+    _check_folder(path.parent, create_parents, text)
+
+
+def _check_folder(folder: Path, create: bool, text: str) -> None:
+    """Raise ArgumentTypeError unless files can be created in ``folder`` (or, with ``create``,
+    in the folder ``mkdir -p`` would make)."""
+    probe = folder
+    while create and not probe.exists() and probe != probe.parent:
+        if any(len(os.fsencode(part)) > _NAME_MAX for part in probe.parts):
+            raise argparse.ArgumentTypeError(f"a folder name in {text} is too long")
+        probe = probe.parent
+    if not probe.exists():
+        raise argparse.ArgumentTypeError(f"the folder {folder} of {text} does not exist")
+    if not probe.is_dir():
+        raise argparse.ArgumentTypeError(f"{probe} in {text} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"the folder {probe} is not writable")
+
+
+def output_file(text: str) -> str:
+    """A file that can be written: its folder exists and is writable, no directory is in the
+    way, its name fits the file system."""
+    if text == STDIO:
+        raise argparse.ArgumentTypeError("this output must be a file, not - (stdout)")
+    _check_output(text, create_parents=False)
+    return text
+
+
+def output_file_or_stdout(text: str) -> str:
+    if text != STDIO:
+        _check_output(text, create_parents=False)
+    return text
+
+
+def output_file_in_new_folder(text: str) -> str:
+    """As ``output_file``, but missing folders are created (reports)."""
+    if text == STDIO:
+        raise argparse.ArgumentTypeError("this output must be a file, not - (stdout)")
+    _check_output(text, create_parents=True)
+    return text
+
+
+def output_folder(text: str) -> str:
+    """A folder that exists or can be created, and where files can be written."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder")
+    _check_folder(path, create=True, text=text)
+    return text
+
+
+
 def model_option(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--model", metavar="PATH", default=None, help=MODEL_HELP)
+    command.add_argument("--model", metavar="PATH", type=model_path, default=None,
+                         help=MODEL_HELP)
 
 
 def json_option(command: argparse.ArgumentParser, what: str = "one JSON object") -> None:
     command.add_argument("--json", action="store_true", help=f"print {what}")
 
 
-def read_text(path: str) -> str:
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+def progress_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--progress", action="store_true",
+                         help="report progress on stderr even when it is not a terminal: plain "
+                              "lines, or JSON lines with --json")
+
+
+def tolerance_option(command: argparse.ArgumentParser, default: float) -> None:
+    command.add_argument("--tolerance", type=tolerance, default=default,
+                         help=f"max abs KV error (default {default}; 0 = bit-exact)")
+
+
+@dataclass(frozen=True)
+class PathRoles:
+    """Which attributes of a verb's arguments name input files and which output files, so that
+    ``check_paths`` can refuse an output that is an input, or two outputs that coincide."""
+
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
+def _names(args: argparse.Namespace, attributes: Sequence[str]) -> list[str]:
+    names: list[str] = []
+    for attribute in attributes:
+        value = getattr(args, attribute, None)
+        if isinstance(value, str):
+            names.append(value)
+        elif isinstance(value, list):
+            names.extend(v for v in value if isinstance(v, str))
+    return [name for name in names if name != STDIO]
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except OSError:
+        return False
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """UsageError when an output is one of the inputs or two outputs name one file."""
+    roles: PathRoles = getattr(args, "paths", PathRoles())
+    inputs, outputs = _names(args, roles.inputs), _names(args, roles.outputs)
+    for output in outputs:
+        for name in inputs:
+            if _same_file(output, name):
+                raise UsageError(f"the output {output} is the input {name}: writing it would "
+                                 "destroy the input; name another output file")
+    for index, output in enumerate(outputs):
+        for other in outputs[index + 1 :]:
+            if _same_file(output, other):
+                raise UsageError(f"two outputs name the same file {output}: name two files")
+
+
+
+def text_limit(model: CausalLM) -> int | None:
+    """The most bytes of text worth tokenizing for ``model`` (see MAX_TEXT_BYTES_PER_POSITION)."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    return MAX_TEXT_BYTES_PER_POSITION * context if isinstance(context, int) else None
+
+
+def read_text(path: str, limit: int | None = None) -> str:
+    """The UTF-8 text of ``path`` (``-``: stdin), refused above ``limit`` bytes before it is
+    read whole."""
+    if path == STDIO:
+        raw = sys.stdin.buffer.read(-1 if limit is None else limit + 1)
+    else:
+        with open(path, "rb") as stream:
+            raw = stream.read(-1 if limit is None else limit + 1)
+    if limit is not None and len(raw) > limit:
+        raise InputTooLongError(
+            f"{'stdin' if path == STDIO else path} holds more than {limit:,} bytes, more text "
+            "than the model's context can hold: split it into sessions that fit")
+    text = raw.decode("utf-8")
     if not text:
         raise EmptyInputError(f"{path} is empty: there is nothing to compress")
     return text
@@ -42,21 +294,32 @@ def read_bytes(path: str) -> bytes:
     return Path(path).read_bytes()
 
 
-def write_text(path: str, text: str) -> None:
-    if path == "-":
-        sys.stdout.write(text)
-        return
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.seqkv-tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(target)
-
-
-def level_argument(text: str) -> CodingLevel:
+def write_outputs(outputs: Sequence[tuple[str, bytes]]) -> None:
+    """Write every ``(path, data)`` atomically: files are all staged before any replaces its
+    target; ``-`` goes to stdout after the files. Any OSError becomes one OutputError."""
+    files = [(path, data) for path, data in outputs if path != STDIO]
     try:
-        return parse_level(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+        write_all_atomically(files)
+    except OSError as error:
+        where = error.filename or (files[0][0] if files else "the output")
+        raise OutputError(f"cannot write {where}: {error.strerror or error}; no output was "
+                          "changed") from None
+    for path, data in outputs:
+        if path == STDIO:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+
+
+def write_text(path: str, text: str) -> None:
+    write_outputs([(path, text.encode("utf-8"))])
+
+
+def make_folder(path: str | Path) -> None:
+    """``mkdir -p``, with an OSError as one OutputError."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OutputError(f"cannot create the folder {path}: {error.strerror or error}") from None
 
 
 def print_figures(figures: dict[str, object], as_json: bool, title: str) -> None:
@@ -67,3 +330,130 @@ def print_figures(figures: dict[str, object], as_json: bool, title: str) -> None
     for key, value in figures.items():
         table.add_row(key, f"{value:.6g}" if isinstance(value, float) else str(value))
     Console().print(table)
+
+
+
+class ProgressMode(Enum):
+    OFF = "off"  # stderr is not a terminal and --progress was not given
+    TERMINAL = "terminal"  # tqdm's own bars on a terminal
+    LINES = "lines"  # --progress: one plain line per update
+    JSON = "json"  # --progress --json: one JSON object per line
+
+
+# NOTE: one line per second per bar keeps a log readable (tqdm redraws 10 times a second).
+_PROGRESS_INTERVAL_SECONDS = 1.0
+
+
+@dataclass
+class Reporter:
+    """Reports phases and the progress of tqdm bars on stderr in the chosen mode."""
+
+    mode: ProgressMode
+    stream: TextIO
+    started: float = field(default_factory=time.perf_counter)
+    _last: dict[int, tuple[float, int]] = field(default_factory=dict)
+    _bars: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not ProgressMode.OFF
+
+    def _elapsed(self) -> float:
+        return round(time.perf_counter() - self.started, 3)
+
+    def _emit(self, event: dict[str, Any], line: str) -> None:
+        if self.mode is ProgressMode.JSON:
+            self.stream.write(json.dumps(event) + "\n")
+        else:
+            self.stream.write(f"seqkv: {line}\n")
+        self.stream.flush()
+
+    def phase(self, name: str) -> None:
+        """A step of the command begins (shown in the LINES and JSON modes)."""
+        if self.mode in (ProgressMode.LINES, ProgressMode.JSON):
+            self._emit({"event": "phase", "phase": name, "elapsed_s": self._elapsed()},
+                       f"{name} ({self._elapsed():.1f} s)")
+
+    def bars_updated(self) -> None:
+        """Called on every write of a tqdm bar: reports the bars due for a line, and a last
+        line for each bar that has closed since (tqdm closes a bar before its last redraw)."""
+        now = time.perf_counter()
+        for bar in list(tqdm._instances):
+            if not getattr(bar, "disable", True):
+                self._bars.setdefault(id(bar), bar)
+        for key, bar in list(self._bars.items()):
+            closed = bool(getattr(bar, "disable", True))
+            n, total = int(bar.n), bar.total
+            last_time, last_n = self._last.get(key, (-math.inf, -1))
+            finished = closed or (total is not None and n >= total)
+            if closed:
+                del self._bars[key]
+            if n == last_n or (now - last_time < _PROGRESS_INTERVAL_SECONDS and not finished):
+                continue
+            self._last[key] = (now, n)
+            task = str(bar.desc or "working").strip(": ")
+            unit = str(getattr(bar, "unit", "it"))
+            share = f" ({100 * n / total:.0f}%)" if total else ""
+            self._emit({"event": "progress", "task": task, "done": n,
+                        "total": None if total is None else int(total), "unit": unit,
+                        "elapsed_s": self._elapsed()},
+                       f"{task} {n:,}/{'?' if total is None else f'{int(total):,}'} {unit}"
+                       f"{share}, {self._elapsed():.1f} s")
+
+
+class _BarStream:
+    """What tqdm writes to while a forced-progress command runs: it says it is a terminal (so
+    tqdm draws), turns each redraw into ``Reporter`` lines, and passes other text through."""
+
+    def __init__(self, reporter: Reporter, target: TextIO) -> None:
+        self._reporter = reporter
+        self._target = target
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text[:1] in ("\r", "\n", "\x1b") or not text:
+            self._reporter.bars_updated()
+        else:
+            self._target.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def fileno(self) -> int:
+        return self._target.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._target, "encoding", None) or "utf-8"
+
+
+def progress_mode(args: argparse.Namespace, stream: TextIO) -> ProgressMode:
+    if getattr(args, "progress", False):
+        return ProgressMode.JSON if getattr(args, "json", False) else ProgressMode.LINES
+    isatty = getattr(stream, "isatty", None)
+    return ProgressMode.TERMINAL if isatty is not None and isatty() else ProgressMode.OFF
+
+
+@contextmanager
+def reporting(args: argparse.Namespace) -> Iterator[Reporter]:
+    """The command's reporter; in the LINES and JSON modes stderr is swapped for a stream that
+    turns tqdm's redraws into lines, and restored on exit."""
+    stream = sys.stderr
+    reporter = Reporter(progress_mode(args, stream), stream)
+    if reporter.mode not in (ProgressMode.LINES, ProgressMode.JSON):
+        yield reporter
+        return
+    sys.stderr = _BarStream(reporter, stream)
+    try:
+        yield reporter
+    finally:
+        sys.stderr = stream
+
+
+def reporter_of(args: argparse.Namespace) -> Reporter:
+    """The reporter ``main`` attached to ``args`` (an OFF one when a verb runs alone)."""
+    reporter = getattr(args, "reporter", None)
+    return reporter if isinstance(reporter, Reporter) else Reporter(ProgressMode.OFF, sys.stderr)

@@ -7,13 +7,14 @@ import importlib.resources
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from seqkv.bench.decode import time_token_by_token
 from seqkv.cli import common
@@ -27,9 +28,9 @@ from seqkv.codec import (
     level_of,
     upgrade,
 )
-from seqkv.container import Container, decode_container, write_container_file
+from seqkv.container import Container, decode_container
 from seqkv.descriptions import Descriptions
-from seqkv.errors import SeqKVError
+from seqkv.errors import DecodeVerificationError, SeqKVError
 from seqkv.levels import DEFAULT_LEVEL, CodingLevel, parse_level
 from seqkv.models import CausalLM
 from seqkv.quantizers import TurboQuantMSE
@@ -99,53 +100,89 @@ def decompress_figures(result: DecompressResult) -> dict[str, object]:
 
 def _compress_and_verify(
     model: CausalLM, tokens: list[int], kv_mode: str, tolerance: float, verify: bool,
-    level: CodingLevel | None = None,
+    level: CodingLevel | None = None, reporter: common.Reporter | None = None,
 ) -> tuple[CompressResult, dict[str, object]]:
+    reporter = reporter or common.Reporter(common.ProgressMode.OFF, sys.stderr)
+    progress = reporter.enabled
+    model.check_tokens(tokens)  # the context's bound, before any forward
+    if kv_mode == "prefill":
+        reporter.phase("prefill")
     kv = model.prefill(tokens) if kv_mode == "prefill" else None
-    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=True,
+    reporter.phase("encode")
+    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=progress,
                       level=level or parse_level(DEFAULT_LEVEL))
     verify_seconds = None
     if verify:
+        reporter.phase("verify")
         started = time.perf_counter()
-        decoded = decompress(model, result.data, progress=True)
+        decoded = decompress(model, result.data, progress=progress)
         verify_seconds = time.perf_counter() - started
-        assert decoded.tokens == tokens  # decompress already checked both checksums
+        if decoded.tokens != tokens:
+            raise DecodeVerificationError("the verifying decode did not give back the tokens")
     figures = compress_figures(model, result, verify, verify_seconds)
     return result, figures
 
 
+def _remember(result: CompressResult) -> None:
+    """Keep the descriptions the file names by digest; a registry that cannot be written (a
+    read-only home) costs only the detail of later refusals, so it is a warning."""
+    descriptions = Descriptions()
+    try:
+        descriptions.remember(result.model_identity, result.profile)
+    except OSError as error:
+        print(f"seqkv: warning: cannot record the model and profile descriptions in "
+              f"{descriptions.root}: {error.strerror or error}", file=sys.stderr)
+
+
+def _load(args: argparse.Namespace) -> CausalLM:
+    common.reporter_of(args).phase("load the model")
+    return common.load(args.model)
+
+
 def _cmd_compress(args: argparse.Namespace) -> int:
-    text = common.read_text(args.text)
-    model = common.load(args.model)
+    reporter = common.reporter_of(args)
+    model = _load(args)
+    reporter.phase("read and tokenize the text")
+    text = common.read_text(args.text, common.text_limit(model))
     tokens = model.encode_text(text)
     result, figures = _compress_and_verify(model, tokens, args.kv, args.tolerance,
-                                           not args.no_verify, args.level)
-    Descriptions().remember(result.model_identity, result.profile)
-    write_container_file(args.output, result.data)
+                                           not args.no_verify, args.level, reporter)
+    _remember(result)
+    reporter.phase("write")
+    common.write_outputs([(args.output, result.data)])
     common.print_figures(figures, args.json, f"compressed {args.text} -> {args.output}")
     return 0
 
 
+def kv_file_bytes(kv: torch.Tensor, tokens: list[int], model_name: str) -> bytes:
+    """The ``--kv-out`` safetensors file of a decoded KV ``[L, 2, H, T, D]``."""
+    return save(
+        {"keys": kv[:, 0].contiguous(), "values": kv[:, 1].contiguous(),
+         "tokens": torch.tensor(tokens, dtype=torch.int64)},
+        metadata={"model": model_name, "layout": "[layers, kv_heads, tokens, head_dim]"},
+    )
+
+
 def _cmd_decompress(args: argparse.Namespace) -> int:
+    reporter = common.reporter_of(args)
     data = common.read_bytes(args.file)
     container = decode_container(data)  # fail on a damaged file before loading the model
     if args.tokens_only:
         portable = not level_of(container.header).spec.model_coded
-        tokens = decompress_tokens(data, None if portable else common.load(args.model))
-        common.write_text(args.output, json.dumps(tokens) + "\n")
+        model = None if portable else _load(args)
+        reporter.phase("decode the tokens")
+        tokens = decompress_tokens(data, model)
+        common.write_outputs([(args.output, (json.dumps(tokens) + "\n").encode())])
         return 0
-    model = common.load(args.model)
+    model = _load(args)
+    reporter.phase("decode")
     result = decompress(model, data, allow_environment_mismatch=args.allow_environment_mismatch,
-                        progress=True, descriptions=Descriptions())
-    common.write_text(args.output, model.decode_tokens(result.tokens))
+                        progress=reporter.enabled, descriptions=Descriptions())
+    outputs = [(args.output, model.decode_tokens(result.tokens).encode("utf-8"))]
     if args.kv_out:
-        kv = result.kv  # [L, 2, H, T, D]
-        save_file(
-            {"keys": kv[:, 0].contiguous(), "values": kv[:, 1].contiguous(),
-             "tokens": torch.tensor(result.tokens, dtype=torch.int64)},
-            args.kv_out,
-            metadata={"model": model.name, "layout": "[layers, kv_heads, tokens, head_dim]"},
-        )
+        outputs.append((args.kv_out, kv_file_bytes(result.kv, result.tokens, model.name)))
+    reporter.phase("write")
+    common.write_outputs(outputs)
     figures = decompress_figures(result)
     if args.output == "-" and not args.json:
         return 0
@@ -200,16 +237,18 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     descriptions = Descriptions()
     rows = []
     model: CausalLM | None = None
-    for name in args.files:
+    rewrites: list[tuple[str, bytes]] = []
+    for name in dict.fromkeys(args.files):
         data = common.read_bytes(name)
         legacy = decode_container(data).header.legacy
         if legacy is not None and legacy.profile.schedule == "rows" and model is None:
-            model = common.load(args.model)  # the row block is calibrated on the model
+            model = _load(args)  # the row block is calibrated on the model
         rewritten = upgrade(data, descriptions, model)
         if rewritten != data:
-            write_container_file(name, rewritten)
+            rewrites.append((name, rewritten))
         rows.append({"file": name, "old_bytes": len(data), "new_bytes": len(rewritten),
                      "upgraded": rewritten != data})
+    common.write_outputs(rewrites)  # every file read and rewritten before any is replaced
     if args.json:
         print(json.dumps(rows))
     else:
@@ -229,23 +268,28 @@ class DemoFigures:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    reporter = common.reporter_of(args)
     started = time.perf_counter()
-    model = common.load(args.model)
+    model = _load(args)
     load_seconds = time.perf_counter() - started
     text = (importlib.resources.files("seqkv") / "data" / "sample.txt").read_text("utf-8")
     tokens = model.encode_text(text)
+    reporter.phase("prefill")
     started = time.perf_counter()
     model.prefill(tokens)
     prefill_seconds = time.perf_counter() - started
-    result, figures = _compress_and_verify(model, tokens, "prefill", args.tolerance, False)
+    result, figures = _compress_and_verify(model, tokens, "prefill", args.tolerance, False,
+                                           reporter=reporter)
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(args.output) if args.output else Path(folder) / "sample.skv"
-        write_container_file(path, result.data)
-        decoded = decompress(model, path.read_bytes(), progress=True)
+        path = args.output if args.output else str(Path(folder) / "sample.skv")
+        common.write_outputs([(path, result.data)])
+        reporter.phase("decode")
+        decoded = decompress(model, common.read_bytes(path), progress=reporter.enabled)
     if decoded.tokens != tokens or model.decode_tokens(decoded.tokens) != model.decode_tokens(
         tokens
     ):
         raise SeqKVError("the demo's round trip did not reproduce the tokens")
+    reporter.phase("time token-by-token steps")
     with pinned_threads():  # the decoder's thread count, so the two are comparable
         token_by_token = time_token_by_token(model, tokens)
     demo = DemoFigures(load_seconds, prefill_seconds, token_by_token)
@@ -267,54 +311,67 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_session_verbs(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_session_verbs(commands: common.Subparsers) -> None:
     c = commands.add_parser("compress", help="compress a text (and its prefill KV) to .skv")
-    c.add_argument("text", metavar="TEXT", help="UTF-8 text file, or - for stdin")
-    c.add_argument("-o", "--output", required=True, metavar="FILE.skv")
+    c.add_argument("text", metavar="TEXT", type=common.input_file,
+                   help="UTF-8 text file, or - for stdin")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.skv", type=common.output_file)
     common.model_option(c)
     c.add_argument("--kv", choices=["prefill", "none"], default="prefill",
                    help="store the KV of one prefill over the text (default) or tokens only")
-    c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                   help=f"max abs KV error (default {DEFAULT_TOLERANCE}; 0 = bit-exact)")
+    common.tolerance_option(c, DEFAULT_TOLERANCE)
     c.add_argument("--level", type=common.level_argument, default=parse_level(DEFAULT_LEVEL),
                    metavar="LEVEL", help="rate-compute dial: tokens (default: fewest bits), rows "
                    "(same bits, fast encode, batched decoding), segments:N (N segments decoded "
                    "in parallel, more bits), ngram, plain (no model per token)")
     c.add_argument("--no-verify", action="store_true", help="skip the verifying decode")
-    c.add_argument("--json", action="store_true", help="print one JSON object")
-    c.set_defaults(run=_cmd_compress)
+    common.json_option(c)
+    common.progress_option(c)
+    c.set_defaults(run=_cmd_compress, paths=common.PathRoles(("text",), ("output",)))
 
     d = commands.add_parser("decompress", help="decode a .skv file to text (and KV)")
-    d.add_argument("file", metavar="FILE.skv")
-    d.add_argument("-o", "--output", required=True, metavar="TEXT", help="text file, or -")
+    d.add_argument("file", metavar="FILE.skv", type=common.input_file_no_stdin)
+    d.add_argument("-o", "--output", required=True, metavar="TEXT",
+                   type=common.output_file_or_stdout, help="text file, or -")
     common.model_option(d)
-    d.add_argument("--kv-out", metavar="KV.safetensors", help="also write the KV cache")
+    d.add_argument("--kv-out", metavar="KV.safetensors", type=common.output_file,
+                   help="also write the KV cache")
     d.add_argument("--tokens-only", action="store_true",
                    help="write the token ids as JSON, verified; ngram and plain files need no "
                         "model and decode on any machine")
     d.add_argument("--allow-environment-mismatch", action="store_true",
                    help="try to decode a file coded under other CPU kernels or library versions")
-    d.add_argument("--json", action="store_true", help="print one JSON object")
-    d.set_defaults(run=_cmd_decompress)
+    common.json_option(d)
+    common.progress_option(d)
+    d.set_defaults(run=_cmd_decompress,
+                   paths=common.PathRoles(("file",), ("output", "kv_out")))
 
     i = commands.add_parser("inspect", help="print a .skv file's header")
-    i.add_argument("file", metavar="FILE.skv")
-    i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.add_argument("file", metavar="FILE.skv", type=common.input_file_no_stdin)
+    common.json_option(i)
     i.set_defaults(run=_cmd_inspect)
 
     u = commands.add_parser("upgrade", help="rewrite .skv files of formats 1 and 2 in the "
                                            "current format, in place, without re-coding")
-    u.add_argument("files", metavar="FILE.skv", nargs="+")
+    u.add_argument("files", metavar="FILE.skv", nargs="+", type=_upgradable)
     common.model_option(u)
-    u.add_argument("--json", action="store_true", help="print one JSON array")
+    common.json_option(u, "one JSON array")
+    common.progress_option(u)
     u.set_defaults(run=_cmd_upgrade)
 
 
+def _upgradable(text: str) -> str:
+    """A file ``upgrade`` can read and rewrite in place."""
+    common.input_file_no_stdin(text)
+    return common.output_file(text)
 
-def add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+
+def add_demo(commands: common.Subparsers) -> None:
     demo = commands.add_parser("demo", help="round trip of the shipped sample text, with figures")
     common.model_option(demo)
-    demo.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
-    demo.add_argument("-o", "--output", metavar="FILE.skv", help="keep the .skv file here")
-    demo.add_argument("--json", action="store_true", help="print one JSON object")
+    common.tolerance_option(demo, DEFAULT_TOLERANCE)
+    demo.add_argument("-o", "--output", metavar="FILE.skv", type=common.output_file,
+                      help="keep the .skv file here")
+    common.json_option(demo)
+    common.progress_option(demo)
     demo.set_defaults(run=_cmd_demo)

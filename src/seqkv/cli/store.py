@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
-from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
 
 from seqkv.cli import common
-from seqkv.errors import SeqKVError
+from seqkv.cli.sessions import kv_file_bytes
+from seqkv.errors import OutputError, SeqKVError
+from seqkv.files import atomic_output
 from seqkv.levels import DEFAULT_LEVEL
 from seqkv.models import CausalLM
 from seqkv.store import SessionStore, skv_codecs
@@ -26,6 +24,7 @@ from seqkv.store.jobs import get_many_jsonl, put_many_jsonl
 from seqkv.store.redis_backend import RedisBackend
 
 DEFAULT_STORE = "dir:seqkv-store"
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 class StoreLocationError(SeqKVError, ValueError):
@@ -36,20 +35,31 @@ def open_store(location: str, model: CausalLM) -> SessionStore:
     """The store ``location`` names, coding with ``model``."""
     if location.startswith("dir:") and len(location) > 4:
         return SessionStore(DirectoryBackend(location[4:]), skv_codecs(model))
-    if location.startswith(("redis://", "rediss://", "unix://")):
+    if location.startswith(_REDIS_SCHEMES):
         return SessionStore(RedisBackend(location), skv_codecs(model))
     raise StoreLocationError(
         f"--store {location!r}: write dir:PATH for a local folder or redis://HOST:PORT/DB")
 
 
+def location_argument(text: str) -> str:
+    """A ``--store`` value of a form ``open_store`` accepts."""
+    if (text.startswith("dir:") and len(text) > 4) or text.startswith(_REDIS_SCHEMES):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: write dir:PATH for a local folder or redis://HOST:PORT/DB")
+
+
 def _store(args: argparse.Namespace) -> tuple[SessionStore, CausalLM]:
+    common.reporter_of(args).phase("load the model")
     model = common.load(args.model)
+    common.reporter_of(args).phase("open the store")
     return open_store(args.store, model), model
 
 
 def _cmd_put(args: argparse.Namespace) -> int:
     store, model = _store(args)
-    tokens = model.encode_text(common.read_text(args.text))
+    tokens = model.encode_text(common.read_text(args.text, common.text_limit(model)))
+    model.check_tokens(tokens)
     kv = model.prefill(tokens) if args.kv == "prefill" else None
     result = store.put(args.session_id, tokens, kv, level=args.level.spec.name,
                        namespace=args.namespace)
@@ -60,13 +70,11 @@ def _cmd_put(args: argparse.Namespace) -> int:
 def _cmd_get(args: argparse.Namespace) -> int:
     store, model = _store(args)
     session = store.get(args.session_id, namespace=args.namespace)
-    common.write_text(args.output, model.decode_tokens(list(session.tokens)))
+    tokens = list(session.tokens)
+    outputs = [(args.output, model.decode_tokens(tokens).encode("utf-8"))]
     if args.kv_out and session.kv is not None:
-        kv = session.kv  # [L, 2, H, T, D]
-        save_file({"keys": kv[:, 0].contiguous(), "values": kv[:, 1].contiguous(),
-                   "tokens": torch.tensor(list(session.tokens), dtype=torch.int64)},
-                  args.kv_out, metadata={"model": model.name,
-                                         "layout": "[layers, kv_heads, tokens, head_dim]"})
+        outputs.append((args.kv_out, kv_file_bytes(session.kv, tokens, model.name)))
+    common.write_outputs(outputs)
     if args.output != "-" or args.json:
         common.print_figures({"session": args.session_id, "tokens": len(session.tokens),
                               "kv_exact": session.kv_exact}, args.json,
@@ -103,32 +111,41 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 def _cmd_put_many(args: argparse.Namespace) -> int:
     store, model = _store(args)
     report = put_many_jsonl(store, args.sessions, level=args.level.spec.name,
-                            tokenize=model.encode_text, progress=not args.json)
+                            tokenize=model.encode_text,
+                            progress=common.reporter_of(args).enabled)
     common.print_figures(asdict(report), args.json, f"stored the sessions of {args.sessions}")
     return 0
 
 
 def _cmd_get_many(args: argparse.Namespace) -> int:
     store, model = _store(args)
-    report = get_many_jsonl(store, args.sessions, Path(args.output),
-                            detokenize=model.decode_tokens, progress=not args.json)
+    try:
+        with atomic_output(args.output) as temporary:
+            report = get_many_jsonl(store, args.sessions, temporary,
+                                    detokenize=model.decode_tokens,
+                                    progress=common.reporter_of(args).enabled)
+    except OSError as error:
+        raise OutputError(f"cannot write {args.output}: {error.strerror or error}; no output "
+                          "was changed") from None
     common.print_figures(asdict(report), args.json, f"restored the sessions of {args.sessions}")
     return 0
 
 
-def add_store(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_store(commands: common.Subparsers) -> None:
     store = commands.add_parser("store", help="sessions in a shared store: put, get, append "
                                                "turns, list, statistics, garbage collection")
     verbs = store.add_subparsers(dest="store_verb", required=True)
 
     def common_options(command: argparse.ArgumentParser) -> None:
         command.add_argument("--store", default=DEFAULT_STORE, metavar="LOCATION",
+                             type=location_argument,
                              help="dir:PATH or redis://HOST:PORT/DB (default "
                                   f"{DEFAULT_STORE})")
         command.add_argument("--namespace", default="default",
                              help="the tenant (default \"default\")")
         common.model_option(command)
         common.json_option(command)
+        common.progress_option(command)
 
     def level_option(command: argparse.ArgumentParser) -> None:
         command.add_argument("--level", type=common.level_argument,
@@ -138,7 +155,8 @@ def add_store(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
     put = verbs.add_parser("put", help="store a text (and its prefill KV) as a session")
     put.add_argument("session_id", metavar="SESSION_ID")
-    put.add_argument("text", metavar="TEXT", help="UTF-8 text file, or - for stdin")
+    put.add_argument("text", metavar="TEXT", type=common.input_file,
+                     help="UTF-8 text file, or - for stdin")
     put.add_argument("--kv", choices=["prefill", "none"], default="prefill",
                      help="store the KV of one prefill over the text (default) or tokens only")
     level_option(put)
@@ -147,10 +165,12 @@ def add_store(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
     get = verbs.add_parser("get", help="restore a session's text (and KV)")
     get.add_argument("session_id", metavar="SESSION_ID")
-    get.add_argument("-o", "--output", required=True, metavar="TEXT", help="text file, or -")
-    get.add_argument("--kv-out", metavar="KV.safetensors", help="also write the KV cache")
+    get.add_argument("-o", "--output", required=True, metavar="TEXT",
+                     type=common.output_file_or_stdout, help="text file, or -")
+    get.add_argument("--kv-out", metavar="KV.safetensors", type=common.output_file,
+                     help="also write the KV cache")
     common_options(get)
-    get.set_defaults(run=_cmd_get)
+    get.set_defaults(run=_cmd_get, paths=common.PathRoles((), ("output", "kv_out")))
 
     ls = verbs.add_parser("ls", help="list the sessions of a namespace")
     common_options(ls)
@@ -166,14 +186,16 @@ def add_store(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     gc.set_defaults(run=_cmd_gc)
 
     put_many = verbs.add_parser("put-many", help="store every session of a JSON-lines file")
-    put_many.add_argument("sessions", metavar="SESSIONS.jsonl")
+    put_many.add_argument("sessions", metavar="SESSIONS.jsonl", type=common.input_file_no_stdin)
     level_option(put_many)
     common_options(put_many)
     put_many.set_defaults(run=_cmd_put_many)
 
     get_many = verbs.add_parser("get-many", help="restore the sessions a JSON-lines file lists, "
                                                   "sharing forwards")
-    get_many.add_argument("sessions", metavar="SESSIONS.jsonl")
-    get_many.add_argument("-o", "--output", required=True, metavar="OUT.jsonl")
+    get_many.add_argument("sessions", metavar="SESSIONS.jsonl", type=common.input_file_no_stdin)
+    get_many.add_argument("-o", "--output", required=True, metavar="OUT.jsonl",
+                          type=common.output_file)
     common_options(get_many)
-    get_many.set_defaults(run=_cmd_get_many)
+    get_many.set_defaults(run=_cmd_get_many,
+                          paths=common.PathRoles(("sessions",), ("output",)))

@@ -26,17 +26,16 @@ import constriction
 import numpy as np
 import torch
 
-from seqkv.coding.residual_code import ResidualCode, ResidualMode
-from seqkv.errors import CorruptFileError, InvalidKVError
+from seqkv.coding.residual_code import (
+    ALPHABET_LIMIT,
+    MAX_TOLERANCE,
+    MIN_SCALE,
+    ResidualCode,
+    ResidualMode,
+)
+from seqkv.errors import CorruptFileError, InvalidKVError, InvalidToleranceError
 
-# NOTE: symbols beyond +-ALPHABET_LIMIT are escapes. 2**12 keeps the leaky-quantization floor of
-# the Laplace model (every one of the 2**13 symbols gets >= 2**-24 mass) near 3e-4 bits/component.
-ALPHABET_LIMIT = 1 << 12
 _ESCAPE = ALPHABET_LIMIT
-_MIN_SCALE = 1e-3
-# NOTE: the largest scale a real residual fits is about ALPHABET_LIMIT (every symbol escaping);
-# a larger one in a file is corruption.
-_MAX_SCALE = float(2 * ALPHABET_LIMIT)
 
 
 def _ordered(x: torch.Tensor) -> torch.Tensor:
@@ -63,8 +62,7 @@ def encode_residual(
             f"the KV cache has shape {tuple(target.shape)} but recomputing the tokens gives "
             f"{tuple(recomputed.shape)}: was it made from other tokens or another model?"
         )
-    if not (tolerance >= 0 and np.isfinite(tolerance)):
-        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance}")
+    check_tolerance(tolerance)
     target = target.to(torch.float32).contiguous()
     if not torch.isfinite(target).all():
         raise InvalidKVError("the KV cache holds NaN or infinite values")
@@ -85,7 +83,7 @@ def encode_residual(
             scales.append(0.0)
             continue
         inliers = row[row != _ESCAPE]
-        scale = float(np.float32(max(np.abs(inliers).mean() if inliers.size else 0.0, _MIN_SCALE)))
+        scale = float(np.float32(max(np.abs(inliers).mean() if inliers.size else 0.0, MIN_SCALE)))
         scales.append(scale)
         encoder.encode(row.astype(np.int32), _laplace(scale))
     code = ResidualCode(
@@ -109,17 +107,10 @@ def decode_residual(code: ResidualCode, recomputed: torch.Tensor) -> torch.Tenso
     groups = _groups(code.shape)
     if len(code.scales) != groups:
         raise CorruptFileError(f"the KV residual has {len(code.scales)} scales, expected {groups}")
-    if not all(scale == 0.0 or (np.isfinite(scale) and _MIN_SCALE <= scale <= _MAX_SCALE)
-               for scale in code.scales):
-        raise CorruptFileError("the KV residual holds a scale that is not finite and within "
-                               f"[{_MIN_SCALE:g}, {_MAX_SCALE:g}]")
-    if code.mode is ResidualMode.QUANTIZED and not (np.isfinite(code.tolerance)
-                                                   and code.tolerance > 0):
-        raise CorruptFileError(f"the KV residual's tolerance {code.tolerance!r} is not a "
-                               "finite positive number")
-    if len(code.words) % 4:
-        raise CorruptFileError("the KV residual's code is not a whole number of 32-bit words")
+    code.check()
     per_group = int(np.prod(code.shape)) // groups
+    if len(code.escapes) // 4 > per_group * sum(1 for scale in code.scales if scale != 0.0):
+        raise CorruptFileError("the KV residual stores more escapes than its used groups hold")
     words = np.frombuffer(code.words, dtype="<u4").astype(np.uint32)
     rows = []
     # NOTE: constriction reports a malformed stream by panicking (a BaseException, not an
@@ -149,6 +140,16 @@ def decode_residual(code: ResidualCode, recomputed: torch.Tensor) -> torch.Tenso
     escape_values = torch.from_numpy(escape_bits.astype(np.int32)).view(torch.float32)
     rebuilt[escaped] = escape_values
     return rebuilt
+
+
+def check_tolerance(tolerance: float) -> float:
+    """``tolerance`` if it is finite and in ``[0, MAX_TOLERANCE]``, else InvalidToleranceError."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not (
+            np.isfinite(tolerance) and 0 <= tolerance <= MAX_TOLERANCE):
+        raise InvalidToleranceError(
+            f"the tolerance must be a finite number in [0, {MAX_TOLERANCE:g}] (0 = bit-exact), "
+            f"not {tolerance!r}")
+    return float(tolerance)
 
 
 def _laplace(scale: float) -> constriction.stream.model.QuantizedLaplace:

@@ -9,12 +9,30 @@ Invariants:
 2. ``shape`` is ``[layers, 2, kv_heads, tokens, head_dim]``; a file of format 3 does not store it
    (the decoder knows it from the model and the token count), so a parsed code has ``()`` until
    ``with_shape`` sets it (enforced: the residual decoder refuses a code of another shape).
+3. ``check`` accepts exactly the codes ``seqkv.coding.residual.encode_residual`` can write: a
+   tolerance that is finite and in ``(0, MAX_TOLERANCE]`` (quantized) or 0 (bit-exact), scales
+   that are 0 or finite in ``[MIN_SCALE, MAX_SCALE]``, whole 32-bit words and escapes
+   (enforced: readers call it before anything else sees the code).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import Enum
+
+from seqkv.errors import CorruptFileError
+
+# NOTE: symbols beyond +-ALPHABET_LIMIT are escapes. 2**12 keeps the leaky-quantization floor of
+# the Laplace model (every one of the 2**13 symbols gets >= 2**-24 mass) near 3e-4 bits/component.
+ALPHABET_LIMIT = 1 << 12
+MIN_SCALE = 1e-3
+# NOTE: the largest scale a real residual fits is about ALPHABET_LIMIT (every symbol escaping);
+# a larger one in a file is corruption.
+MAX_SCALE = float(2 * ALPHABET_LIMIT)
+# NOTE: the decoder adds symbol * 2 * tolerance (|symbol| <= 2**12) in float32, whose largest
+# value is 3.4e38: beyond 1e30 that step overflows. No KV component comes near either figure.
+MAX_TOLERANCE = 1e30
 
 
 class ResidualMode(Enum):
@@ -45,3 +63,20 @@ class ResidualCode:
 
     def with_shape(self, shape: tuple[int, ...]) -> ResidualCode:
         return replace(self, shape=shape)
+
+    def check(self) -> ResidualCode:
+        """This code, or ``CorruptFileError`` naming what no encoder writes (invariant 3)."""
+        if self.mode is ResidualMode.QUANTIZED:
+            if not (math.isfinite(self.tolerance) and 0 < self.tolerance <= MAX_TOLERANCE):
+                raise CorruptFileError(f"the KV residual's tolerance {self.tolerance!r} is not a "
+                                       f"finite number in (0, {MAX_TOLERANCE:g}]")
+        elif self.tolerance != 0.0:
+            raise CorruptFileError(f"the bit-exact KV residual states a tolerance "
+                                   f"{self.tolerance!r}, not 0")
+        for scale in self.scales:
+            if scale != 0.0 and not (math.isfinite(scale) and MIN_SCALE <= scale <= MAX_SCALE):
+                raise CorruptFileError(f"the KV residual holds a scale {scale!r} that is not 0 "
+                                       f"or a finite number in [{MIN_SCALE:g}, {MAX_SCALE:g}]")
+        if len(self.words) % 4 or len(self.escapes) % 4:
+            raise CorruptFileError("the KV residual's code or escapes are not whole 32-bit words")
+        return self

@@ -207,9 +207,18 @@ class CausalLM:
         return Stepper(self.model, cache_from_tensor(kv.to(self.device, self.dtype)))
 
     def check_tokens(self, tokens: list[int]) -> None:
-        """Raise a clear error unless ``tokens`` is a non-empty list of valid ids."""
+        """Raise a clear error unless ``tokens`` is a non-empty list of valid ids that fits the
+        model's context (``max_position_embeddings``), before any forward runs."""
+        from seqkv.errors import InputTooLongError
+
         if len(tokens) == 0:
             raise EmptyInputError("there are no tokens to code: the input is empty")
+        context = getattr(self.config, "max_position_embeddings", None)
+        if isinstance(context, int) and len(tokens) > context:
+            raise InputTooLongError(
+                f"{len(tokens):,} tokens are more than this model's context of {context:,} "
+                "positions: split the input into sessions that fit"
+            )
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidTokensError(
