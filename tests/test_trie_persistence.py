@@ -7,7 +7,10 @@ import hashlib
 import json
 import os
 import struct
+import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqkv.errors import EmptyInputError
+from seqkv.framing import encode_varint, frame, unframe
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models import CausalLM
 from seqkv.trie import (
@@ -27,11 +31,22 @@ from seqkv.trie import (
     TruncatedTrieFileError,
     UnsupportedTrieVersionError,
     load_trie,
+    persistence,
     save_trie,
     trie_from_bytes,
     trie_to_bytes,
 )
-from seqkv.trie.persistence import compress_kv, decompress_kv
+from seqkv.trie.errors import TrieLimitError
+from seqkv.trie.persistence import (
+    _ERRORS,
+    FORMAT_VERSION,
+    LEGACY_MAGIC,
+    MAGIC,
+    compress_kv,
+    decompress_kv,
+)
+
+LEGACY = Path(__file__).parent / "data" / "legacy"
 
 
 def kv_for(tokens: list[int]) -> torch.Tensor:
@@ -113,7 +128,7 @@ def test_save_replaces_an_existing_file(tmp_path: Path) -> None:
     target = tmp_path / "cache.trie"
     target.write_bytes(b"old")
     save_trie(built_trie(), target)
-    assert target.read_bytes()[:8] == b"\x89SKT\r\n\x1a\n"
+    assert target.read_bytes()[:5] == MAGIC + bytes([FORMAT_VERSION])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.trie"]
 
 
@@ -145,21 +160,21 @@ def test_not_a_trie_file() -> None:
 
 def test_unknown_version(trie_bytes: bytes) -> None:
     data = bytearray(trie_bytes)
-    struct.pack_into("<H", data, 8, 99)
-    with pytest.raises(UnsupportedTrieVersionError, match="version 99"):
+    data[4] = 99
+    with pytest.raises(UnsupportedTrieVersionError, match=r"version 99.*1, 2"):
         trie_from_bytes(bytes(data))
 
 
 @given(st.data())
 def test_every_truncation_is_reported_as_truncated(trie_bytes: bytes, data: st.DataObject) -> None:
-    cut = data.draw(st.integers(8, len(trie_bytes) - 1))
-    with pytest.raises(TruncatedTrieFileError, match=r"truncated|ends after"):
+    cut = data.draw(st.integers(4, len(trie_bytes) - 1))
+    with pytest.raises(TruncatedTrieFileError, match=r"truncated|ends"):
         trie_from_bytes(trie_bytes[:cut])
 
 
 @given(st.data())
 def test_every_flipped_byte_is_reported(trie_bytes: bytes, data: st.DataObject) -> None:
-    position = data.draw(st.integers(12, len(trie_bytes) - 1))
+    position = data.draw(st.integers(6, len(trie_bytes) - 1))  # past magic, version, count
     damaged = bytearray(trie_bytes)
     damaged[position] ^= 0x40
     with pytest.raises((CorruptTrieFileError, TruncatedTrieFileError)):
@@ -171,13 +186,147 @@ def test_trailing_bytes(trie_bytes: bytes) -> None:
         trie_from_bytes(trie_bytes + b"\x00")
 
 
-def test_an_inconsistent_file_with_a_valid_checksum(trie_bytes: bytes) -> None:
-    header_len, payload_len = struct.unpack_from("<IQ", trie_bytes, 12)
-    header = json.loads(trie_bytes[24 : 24 + header_len])
-    header["nodes"][1]["parent"] = 5  # a parent after its child
-    new_header = json.dumps(header).encode()
-    payload = trie_bytes[24 + header_len : 24 + header_len + payload_len]
-    body = struct.pack("<8sHHIQ", b"\x89SKT\r\n\x1a\n", 1, 0, len(new_header), payload_len)
-    body += new_header + payload
-    with pytest.raises(CorruptTrieFileError, match="inconsistent"):
-        trie_from_bytes(body + hashlib.sha256(body).digest())
+def test_save_load_save_is_byte_identical(trie_bytes: bytes) -> None:
+    assert trie_to_bytes(trie_from_bytes(trie_bytes)) == trie_bytes
+
+
+def test_files_of_format_1_still_load() -> None:
+    # Written by seqkv at commit 7bbddf7 (the last writer of format 1) from ``built_trie()``.
+    legacy = (LEGACY / "trie-v1.trie").read_bytes()
+    assert legacy[:8] == LEGACY_MAGIC
+    loaded = trie_from_bytes(legacy)
+    assert [comparable(n) for n in loaded.nodes()] == [comparable(n) for n in
+                                                        trie_from_bytes(trie_to_bytes(
+                                                            built_trie())).nodes()]
+    assert trie_to_bytes(loaded) == trie_to_bytes(built_trie())
+
+
+def _sections(data: bytes) -> list[bytes]:
+    return unframe(data, MAGIC, (FORMAT_VERSION,), _ERRORS, "test")[1]
+
+
+def _reframed(sections: list[bytes]) -> bytes:
+    """A file with a valid checksum around changed sections: damage detection cannot see it."""
+    return frame(MAGIC, FORMAT_VERSION, sections)
+
+
+def _with_probs(data: bytes, value: float) -> bytes:
+    sections = _sections(data)
+    probs = bytearray(sections[4])
+    probs[:8] = struct.pack("<d", value)
+    sections[4] = bytes(probs)
+    return _reframed(sections)
+
+
+@pytest.mark.parametrize("value", [float("nan"), 5.0, float("-inf"), float("inf")])
+def test_log2_probabilities_must_be_finite_and_not_above_0(trie_bytes: bytes,
+                                                           value: float) -> None:
+    with pytest.raises(CorruptTrieFileError, match="log2-probability"):
+        trie_from_bytes(_with_probs(trie_bytes, value))
+
+
+def test_a_parent_after_its_child(trie_bytes: bytes) -> None:
+    sections = _sections(trie_bytes)
+    nodes = bytearray(sections[2])
+    assert nodes[:2] == b"\x00\x00" and nodes[2] == 1  # a root, then a child of node 0
+    nodes[2] = 6  # parent 5: not before node 1
+    sections[2] = bytes(nodes)
+    with pytest.raises(CorruptTrieFileError, match="node parent"):
+        trie_from_bytes(_reframed(sections))
+
+
+def test_statistics_after_the_clock(trie_bytes: bytes) -> None:
+    sections = _sections(trie_bytes)
+    header = bytearray(sections[0])
+    header[0] = 0  # the clock back to 0: every node's creation is after it
+    sections[0] = bytes(header)
+    with pytest.raises(CorruptTrieFileError, match="after the trie's clock"):
+        trie_from_bytes(_reframed(sections))
+
+
+def test_kv_that_would_inflate_beyond_its_shape_is_refused_before_inflating() -> None:
+    trie = PrefixTrie()
+    trie.insert([1, 2], [-1.0, -1.0], torch.zeros(1, 2, 1, 2, 2))
+    sections = _sections(trie_to_bytes(trie))
+    bomb = zlib.compress(bytes(1 << 20), 9)  # 1 MiB of zeros in about 1 KB
+    nodes = bytearray(sections[2])
+    assert nodes[-4] == len(sections[5])  # the child's KV length
+    nodes[-4:-3] = encode_varint(len(bomb))
+    sections[2], sections[5] = bytes(nodes), bomb
+    with pytest.raises(CorruptTrieFileError, match="inflates to more than the 32 bytes"):
+        trie_from_bytes(_reframed(sections))
+
+
+def test_kv_larger_than_zlib_can_inflate_is_refused_unread() -> None:
+    with pytest.raises(CorruptTrieFileError, match="cannot inflate"):
+        decompress_kv(b"x" * 10, (1024, 2, 64, 64, 64), torch.float32)
+
+
+def test_a_tree_that_costs_more_than_its_size_allows(monkeypatch: pytest.MonkeyPatch) -> None:
+    trie = PrefixTrie()
+    for length in range(1, 40):  # a chain of one-token nodes: path work grows as length**2
+        trie.insert(list(range(1, length + 1)), [-1.0] * length)
+    data = trie_to_bytes(trie)
+    monkeypatch.setattr(persistence, "_PATH_WORK_BASE", 0)
+    monkeypatch.setattr(persistence, "_PATH_WORK_PER_BYTE", 0)
+    with pytest.raises(TrieLimitError, match="path hashing"):
+        trie_from_bytes(data)
+    monkeypatch.setattr(persistence, "_PATH_WORK_BASE", 39 * 40 // 2)
+    assert len(trie_from_bytes(data).nodes()) == 40
+
+
+def _legacy_with(change: Callable[[dict[str, Any], bytearray], None],
+                 splice: tuple[bytes, bytes] = (b"", b"")) -> bytes:
+    """The format-1 fixture with its JSON header (and payload) changed, ``splice[0]`` replaced
+    by ``splice[1]`` in the header's text, SHA-256 recomputed."""
+    data = (LEGACY / "trie-v1.trie").read_bytes()
+    header_len, payload_len = struct.unpack_from("<IQ", data, 12)
+    header = json.loads(data[24 : 24 + header_len])
+    payload = bytearray(data[24 + header_len : 24 + header_len + payload_len])
+    change(header, payload)
+    raw = json.dumps(header).encode()
+    if splice[0]:
+        raw = raw.replace(splice[0], splice[1])
+    body = struct.pack("<8sHHIQ", LEGACY_MAGIC, 1, 0, len(raw), len(payload)) + raw + payload
+    return body + hashlib.sha256(body).digest()
+
+
+def test_format_1_an_inconsistent_file_with_a_valid_checksum() -> None:
+    def parent_after_child(header: dict[str, Any], _: bytearray) -> None:
+        header["nodes"][1]["parent"] = 5
+
+    with pytest.raises(CorruptTrieFileError, match="parent"):
+        trie_from_bytes(_legacy_with(parent_after_child))
+
+
+def test_format_1_negative_token_ids() -> None:
+    def negative(_: dict[str, Any], payload: bytearray) -> None:
+        payload[:8] = struct.pack("<q", -3)
+
+    with pytest.raises(CorruptTrieFileError, match="negative token"):
+        trie_from_bytes(_legacy_with(negative))
+
+
+def test_format_1_negative_hit_counts() -> None:
+    def negative(header: dict[str, Any], _: bytearray) -> None:
+        header["nodes"][1]["hit_count"] = -1
+
+    with pytest.raises(CorruptTrieFileError, match="hit_count"):
+        trie_from_bytes(_legacy_with(negative))
+
+
+def test_format_1_deep_nesting_is_refused_before_parsing() -> None:
+    def nested(header: dict[str, Any], _: bytearray) -> None:
+        header["writer"] = "@nested@"
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(CorruptTrieFileError, match="deeper"):
+        trie_from_bytes(_legacy_with(nested, (b'"@nested@"', deep)))
+
+
+def test_format_1_trailing_payload_bytes() -> None:
+    def extra(_: dict[str, Any], payload: bytearray) -> None:
+        payload += b"\x00"
+
+    with pytest.raises(CorruptTrieFileError, match="no node claims"):
+        trie_from_bytes(_legacy_with(extra))

@@ -55,3 +55,7 @@ class TruncatedTrieFileError(TrieFileError):
 
 class CorruptTrieFileError(TrieFileError):
     """The trie file's checksum, header or sections do not match: it was damaged after writing."""
+
+
+class TrieLimitError(TrieFileError):
+    """A well-formed trie file whose tree would cost more to load than its size allows."""

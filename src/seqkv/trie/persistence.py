@@ -1,17 +1,25 @@
 """Saving and loading a ``PrefixTrie``: one crash-safe file, node KV compressed losslessly.
 
-Layout (all integers little-endian)::
+Format 2 (written since this version) frames six sections with ``seqkv.framing`` (4-byte magic
+``\\x89SKT``, version byte, section lengths, CRC-32); integers are minimal LEB128 varints::
 
-    magic        8 bytes   b"\\x89SKT\\r\\n\\x1a\\n" (PNG-style, like the .skv container)
-    version      u16       FORMAT_VERSION
-    reserved     u16       0
-    header_len   u32       length of the JSON header
-    payload_len  u64       length of the payload
-    header       JSON      nodes in pre-order (parent index, namespace, edge length, KV extent,
-                           statistics), the KV geometry, the clock, the compression
-    payload      bytes     all edge tokens (i64), all log2-probabilities (f64), then each node's
-                           compressed KV
-    sha256       32 bytes  of everything before it
+    header      clock, nominal KV bytes per token, node count     varints
+                token width                                       u8   4 or 8 bytes
+                KV layout flag                                    u8   0 none, 1 present
+                [layers, kv_heads, head_dim]                      varints
+                [dtype]                                           u8   ``DTYPES`` index
+                KV compression                                    u8   0: byte planes + zlib
+    namespaces  count, then per namespace its UTF-8 length and bytes, in order of first use
+    nodes       pre-order, roots first in their subtree, children by ascending first token;
+                a root: 0, namespace index; any other node: parent index + 1, edge length,
+                compressed KV length (0: no KV), hit count, last access, created
+    tokens      every edge's tokens, in node order, unsigned little-endian of the token width
+    log2 probs  one float64 per token, in node order
+    kv          every node's compressed KV, in node order
+
+Files of format 1 (an 8-byte magic, a JSON header, a SHA-256) still load. Roots carry no
+statistics in format 2: a loaded trie restarts them (``PrefixTrie.from_snapshot``), so a trie
+saved, loaded and saved again gives the same bytes.
 
 KV compression: the float bytes of each node's span are split into byte planes (all first bytes,
 then all second bytes, ...) and deflated with zlib level 6, which is lossless. Measured on this
@@ -27,17 +35,28 @@ Invariants:
 2. ``load_trie`` checks, in order, emptiness, magic, version, length and checksum before it
    parses anything, so each kind of damage gets its own error: EmptyInputError,
    NotATrieFileError, UnsupportedTrieVersionError, TruncatedTrieFileError, CorruptTrieFileError
-   (enforced; one test each). A structurally inconsistent file that passes the checksum (a
-   writer bug) is CorruptTrieFileError too.
-3. Prefix hashes are not stored: the loader recomputes every node's hash from its tokens, so a
+   (enforced; one test each).
+3. Every field is validated before anything is allocated by its size: counts against the
+   sections' lengths, the tree's shape (parents before children, pre-order, one child per first
+   token, namespaces inherited), tokens (>= 0, the minimal width), log2-probabilities (finite,
+   <= 0), statistics (<= the clock), the KV layout, and each node's KV size against its
+   compressed size (zlib inflates at most ``ZLIB_MAX_RATIO`` times) before it is inflated,
+   streaming, with that size as a cap. A crafted file with a valid checksum ends in a
+   ``TrieFileError`` (enforced; ``tests/test_fuzz_trie.py``).
+4. Loading costs at most ``path_work_limit(file bytes)`` token positions of path hashing, the
+   loader's one cost beyond the file's size (every node hashes its whole path); a file whose
+   tree would cost more is refused before the trie is built (TrieLimitError, enforced).
+5. ``trie_to_bytes(trie_from_bytes(d)) == d`` for any bytes ``d`` of format 2 that load
+   (enforced by the canonical form of invariant 3; checked by the fuzz suite).
+6. Prefix hashes are not stored: the loader recomputes every node's hash from its tokens, so a
    loaded trie resolves exactly the hashes the saved one did (checked).
-4. Sessions (locks) are not saved: a loaded trie has none, every node is evictable (enforced).
+7. Sessions (locks) are not saved: a loaded trie has none, every node is evictable (enforced).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 import os
 import struct
 import zlib
@@ -47,13 +66,25 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from seqkv.errors import EmptyInputError
 from seqkv.files import write_atomically
+from seqkv.framing import (
+    MAX_VARINT,
+    FramingErrors,
+    SectionReader,
+    encode_varint,
+    frame,
+    inflate,
+    load_json,
+    unframe,
+)
 from seqkv.trie.errors import (
     CorruptTrieFileError,
     NotATrieFileError,
+    TrieLimitError,
     TruncatedTrieFileError,
     UnsupportedTrieVersionError,
 )
@@ -61,20 +92,46 @@ from seqkv.trie.eviction import EvictionPolicy, EvictionPolicyName
 from seqkv.trie.inputs import KVLayout
 from seqkv.trie.keys import Namespace
 from seqkv.trie.radix import NodeRecord, PrefixTrie, TrieSnapshot
-from seqkv.version import __version__
 
-MAGIC = b"\x89SKT\r\n\x1a\n"
-FORMAT_VERSION = 1
+MAGIC = b"\x89SKT"
+LEGACY_MAGIC = b"\x89SKT\r\n\x1a\n"
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 KV_COMPRESSION = "byteplanes+zlib6"
-_PREFIX = struct.Struct("<8sHHIQ")
-_DIGEST_BYTES = 32
-_ZLIB_LEVEL = 6
-_DTYPES = MappingProxyType({
+DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
+_TORCH_DTYPES = MappingProxyType({
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
     "float32": torch.float32,
     "float64": torch.float64,
 })
+_ERRORS = FramingErrors(EmptyInputError, NotATrieFileError, UnsupportedTrieVersionError,
+                        TruncatedTrieFileError, CorruptTrieFileError)
+_WHAT = "the trie file"
+_ZLIB_LEVEL = 6
+_SECTIONS = 6
+# NOTE: deflate emits at least one bit per 258 bytes of a run, so no zlib stream inflates to
+# more than about 1,032 times its size: a node whose KV claims more than that is corrupt,
+# refused before anything is inflated.
+ZLIB_MAX_RATIO = 1032
+# NOTE: a trie serves one model; 1,024 layers, heads and a head dimension of 65,536 are beyond
+# any model seqkv runs (SmolLM2-135M: 30, 3, 64).
+MAX_LAYERS = 1024
+MAX_KV_HEADS = 1024
+MAX_HEAD_DIM = 1 << 16
+# NOTE: restoring a node hashes its whole path (``PrefixTrie.from_snapshot``): measured here at
+# about 4.3 million token positions a second (a 3,000-node chain, 4.5 million positions, loads
+# in 1.0 s). Real tries need far less than 64 positions per file byte (their nodes hold KV and
+# whole tails of sessions); a crafted chain of one-token nodes would need thousands.
+_PATH_WORK_BASE = 1 << 22
+_PATH_WORK_PER_BYTE = 64
+# NOTE: format-1 headers nest 4 levels deep (header, nodes, a node, its KV extent).
+_LEGACY_DEPTH = 4
+
+
+def path_work_limit(file_bytes: int) -> int:
+    """The most token positions of path hashing a file of ``file_bytes`` may ask for."""
+    return _PATH_WORK_BASE + _PATH_WORK_PER_BYTE * file_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,134 +200,374 @@ def compress_kv(kv: torch.Tensor) -> bytes:
 
 
 def decompress_kv(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """The inverse of ``compress_kv``; ValueError when the bytes do not fit the shape."""
+    """The inverse of ``compress_kv``; CorruptTrieFileError when the bytes do not fit the shape
+    (inflated streaming, never past the shape's size)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    numel = int(np.prod(shape))
-    try:
-        raw = zlib.decompress(data)
-    except zlib.error as error:
-        raise ValueError(f"a KV section does not inflate: {error}") from error
-    if len(raw) != numel * itemsize:
-        raise ValueError(f"a KV section inflates to {len(raw)} bytes, not {numel * itemsize}")
+    numel = math.prod(shape)
+    size = numel * itemsize
+    if size > ZLIB_MAX_RATIO * len(data) + 64:
+        raise CorruptTrieFileError(f"a KV section of {len(data):,} bytes cannot inflate to the "
+                                   f"{size:,} bytes of its shape {list(shape)}")
+    raw = inflate(data, size, "a KV section", CorruptTrieFileError)
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(itemsize, numel)  # [itemsize, numel]
     interleaved = np.ascontiguousarray(planes.T).reshape(-1)  # [numel * itemsize]
     return torch.from_numpy(interleaved).view(dtype).reshape(shape)  # [L, 2, H, T, D]
 
 
 def _encode(snapshot: TrieSnapshot) -> tuple[bytes, int, int, TrieSnapshot]:
-    nodes: list[dict[str, Any]] = []
+    namespaces: dict[str, int] = {}
+    nodes = bytearray()
     blobs: list[bytes] = []
-    offset = raw = 0
+    raw = 0
     for record in snapshot.records:
-        extent = None
+        if record.parent == -1:
+            index = namespaces.setdefault(record.namespace, len(namespaces))
+            nodes += encode_varint(0) + encode_varint(index)
+            continue
+        blob = b""
         if record.kv is not None:
             blob = compress_kv(record.kv)
-            extent = [offset, len(blob)]
-            offset += len(blob)
             raw += record.kv.numel() * record.kv.element_size()
             blobs.append(blob)
-        nodes.append({
-            "parent": record.parent, "namespace": record.namespace, "tokens": len(record.tokens),
-            "kv": extent, "hit_count": record.hit_count, "last_access": record.last_access,
-            "created": record.created,
-        })
-    geometry = snapshot.kv_layout
-    header = json.dumps({
-        "format_version": FORMAT_VERSION,
-        "writer": f"seqkv {__version__}",
-        "clock": snapshot.clock,
-        "nominal_kv_bytes_per_token": snapshot.nominal_kv_bytes_per_token,
-        "kv_layout": None if geometry is None else {
-            "layers": geometry.layers, "kv_heads": geometry.kv_heads,
-            "head_dim": geometry.head_dim, "dtype": str(geometry.dtype).removeprefix("torch."),
-        },
-        "kv_compression": KV_COMPRESSION,
-        "nodes": nodes,
-    }, sort_keys=True).encode()
-    empty_tokens = np.zeros(0, dtype=np.int64)
-    empty_probs = np.zeros(0, dtype=np.float64)
-    tokens = np.concatenate([empty_tokens, *(r.tokens for r in snapshot.records)])
-    probs = np.concatenate([empty_probs, *(r.log2_probs for r in snapshot.records)])
-    payload = b"".join([tokens.astype("<i8").tobytes(), probs.astype("<f8").tobytes(), *blobs])
-    body = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(header), len(payload)) + header + payload
-    return body + hashlib.sha256(body).digest(), raw, offset, snapshot
+        for value in (record.parent + 1, len(record.tokens), len(blob), record.hit_count,
+                      record.last_access, record.created):
+            nodes += encode_varint(value)
+    tokens = np.concatenate([np.zeros(0, dtype=np.int64), *(r.tokens for r in snapshot.records)])
+    width = 8 if tokens.size and int(tokens.max()) >= 1 << 32 else 4
+    probs = np.concatenate([np.zeros(0, dtype=np.float64),
+                            *(r.log2_probs for r in snapshot.records)])
+    layout = snapshot.kv_layout
+    header = bytearray()
+    for value in (snapshot.clock, snapshot.nominal_kv_bytes_per_token, len(snapshot.records)):
+        header += encode_varint(value)
+    header += bytes([width, 0 if layout is None else 1])
+    if layout is not None:
+        for value in (layout.layers, layout.kv_heads, layout.head_dim):
+            header += encode_varint(value)
+        header.append(DTYPES.index(str(layout.dtype).removeprefix("torch.")))
+    header.append(0)  # KV_COMPRESSION
+    names = bytearray(encode_varint(len(namespaces)))
+    for name in namespaces:
+        encoded = name.encode("utf-8")
+        names += encode_varint(len(encoded)) + encoded
+    sections = [bytes(header), bytes(names), bytes(nodes),
+                tokens.astype("<u4" if width == 4 else "<u8").tobytes(),
+                probs.astype("<f8").tobytes(), b"".join(blobs)]
+    compressed = len(sections[5])
+    return frame(MAGIC, FORMAT_VERSION, sections), raw, compressed, snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """One node as a file declares it, before its tokens, probabilities and KV are attached."""
+
+    parent: int  # -1 for a root
+    namespace: str
+    tokens: int
+    kv: tuple[int, int] | None  # (offset, length) in the KV bytes
+    hit_count: int
+    last_access: int
+    created: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """A file's fields, each checked on its own, before the tree is checked as a whole."""
+
+    clock: int
+    nominal: int
+    layout: KVLayout | None
+    nodes: list[_Node]
+    tokens: npt.NDArray[np.int64]
+    log2_probs: npt.NDArray[np.float64]
+    kv: bytes
+    canonical: bool  # format 2: the node order, token width and extents are the writer's
+
+
+def _corrupt(message: str) -> CorruptTrieFileError:
+    return CorruptTrieFileError(f"the trie file {message}")
 
 
 def _decode(data: bytes) -> TrieSnapshot:
-    if len(data) == 0:
-        raise EmptyInputError("the trie file is empty")
-    if data[: len(MAGIC)] != MAGIC:
-        raise NotATrieFileError("this is not a seqkv trie file: its first bytes are not the magic")
-    if len(data) < _PREFIX.size:
+    if len(data) >= len(LEGACY_MAGIC) and data[: len(LEGACY_MAGIC)] == LEGACY_MAGIC:
+        parsed = _read_legacy(data)
+    else:
+        parsed = _read(data)
+    return _assemble(parsed, len(data))
+
+
+def _layout(layers: int, kv_heads: int, head_dim: int, dtype: str) -> KVLayout:
+    return KVLayout(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                    dtype=_TORCH_DTYPES[dtype])
+
+
+def _read(data: bytes) -> _Parsed:
+    _, sections = unframe(data, MAGIC, (FORMAT_VERSION,), _ERRORS, _WHAT, READABLE_VERSIONS)
+    if len(sections) != _SECTIONS:
+        raise _corrupt(f"has {len(sections)} sections, not {_SECTIONS}")
+    header = SectionReader(sections[0], "the trie file's header", CorruptTrieFileError)
+    clock = header.varint("clock")
+    nominal = header.varint("nominal KV bytes per token")
+    count = header.varint("node count", 0, len(sections[2]) // 2)
+    width = header.u8("token width")
+    if width not in (4, 8):
+        raise _corrupt(f"has token width {width}, not 4 or 8")
+    has_layout = header.u8("KV layout flag")
+    if has_layout > 1:
+        raise _corrupt(f"has KV layout flag {has_layout}, not 0 or 1")
+    layout = None
+    if has_layout:
+        layers = header.varint("layer count", 1, MAX_LAYERS)
+        heads = header.varint("KV head count", 1, MAX_KV_HEADS)
+        head_dim = header.varint("head dimension", 1, MAX_HEAD_DIM)
+        dtype = header.u8("dtype")
+        if dtype >= len(DTYPES):
+            raise _corrupt(f"has unknown dtype id {dtype}")
+        layout = _layout(layers, heads, head_dim, DTYPES[dtype])
+    compression = header.u8("KV compression")
+    if compression != 0:
+        raise _corrupt(f"has unknown KV compression id {compression}")
+    header.finish()
+    names_reader = SectionReader(sections[1], "the trie file's namespaces",
+                                 CorruptTrieFileError)
+    names: list[str] = []
+    for _ in range(names_reader.varint("namespace count", 0, len(sections[1]))):
+        raw = names_reader.take(names_reader.varint("namespace length"), "namespace")
+        try:
+            names.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise _corrupt(f"holds a namespace that is not UTF-8: {error}") from None
+    names_reader.finish()
+    if len(set(names)) != len(names):
+        raise _corrupt("lists a namespace twice")
+    nodes = _read_nodes(SectionReader(sections[2], "the trie file's nodes", CorruptTrieFileError),
+                        count, names, len(sections[5]))
+    total = sum(node.tokens for node in nodes)
+    if len(sections[3]) != width * total or len(sections[4]) != 8 * total:
+        raise _corrupt(f"declares {total:,} tokens, but its token and log2-probability sections "
+                       f"hold {len(sections[3]):,} and {len(sections[4]):,} bytes")
+    if sum(node.kv[1] for node in nodes if node.kv is not None) != len(sections[5]):
+        raise _corrupt("has KV bytes that no node claims")
+    raw_tokens = np.frombuffer(sections[3], dtype="<u4" if width == 4 else "<u8")
+    if width == 8 and raw_tokens.size and int(raw_tokens.max()) < 1 << 32:
+        raise _corrupt("stores 8-byte tokens that all fit in 4 bytes")
+    if width == 8 and raw_tokens.size and int(raw_tokens.max()) >= 1 << 63:
+        raise _corrupt("holds a token id of 2**63 or more")
+    return _Parsed(clock, nominal, layout, nodes, raw_tokens.astype(np.int64),
+                   np.frombuffer(sections[4], dtype="<f8").astype(np.float64), sections[5],
+                   canonical=True)
+
+
+def _read_nodes(reader: SectionReader, count: int, names: list[str],
+                kv_bytes: int) -> list[_Node]:
+    nodes: list[_Node] = []
+    offset = 0
+    for index in range(count):
+        parent = reader.varint("node parent", 0, index) - 1
+        if parent == -1:
+            namespace = reader.varint("root namespace", 0, len(names) - 1)
+            nodes.append(_Node(-1, names[namespace], 0, None, 0, 0, 0))
+            continue
+        tokens = reader.varint("edge length", 1)
+        length = reader.varint("KV length", 0, kv_bytes - offset)
+        kv = None if length == 0 else (offset, length)
+        offset += length
+        hit_count = reader.varint("hit count")
+        last_access = reader.varint("last access")
+        created = reader.varint("creation time")
+        nodes.append(_Node(parent, nodes[parent].namespace, tokens, kv, hit_count, last_access,
+                           created))
+    reader.finish()
+    used = {node.namespace for node in nodes if node.parent == -1}
+    if len(used) != len(names):
+        raise _corrupt("lists a namespace no root uses")
+    return nodes
+
+
+def _read_legacy(data: bytes) -> _Parsed:
+    """A format-1 file: 8-byte magic, u16 version, u16 reserved, u32 header length, u64 payload
+    length, JSON header, payload (tokens as i64, log2-probabilities as f64, compressed KV),
+    SHA-256 of everything before it."""
+    prefix = struct.Struct("<8sHHIQ")
+    if len(data) < prefix.size:
         raise TruncatedTrieFileError(f"the trie file ends after {len(data)} bytes, in its prefix")
-    _, version, _, header_len, payload_len = _PREFIX.unpack_from(data)
-    if version != FORMAT_VERSION:
+    _, version, reserved, header_len, payload_len = prefix.unpack_from(data)
+    if version != 1:
         raise UnsupportedTrieVersionError(
-            f"the trie file has format version {version}; this seqkv reads version "
-            f"{FORMAT_VERSION} only: use the seqkv release that wrote it"
-        )
-    expected = _PREFIX.size + header_len + payload_len + _DIGEST_BYTES
+            f"the trie file has format version {version}; this seqkv reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}: use the seqkv release that wrote it")
+    expected = prefix.size + header_len + payload_len + 32
     if len(data) < expected:
         raise TruncatedTrieFileError(
-            f"the trie file is truncated: it has {len(data)} bytes, its prefix says {expected}"
-        )
+            f"the trie file is truncated: it has {len(data)} bytes, its prefix says {expected}")
     if len(data) > expected:
-        raise CorruptTrieFileError(
-            f"the trie file has {len(data) - expected} unexpected bytes after its end"
-        )
-    body, digest = data[:-_DIGEST_BYTES], data[-_DIGEST_BYTES:]
+        raise _corrupt(f"has {len(data) - expected} unexpected bytes after its end")
+    body, digest = data[:-32], data[-32:]
     if hashlib.sha256(body).digest() != digest:
-        raise CorruptTrieFileError(
-            "the trie file is corrupted: its SHA-256 checksum does not match"
-        )
-    header_bytes = body[_PREFIX.size : _PREFIX.size + header_len]
-    payload = body[_PREFIX.size + header_len :]
-    try:
-        return _parse(json.loads(header_bytes), payload)
-    except (ValueError, KeyError, TypeError, IndexError) as error:
-        raise CorruptTrieFileError(
-            f"the trie file's header or sections are invalid: {error}"
-        ) from error
+        raise _corrupt("is corrupted: its SHA-256 checksum does not match")
+    if reserved:
+        raise _corrupt(f"has reserved field {reserved}, not 0")
+    header = load_json(body[prefix.size : prefix.size + header_len], "the trie file's header",
+                       CorruptTrieFileError, header_len, _LEGACY_DEPTH)
+    payload = body[prefix.size + header_len :]
+    return _parse_legacy(header, payload)
 
 
-def _parse(header: dict[str, Any], payload: bytes) -> TrieSnapshot:
-    if header["kv_compression"] != KV_COMPRESSION:
-        raise ValueError(f"unknown KV compression {header['kv_compression']!r}")
-    geometry = None
+def _field(raw: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(raw, dict) or key not in raw:
+        raise _corrupt(f"header lacks {where}{key}")
+    value = raw[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)
+                        or not 0 <= value <= MAX_VARINT):
+        raise _corrupt(f"header's {where}{key} is not an integer in [0, 2**56): {value!r:.40}")
+    if kind is not int and not isinstance(value, kind):
+        raise _corrupt(f"header's {where}{key} is not a {kind.__name__}: {value!r:.40}")
+    return value
+
+
+def _parse_legacy(header: Any, payload: bytes) -> _Parsed:
+    keys = {"format_version", "writer", "clock", "nominal_kv_bytes_per_token", "kv_layout",
+            "kv_compression", "nodes"}
+    if not isinstance(header, dict) or set(header) != keys:
+        raise _corrupt(f"header's fields differ from {sorted(keys)}")
+    if header["format_version"] != 1 or header["kv_compression"] != KV_COMPRESSION:
+        raise _corrupt("header names another version or KV compression")
+    _field(header, "writer", str, "")
+    layout = None
     if header["kv_layout"] is not None:
-        g = header["kv_layout"]
-        geometry = KVLayout(layers=int(g["layers"]), kv_heads=int(g["kv_heads"]),
-                              head_dim=int(g["head_dim"]), dtype=_DTYPES[g["dtype"]])
-    nodes = header["nodes"]
-    total = sum(int(n["tokens"]) for n in nodes)
-    if len(payload) < 16 * total:
-        raise ValueError("the payload is shorter than the tokens and log2-probabilities")
-    tokens = np.frombuffer(payload, dtype="<i8", count=total).astype(np.int64)
-    probs = np.frombuffer(payload, dtype="<f8", count=total, offset=8 * total).astype(np.float64)
-    blobs = payload[16 * total :]
-    records = []
-    position = 0
-    for node in nodes:
-        count = int(node["tokens"])
+        raw = header["kv_layout"]
+        if not isinstance(raw, dict) or set(raw) != {"layers", "kv_heads", "head_dim", "dtype"}:
+            raise _corrupt("header's kv_layout is malformed")
+        numbers = [_field(raw, key, int, "kv_layout.") for key in ("layers", "kv_heads",
+                                                                   "head_dim")]
+        bounds = (MAX_LAYERS, MAX_KV_HEADS, MAX_HEAD_DIM)
+        if not all(1 <= n <= high for n, high in zip(numbers, bounds, strict=True)):
+            raise _corrupt(f"header's kv_layout {numbers} is out of range")
+        dtype = _field(raw, "dtype", str, "kv_layout.")
+        if dtype not in DTYPES:
+            raise _corrupt(f"header names an unknown dtype {dtype!r:.40}")
+        layout = _layout(numbers[0], numbers[1], numbers[2], dtype)
+    node_keys = {"parent", "namespace", "tokens", "kv", "hit_count", "last_access", "created"}
+    raw_nodes = _field(header, "nodes", list, "")
+    nodes: list[_Node] = []
+    for index, raw in enumerate(raw_nodes):
+        if not isinstance(raw, dict) or set(raw) != node_keys:
+            raise _corrupt(f"header's node {index} is malformed")
+        parent = raw["parent"]
+        if parent != -1:
+            parent = _field(raw, "parent", int, f"nodes[{index}].")
+        extent = raw["kv"]
         kv = None
-        if node["kv"] is not None:
-            if geometry is None:
-                raise ValueError("a node holds KV but the file has no KV geometry")
-            start, length = (int(v) for v in node["kv"])
-            if start < 0 or length < 0 or start + length > len(blobs):
-                raise ValueError("a KV extent lies outside the payload")
-            shape = (geometry.layers, 2, geometry.kv_heads, count, geometry.head_dim)
-            kv = decompress_kv(blobs[start : start + length], shape, geometry.dtype)
-        records.append(NodeRecord(
-            parent=int(node["parent"]), namespace=Namespace(str(node["namespace"])),
-            tokens=tokens[position : position + count].copy(),
-            log2_probs=probs[position : position + count].copy(), kv=kv,
-            hit_count=int(node["hit_count"]), last_access=int(node["last_access"]),
-            created=int(node["created"]),
-        ))
-        position += count
-    return TrieSnapshot(
-        records=tuple(records), clock=int(header["clock"]),
-        nominal_kv_bytes_per_token=int(header["nominal_kv_bytes_per_token"]),
-        kv_layout=geometry,
-    )
+        if extent is not None:
+            if (not isinstance(extent, list) or len(extent) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                               for v in extent)):
+                raise _corrupt(f"header's node {index} has a malformed KV extent")
+            kv = (extent[0], extent[1])
+        nodes.append(_Node(
+            parent, _field(raw, "namespace", str, f"nodes[{index}]."),
+            _field(raw, "tokens", int, f"nodes[{index}]."), kv,
+            _field(raw, "hit_count", int, f"nodes[{index}]."),
+            _field(raw, "last_access", int, f"nodes[{index}]."),
+            _field(raw, "created", int, f"nodes[{index}].")))
+    total = sum(node.tokens for node in nodes)
+    if len(payload) < 16 * total:
+        raise _corrupt("payload is shorter than its tokens and log2-probabilities")
+    tokens = np.frombuffer(payload, dtype="<i8", count=total)
+    if total and int(tokens.min()) < 0:
+        raise _corrupt("holds a negative token id")
+    probs = np.frombuffer(payload, dtype="<f8", count=total, offset=8 * total)
+    return _Parsed(_field(header, "clock", int, ""),
+                   _field(header, "nominal_kv_bytes_per_token", int, ""), layout, nodes,
+                   tokens.astype(np.int64), probs.astype(np.float64), payload[16 * total :],
+                   canonical=False)
+
+
+def _assemble(parsed: _Parsed, file_bytes: int) -> TrieSnapshot:
+    """Check the tree as a whole, then inflate the KV and build the snapshot."""
+    nodes = parsed.nodes
+    _check_tree(parsed)
+    probs = parsed.log2_probs
+    if probs.size and not (np.all(np.isfinite(probs)) and float(probs.max()) <= 0.0):
+        raise _corrupt("holds a log2-probability that is NaN, infinite or above 0")
+    depth = [0] * len(nodes)
+    work = 0
+    for index, node in enumerate(nodes):
+        if node.parent >= 0:
+            depth[index] = depth[node.parent] + node.tokens
+            work += depth[index]
+    if work > path_work_limit(file_bytes):
+        raise TrieLimitError(
+            f"the trie file's tree would cost {work:,} token positions of path hashing to "
+            f"load, more than the {path_work_limit(file_bytes):,} a {file_bytes:,}-byte file "
+            "may ask for")
+    layout = parsed.layout
+    extents = sorted(node.kv for node in nodes if node.kv is not None)
+    position = 0
+    for start, length in extents:
+        if start != position:
+            raise _corrupt("has KV extents that overlap or leave gaps")
+        position = start + length
+    if position != len(parsed.kv):
+        raise _corrupt(f"has {len(parsed.kv) - position:,} KV bytes that no node claims")
+    records = []
+    offset = 0
+    for node in nodes:
+        kv = None
+        if node.kv is not None:
+            start, length = node.kv
+            if layout is None:
+                raise _corrupt("has a node with KV but no KV layout")
+            shape = (layout.layers, 2, layout.kv_heads, node.tokens, layout.head_dim)
+            kv = decompress_kv(parsed.kv[start : start + length], shape, layout.dtype)
+        tokens = parsed.tokens[offset : offset + node.tokens].copy()
+        log2 = probs[offset : offset + node.tokens].copy()
+        offset += node.tokens
+        if node.parent == -1:
+            records.append(NodeRecord(-1, Namespace(node.namespace), tokens, log2, None, 0, 0,
+                                      parsed.clock))
+        else:
+            records.append(NodeRecord(node.parent, Namespace(node.namespace), tokens, log2, kv,
+                                      node.hit_count, node.last_access, node.created))
+    return TrieSnapshot(records=tuple(records), clock=parsed.clock,
+                        nominal_kv_bytes_per_token=parsed.nominal, kv_layout=layout)
+
+
+def _check_tree(parsed: _Parsed) -> None:
+    """Parents before children in pre-order, roots empty and one per namespace, children under
+    a node with distinct first tokens (ascending in format 2), namespaces inherited, statistics
+    not after the clock."""
+    nodes = parsed.nodes
+    first: list[int] = []
+    offset = 0
+    for node in nodes:
+        first.append(int(parsed.tokens[offset]) if node.tokens else -1)
+        offset += node.tokens
+    roots: set[str] = set()
+    path: list[int] = []
+    last_child: dict[int, int] = {}
+    for index, node in enumerate(nodes):
+        if node.parent == -1:
+            if node.tokens or node.kv is not None or node.namespace in roots:
+                raise _corrupt(f"node {index} is a root that holds tokens or KV, or repeats a "
+                               "namespace")
+            roots.add(node.namespace)
+            path = [index]
+            continue
+        if not 0 <= node.parent < index or node.tokens < 1:
+            raise _corrupt(f"node {index} has parent {node.parent} or an empty edge")
+        if nodes[node.parent].namespace != node.namespace:
+            raise _corrupt(f"node {index} lies in another namespace than its parent")
+        if max(node.hit_count, node.last_access, node.created) > parsed.clock:
+            raise _corrupt(f"node {index} has statistics after the trie's clock {parsed.clock}")
+        previous = last_child.get(node.parent)
+        if previous is not None and (previous == first[index] or (
+                parsed.canonical and previous > first[index])):
+            raise _corrupt(f"node {index}: children of one node share or disorder first tokens")
+        last_child[node.parent] = first[index]
+        if parsed.canonical:
+            while path and path[-1] != node.parent:
+                path.pop()
+            if not path:
+                raise _corrupt(f"node {index} does not follow its parent in pre-order")
+            path.append(index)
