@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import struct
 
 import numpy as np
@@ -10,10 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqkv.errors import SeqKVError
+from seqkv.framing import encode_varint, frame, unframe
 from seqkv.mixing.dictionary import (
+    _ERRORS,
     FORMAT_VERSION,
+    LEGACY_MAGIC,
+    MAGIC,
     Dictionary,
     DictionaryPolicy,
+    _content_encoding,
     build_dictionary,
 )
 from seqkv.mixing.errors import (
@@ -54,12 +60,60 @@ def test_the_digest_is_a_function_of_the_content() -> None:
 
 
 def test_golden_digest_of_a_small_dictionary() -> None:
-    # The format is frozen at version 1: this digest may change only with FORMAT_VERSION.
+    # The digest is taken of the content encoding (format 1's layout), which never changes: the
+    # same content keeps its digest in every file format.
     dictionary = Dictionary([5, 6, 7, 8], [2, 2], 300, namespace="n")
-    assert FORMAT_VERSION == 1
-    assert dictionary.size_bytes == 32 + 1 + 2 * 4 + 4 * 2 + 32
+    assert FORMAT_VERSION == 2
+    assert dictionary.size_bytes == 10 + 5 + 1 + 2 + 2 * 4 + 4  # framing, sections, CRC
     assert dictionary.digest == Dictionary.from_bytes(dictionary.to_bytes()).digest
     assert dictionary.digest == GOLDEN_DIGEST
+
+
+def _format_1(dictionary: Dictionary) -> bytes:
+    """The file format 1 wrote: the content encoding followed by its SHA-256."""
+    content = _content_encoding(dictionary.tokens, dictionary.segment_lengths,
+                                dictionary.vocab_size, dictionary.namespace)
+    return content + hashlib.sha256(content).digest()
+
+
+def test_files_of_format_1_still_read_with_the_same_digest() -> None:
+    dictionary = Dictionary([5, 6, 7, 8], [2, 2], 300, namespace="n")
+    legacy = _format_1(dictionary)
+    assert legacy[:8] == LEGACY_MAGIC and hashlib.sha256(legacy[:-32]).hexdigest() == GOLDEN_DIGEST
+    again = Dictionary.from_bytes(legacy, expected=GOLDEN_DIGEST)
+    assert again.to_bytes() == dictionary.to_bytes()
+
+
+def test_format_1_damage_is_refused() -> None:
+    legacy = bytearray(_format_1(Dictionary([5, 6, 7, 8], [2, 2], 300, namespace="n")))
+    legacy[-40] ^= 1
+    with pytest.raises(CorruptDictionaryError, match="SHA-256"):
+        Dictionary.from_bytes(bytes(legacy))
+
+
+def _reframed(data: bytes, index: int, section: bytes) -> bytes:
+    sections = unframe(data, MAGIC, (FORMAT_VERSION,), _ERRORS, "test")[1]
+    sections[index] = section
+    return frame(MAGIC, FORMAT_VERSION, sections)
+
+
+def test_a_zero_segment_length_with_a_valid_checksum() -> None:
+    data = Dictionary([5, 6, 7, 8], [2, 2], 300).to_bytes()
+    with pytest.raises(CorruptDictionaryError, match="segment length 0"):
+        Dictionary.from_bytes(_reframed(data, 2, b"\x00\x04"))
+
+
+def test_a_token_outside_the_vocabulary_with_a_valid_checksum() -> None:
+    data = Dictionary([5, 6, 7, 8], [2, 2], 300).to_bytes()
+    with pytest.raises(CorruptDictionaryError, match=r"0\.\.299"):
+        Dictionary.from_bytes(_reframed(data, 3, struct.pack("<4H", 5, 6, 7, 300)))
+
+
+def test_a_huge_token_count_is_refused_before_allocating() -> None:
+    data = Dictionary([5, 6, 7, 8], [2, 2], 300).to_bytes()
+    header = encode_varint(300) + bytes([2]) + encode_varint(2) + encode_varint(10**15)
+    with pytest.raises(CorruptDictionaryError, match="token count"):
+        Dictionary.from_bytes(_reframed(data, 0, header))
 
 
 GOLDEN_DIGEST = "80e86ba749d39b2073da222e92a2f858b58daf459d07ec5f7cde0084b545e3b8"
@@ -127,7 +181,7 @@ def test_every_damaged_byte_string_is_refused() -> None:
 def test_wrong_magic() -> None:
     data = Dictionary([1, 2], [2], VOCAB).to_bytes()
     with pytest.raises(NotADictionaryError):
-        Dictionary.from_bytes(b"NOTADICT" + data[8:])
+        Dictionary.from_bytes(b"NOTA" + data[4:])
 
 
 def test_truncated() -> None:
@@ -139,13 +193,13 @@ def test_truncated() -> None:
 def test_truncated_header() -> None:
     data = Dictionary([1, 2], [2], VOCAB).to_bytes()
     with pytest.raises(TruncatedDictionaryError):
-        Dictionary.from_bytes(data[:20])
+        Dictionary.from_bytes(data[:8])
 
 
 def test_other_version() -> None:
     data = bytearray(Dictionary([1, 2], [2], VOCAB).to_bytes())
-    struct.pack_into("<H", data, 8, FORMAT_VERSION + 1)
-    with pytest.raises(UnsupportedDictionaryVersionError):
+    data[4] = FORMAT_VERSION + 1
+    with pytest.raises(UnsupportedDictionaryVersionError, match="1, 2"):
         Dictionary.from_bytes(bytes(data))
 
 
@@ -155,10 +209,10 @@ def test_trailing_bytes() -> None:
         Dictionary.from_bytes(data + b"\0")
 
 
-def test_digest_mismatch() -> None:
+def test_checksum_mismatch() -> None:
     data = bytearray(Dictionary([1, 2], [2], VOCAB).to_bytes())
-    data[-40] ^= 1  # a token byte
-    with pytest.raises(CorruptDictionaryError):
+    data[-6] ^= 1  # a token byte
+    with pytest.raises(CorruptDictionaryError, match="checksum"):
         Dictionary.from_bytes(bytes(data))
 
 
@@ -201,4 +255,4 @@ def test_wide_vocabularies_store_four_byte_tokens() -> None:
     dictionary = Dictionary([70_000, 1], [2], 100_000)
     again = Dictionary.from_bytes(dictionary.to_bytes())
     assert again.tokens.tolist() == [70_000, 1]
-    assert dictionary.size_bytes == 32 + 4 + 2 * 4 + 32
+    assert dictionary.size_bytes == 10 + 6 + 1 + 2 * 4 + 4  # framing, sections, CRC

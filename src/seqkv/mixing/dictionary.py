@@ -16,26 +16,37 @@ Size policy: at most ``max_tokens`` tokens. When the deduplicated sample holds m
 kept by how often later sample sessions repeated them (repeated tokens per segment token), ties
 to the earlier segment, and kept in sample order. Content seen once in the sample goes first.
 
-Format (version 1, little-endian), in one module so that reader and writer cannot drift::
+Format 2 (written since this version) frames four sections with ``seqkv.framing`` (4-byte magic
+``\\x89SKD``, version byte, section lengths, CRC-32); integers are minimal LEB128 varints::
 
-    magic b"SEQKVDIC" | version u16 | token width u16 (2 or 4 bytes) | vocab u32
-    | namespace length u32 | segment count u32 | token count u64
-    | namespace (UTF-8) | segment lengths (u32 each) | tokens (width bytes each)
-    | SHA-256 of everything before it (32 bytes)
+    header      vocabulary size varint, token width u8 (2 or 4 bytes: 2 when the vocabulary
+                fits), segment count varint, token count varint
+    namespace   UTF-8
+    lengths     one varint per segment, each >= 1
+    tokens      little-endian unsigned integers of the token width
 
-The digest is the dictionary's identity. The serialization is canonical (one byte string per
+The digest, the dictionary's identity, is the SHA-256 of its canonical content encoding, which is
+the serialization of format 1 (little-endian, without its last 32 bytes)::
+
+    magic b"SEQKVDIC" | version u16 = 1 | token width u16 | vocab u32 | namespace length u32
+    | segment count u32 | token count u64 | namespace | segment lengths (u32 each) | tokens
+
+so a dictionary keeps its digest across the two formats, and files of format 1 (that encoding
+followed by its SHA-256) still read. The content encoding is canonical (one byte string per
 content), so equal content means equal digests. The namespace is part of the content: a store
 builds one dictionary per namespace/tenant, and dictionaries of two tenants never share a digest
 even when their tokens agree.
 
 Invariants:
 1. A ``Dictionary`` never changes after construction; its token array is read-only (enforced).
-2. ``digest`` is the SHA-256 of the canonical serialization without its last 32 bytes
-   (enforced: ``to_bytes`` computes it, ``from_bytes`` recomputes and compares).
+2. ``digest`` is the SHA-256 of the content encoding (enforced: computed on construction, so
+   ``from_bytes`` of either format recomputes it from what it read).
 3. Every token is below ``vocab_size`` and the segment lengths sum to the token count
    (enforced on construction and on reading).
-4. ``from_bytes`` accepts exactly the bytes ``to_bytes`` writes and refuses anything else with a
-   specific ``DictionaryError`` (enforced; tested on truncations and bit flips).
+4. ``from_bytes`` accepts exactly the bytes ``to_bytes`` writes (and files of format 1) and
+   refuses anything else with a specific ``DictionaryError``: every field is checked against its
+   range and the sections' sizes before anything is allocated by it (enforced; tested on
+   truncations, bit flips and ``tests/test_fuzz_dictionary.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from typing import NewType
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.framing import FramingErrors, SectionReader, encode_varint, frame, unframe
 from seqkv.mixing.errors import (
     CorruptDictionaryError,
     DictionaryMismatchError,
@@ -61,11 +73,17 @@ from seqkv.mixing.errors import (
 
 DictionaryDigest = NewType("DictionaryDigest", str)  # 64 lowercase hex digits
 
-MAGIC = b"SEQKVDIC"
-FORMAT_VERSION = 1
+MAGIC = b"\x89SKD"
+LEGACY_MAGIC = b"SEQKVDIC"
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+_ERRORS = FramingErrors(NotADictionaryError, NotADictionaryError,
+                        UnsupportedDictionaryVersionError, TruncatedDictionaryError,
+                        CorruptDictionaryError)
+_WHAT = "the dictionary"
 _HEADER = struct.Struct("<8sHHIIIQ")
 _DIGEST_BYTES = 32
-_MAX_VOCAB = 1 << 32
+_MAX_VOCAB = (1 << 32) - 1  # the content encoding stores it in 32 bits
 
 
 @dataclass(frozen=True)
@@ -99,7 +117,7 @@ class Dictionary:
         lengths = tuple(int(length) for length in segment_lengths)
         if not 1 <= vocab_size <= _MAX_VOCAB:
             raise InvalidDictionaryInputError(
-                f"vocab_size must be in 1..2**32, not {vocab_size}")
+                f"vocab_size must be in 1..2**32 - 1, not {vocab_size}")
         if any(length < 1 for length in lengths) or sum(lengths) != array.shape[0]:
             raise InvalidDictionaryInputError(
                 f"segment lengths {lengths[:8]}... must be positive and sum to the "
@@ -114,8 +132,9 @@ class Dictionary:
         self._segment_lengths = lengths
         self._vocab_size = vocab_size
         self._namespace = namespace
-        self._bytes = _serialize(stored, lengths, vocab_size, namespace)
-        self._digest = DictionaryDigest(self._bytes[-_DIGEST_BYTES:].hex())
+        self._digest = DictionaryDigest(hashlib.sha256(
+            _content_encoding(stored, lengths, vocab_size, namespace)).hexdigest())
+        self._bytes = _file(stored, lengths, vocab_size, namespace)
 
     @property
     def tokens(self) -> npt.NDArray[np.uint32]:
@@ -136,12 +155,12 @@ class Dictionary:
 
     @property
     def digest(self) -> DictionaryDigest:
-        """SHA-256 of the canonical serialization: what files coded with it reference."""
+        """SHA-256 of the content encoding: what files coded with it reference."""
         return self._digest
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of the serialized dictionary (header, content and digest)."""
+        """Bytes of the dictionary's file (``to_bytes``)."""
         return len(self._bytes)
 
     def __len__(self) -> int:
@@ -152,82 +171,128 @@ class Dictionary:
                 f"namespace={self._namespace!r}, digest={self._digest[:12]}...)")
 
     def to_bytes(self) -> bytes:
-        """The canonical serialization (see the module docstring)."""
+        """The file of format 2 (see the module docstring)."""
         return self._bytes
 
     @classmethod
     def from_bytes(cls, data: bytes, expected: DictionaryDigest | None = None) -> Dictionary:
         """Read a serialized dictionary; with ``expected``, refuse any other dictionary."""
-        view = memoryview(data)
-        if len(view) < len(MAGIC) or bytes(view[: len(MAGIC)]) != MAGIC:
-            raise NotADictionaryError(
-                "these bytes are not a seqkv dictionary (wrong magic): pass the file written by "
-                "Dictionary.to_bytes")
-        if len(view) < _HEADER.size:
-            raise TruncatedDictionaryError(
-                f"the dictionary holds {len(view)} bytes, less than its {_HEADER.size}-byte "
-                "header: the file was cut short")
-        _, version, width, vocab, name_length, segments, count = _HEADER.unpack_from(view)
-        if version != FORMAT_VERSION:
-            raise UnsupportedDictionaryVersionError(
-                f"dictionary format version {version} is not supported (this seqkv reads "
-                f"version {FORMAT_VERSION}): rebuild the dictionary or upgrade seqkv")
-        if width != _token_width(vocab):
-            raise CorruptDictionaryError(
-                f"token width {width} does not fit vocabulary {vocab}: the header is damaged")
-        expected_size = _HEADER.size + name_length + 4 * segments + width * count + _DIGEST_BYTES
-        if len(view) < expected_size:
-            raise TruncatedDictionaryError(
-                f"the dictionary holds {len(view)} bytes, its header says {expected_size}: the "
-                "file was cut short")
-        if len(view) > expected_size:
-            raise CorruptDictionaryError(
-                f"the dictionary holds {len(view)} bytes, its header says {expected_size}: "
-                "trailing bytes or a damaged header")
-        body = view[: expected_size - _DIGEST_BYTES]
-        digest = hashlib.sha256(body).digest()
-        if digest != bytes(view[expected_size - _DIGEST_BYTES :]):
-            raise CorruptDictionaryError(
-                "the dictionary's SHA-256 does not match its content: it was damaged after "
-                "writing")
-        offset = _HEADER.size
+        if data[: len(LEGACY_MAGIC)] == LEGACY_MAGIC:
+            tokens, lengths, vocab, namespace = _read_format_1(memoryview(data))
+        else:
+            tokens, lengths, vocab, namespace = _read(data)
         try:
-            namespace = bytes(view[offset : offset + name_length]).decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise CorruptDictionaryError(f"the namespace is not UTF-8: {error}") from None
-        offset += name_length
-        lengths = np.frombuffer(view, dtype="<u4", count=segments, offset=offset)
-        offset += 4 * segments
-        tokens = np.frombuffer(view, dtype="<u2" if width == 2 else "<u4", count=count,
-                               offset=offset)
-        if expected is not None and digest.hex() != expected:
-            raise DictionaryMismatchError(
-                f"this dictionary's digest is {digest.hex()[:16]}..., the coded data needs "
-                f"{expected[:16]}...: load the dictionary the data was coded with")
-        try:
-            return cls(tokens, lengths.tolist(), vocab, namespace)
+            dictionary = cls(tokens, lengths, vocab, namespace)
         except InvalidDictionaryInputError as error:
             raise CorruptDictionaryError(
                 f"the dictionary's content is inconsistent: {error}") from None
+        if expected is not None and dictionary.digest != expected:
+            raise DictionaryMismatchError(
+                f"this dictionary's digest is {dictionary.digest[:16]}..., the coded data needs "
+                f"{expected[:16]}...: load the dictionary the data was coded with")
+        return dictionary
 
 
 def _token_width(vocab_size: int) -> int:
     return 2 if vocab_size <= 1 << 16 else 4
 
 
-def _serialize(tokens: npt.NDArray[np.uint32], lengths: tuple[int, ...], vocab_size: int,
-               namespace: str) -> bytes:
+def _token_dtype(width: int) -> str:
+    return "<u2" if width == 2 else "<u4"
+
+
+def _content_encoding(tokens: npt.NDArray[np.uint32], lengths: tuple[int, ...], vocab_size: int,
+                      namespace: str) -> bytes:
+    """The canonical encoding the digest is taken of (format 1 without its digest)."""
     name = namespace.encode("utf-8")
     width = _token_width(vocab_size)
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, width, vocab_size, len(name), len(lengths),
+    header = _HEADER.pack(LEGACY_MAGIC, 1, width, vocab_size, len(name), len(lengths),
                           tokens.shape[0])
-    body = b"".join([
+    return b"".join([
         header,
         name,
         np.asarray(lengths, dtype="<u4").tobytes(),
-        tokens.astype("<u2" if width == 2 else "<u4").tobytes(),
+        tokens.astype(_token_dtype(width)).tobytes(),
     ])
-    return body + hashlib.sha256(body).digest()
+
+
+def _file(tokens: npt.NDArray[np.uint32], lengths: tuple[int, ...], vocab_size: int,
+          namespace: str) -> bytes:
+    width = _token_width(vocab_size)
+    header = b"".join([encode_varint(vocab_size), bytes([width]), encode_varint(len(lengths)),
+                       encode_varint(tokens.shape[0])])
+    return frame(MAGIC, FORMAT_VERSION, [
+        header, namespace.encode("utf-8"), b"".join(encode_varint(n) for n in lengths),
+        tokens.astype(_token_dtype(width)).tobytes()])
+
+
+def _read(data: bytes) -> tuple[npt.NDArray[np.integer], list[int], int, str]:
+    _, sections = unframe(data, MAGIC, (FORMAT_VERSION,), _ERRORS, _WHAT, READABLE_VERSIONS)
+    if len(sections) != 4:
+        raise CorruptDictionaryError(f"the dictionary has {len(sections)} sections, not 4")
+    header = SectionReader(sections[0], "the dictionary's header", CorruptDictionaryError)
+    vocab = header.varint("vocabulary size", 1, _MAX_VOCAB)
+    width = header.u8("token width")
+    if width != _token_width(vocab):
+        raise CorruptDictionaryError(
+            f"token width {width} does not fit vocabulary {vocab}: the header is damaged")
+    segments = header.varint("segment count", 0, len(sections[2]))
+    count = header.varint("token count", segments, len(sections[3]) // width)
+    header.finish()
+    if width * count != len(sections[3]):
+        raise CorruptDictionaryError(f"the dictionary declares {count:,} tokens but holds "
+                                     f"{len(sections[3]):,} bytes of them")
+    try:
+        namespace = sections[1].decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CorruptDictionaryError(f"the namespace is not UTF-8: {error}") from None
+    reader = SectionReader(sections[2], "the dictionary's segment lengths",
+                           CorruptDictionaryError)
+    lengths = [reader.varint("segment length", 1, count) for _ in range(segments)]
+    reader.finish()
+    tokens = np.frombuffer(sections[3], dtype=_token_dtype(width))
+    return tokens, lengths, vocab, namespace
+
+
+def _read_format_1(view: memoryview) -> tuple[npt.NDArray[np.integer], list[int], int, str]:
+    """A file of format 1: the content encoding followed by its SHA-256."""
+    if len(view) < _HEADER.size:
+        raise TruncatedDictionaryError(
+            f"the dictionary holds {len(view)} bytes, less than its {_HEADER.size}-byte "
+            "header: the file was cut short")
+    _, version, width, vocab, name_length, segments, count = _HEADER.unpack_from(view)
+    if version != 1:
+        raise UnsupportedDictionaryVersionError(
+            f"dictionary format version {version} is not supported (this seqkv reads "
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}): rebuild the dictionary or "
+            "upgrade seqkv")
+    if width != _token_width(vocab):
+        raise CorruptDictionaryError(
+            f"token width {width} does not fit vocabulary {vocab}: the header is damaged")
+    expected_size = _HEADER.size + name_length + 4 * segments + width * count + _DIGEST_BYTES
+    if len(view) < expected_size:
+        raise TruncatedDictionaryError(
+            f"the dictionary holds {len(view)} bytes, its header says {expected_size}: the "
+            "file was cut short")
+    if len(view) > expected_size:
+        raise CorruptDictionaryError(
+            f"the dictionary holds {len(view)} bytes, its header says {expected_size}: "
+            "trailing bytes or a damaged header")
+    body = view[: expected_size - _DIGEST_BYTES]
+    if hashlib.sha256(body).digest() != bytes(view[expected_size - _DIGEST_BYTES :]):
+        raise CorruptDictionaryError(
+            "the dictionary's SHA-256 does not match its content: it was damaged after "
+            "writing")
+    offset = _HEADER.size
+    try:
+        namespace = bytes(view[offset : offset + name_length]).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CorruptDictionaryError(f"the namespace is not UTF-8: {error}") from None
+    offset += name_length
+    lengths = np.frombuffer(view, dtype="<u4", count=segments, offset=offset)
+    offset += 4 * segments
+    tokens = np.frombuffer(view, dtype=_token_dtype(width), count=count, offset=offset)
+    return tokens, lengths.tolist(), vocab, namespace
 
 
 def build_dictionary(sequences: Iterable[Sequence[int]], vocab_size: int, namespace: str = "",
