@@ -18,6 +18,7 @@ from seqkv.mixing.dictionary import (
     LEGACY_MAGIC,
     MAGIC,
     Dictionary,
+    DictionaryDigest,
     DictionaryPolicy,
     _content_encoding,
     build_dictionary,
@@ -80,7 +81,7 @@ def test_files_of_format_1_still_read_with_the_same_digest() -> None:
     dictionary = Dictionary([5, 6, 7, 8], [2, 2], 300, namespace="n")
     legacy = _format_1(dictionary)
     assert legacy[:8] == LEGACY_MAGIC and hashlib.sha256(legacy[:-32]).hexdigest() == GOLDEN_DIGEST
-    again = Dictionary.from_bytes(legacy, expected=GOLDEN_DIGEST)
+    again = Dictionary.from_bytes(legacy, expected=DictionaryDigest(GOLDEN_DIGEST))
     assert again.to_bytes() == dictionary.to_bytes()
 
 
