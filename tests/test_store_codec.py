@@ -59,10 +59,10 @@ def test_adapter_payload_is_the_file_without_its_header(tiny_model: CausalLM) ->
     container = decode_container(data)
     assert encoded.container_bytes == len(data)
     assert encoded.coded_bytes == len(container.token_code.data)
-    # one varint byte (2 * 40 tokens + 1 < 128) and the 8-byte digest: the rest of the file
-    # (framing, level, vocabulary, model and profile digests) is the codec's, kept once
-    assert len(encoded.payload) - encoded.coded_bytes == 1 + 8
-    assert encoded.container_bytes - len(encoded.payload) >= 8 + 8 + 8
+    # one varint byte (2 * 40 tokens + 1 < 128) and the tokens and KV digests: the rest of the
+    # file (framing, level, vocabulary, model and profile digests) is the codec's, kept once
+    assert len(encoded.payload) - encoded.coded_bytes == 1 + 8 + 8
+    assert encoded.container_bytes - len(encoded.payload) >= 8 + 8
 
 
 def test_adapter_refuses_a_payload_against_another_prefix(tiny_model: CausalLM) -> None:

@@ -87,12 +87,16 @@ def code_within_table_cost(code_bits: int, table_cost_bits: float) -> Bound:
 
 
 def code_within_reference_cross_entropy(code_bits: int, reference_bits: float, tokens: int,
-                                        vocab_size: int) -> Bound:
+                                        vocab_size: int, relative: float = 0.0) -> Bound:
+    """``relative``: a fraction of the reference allowed on top, for a level coding under
+    another predictor of the same model (the integer predictor: ``seqkv.levels.portable``)."""
     eps = quantization_loss_bits(vocab_size)
-    bound = reference_bits + FLUSH_BITS + tokens * (eps + REFERENCE_ALLOWANCE_BITS)
+    bound = (reference_bits * (1 + relative) + FLUSH_BITS
+             + tokens * (eps + REFERENCE_ALLOWANCE_BITS))
+    share = f" + {relative:.0%} of it" if relative else ""
     return Bound("code_within_reference_cross_entropy",
                  "token code <= the model's cross-entropy on the same tokens, recomputed by "
-                 "one prefill per segment, + 2 + n (eps_q + delta)",
+                 f"one prefill per segment{share}, + 2 + n (eps_q + delta)",
                  bound, float(code_bits), code_bits <= bound,
                  f"reference {reference_bits:,.3f} bits over {tokens} tokens "
                  f"({reference_bits / tokens:.4f} bits/token); eps_q = {eps:.3g}, delta = "

@@ -186,7 +186,7 @@ class DecompressStats:
     decode_seconds: float
     max_abs_residual: float  # max |decoded KV - recomputed KV|
     tokens_verified: bool
-    kv_verified: bool
+    kv_verified: bool  # the KV matched the file's digest (False: it could not be checked here)
     tolerance: float | None  # the encoder's promise, as the file states it
     # Model forwards the decode ran; files decoded together share theirs (each reports the total).
     forwards: int = 0
@@ -204,6 +204,10 @@ class DecompressResult:
     header: Header
     stats: DecompressStats
     trace: CodingTrace
+    # The KV is bit for bit the encoder's (verified against the file's digest). False only at a
+    # portable level decoded under another execution profile: the tokens are exact and
+    # verified, the KV is this machine's recomputation with the stored residual applied.
+    kv_exact: bool
 
 
 def kv_digest(kv: torch.Tensor) -> Digest:
@@ -339,7 +343,8 @@ def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[
         reference = reference_surprisal(model, segments, context,
                                         prefix.tokens if prefix is not None else ())
         bounds.append(code_within_reference_cross_entropy(
-            code_bits, float(reference.sum()), len(tail), model.vocab_size))
+            code_bits, float(reference.sum()), len(tail), model.vocab_size,
+            level.spec.reference_allowance))
     elif level.spec.reference == "uniform":
         bounds.append(code_within_uniform(code_bits, len(tail), model.vocab_size))
     if residual is not None and max_error is not None:
@@ -361,11 +366,16 @@ def level_of(header: Header) -> CodingLevel:
 
 
 def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch: bool,
-                    descriptions: Descriptions | None = None) -> None:
-    """Raise unless ``model`` on this machine can reproduce the file's probabilities and KV.
+                    descriptions: Descriptions | None = None,
+                    require_exact_kv: bool = False) -> bool:
+    """Raise unless ``model`` on this machine can decode the file; return whether its KV can be
+    reproduced (and so verified) here.
 
     A format-3 file names its model and execution profile by digest; when ``descriptions``
-    holds the file's profile, a mismatch is explained field by field, else by digest.
+    holds the file's profile, a mismatch is explained field by field, else by digest. At a
+    portable level (tokens coded without float probabilities) another profile is no refusal:
+    the tokens decode and verify anywhere, and the KV is reported inexact, unless
+    ``require_exact_kv``.
     """
     level = level_of(header)
     if header.legacy is not None:
@@ -383,22 +393,26 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
             f"{model.identity.weights_sha256[:12]}, digest "
             f"{model_digest(model.identity).hex()}): decode it with the model that coded it"
         )
-    portable = "" if level.spec.model_coded else (
-        "; its tokens are portable: seqkv.decompress_tokens (CLI: --tokens-only) decodes them "
-        "on any machine")
     here = execution_profile(model, level.spec.schedule)
     if header.legacy is not None:
         # Files of formats 1 and 2 predate the CPU model and row block: compare the rest.
         recorded: ExecutionProfile | None = replace(header.legacy.profile,
                                                     cpu_model=here.cpu_model,
                                                     row_block=here.row_block)
+        if recorded == here:
+            return True
     elif profile_digest(here) == header.profile_digest:
-        return
+        return True
     else:
         recorded = descriptions.profile(header.profile_digest) if descriptions else None
+    if level.spec.portable and not require_exact_kv:
+        return False
+    portable = "" if not level.spec.portable else (
+        "; its tokens are portable: decode without require_exact_kv (CLI: without "
+        "--require-exact-kv) for the tokens and a recomputed KV")
     if recorded is None:
         if allow_environment_mismatch:
-            return
+            return True
         where = f" in {descriptions.root}" if descriptions is not None else ""
         raise EnvironmentMismatchError(
             f"the file was coded under another execution profile (digest "
@@ -420,6 +434,7 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
             "--allow-environment-mismatch) to try anyway: the checksums still catch any error"
             + portable
         )
+    return True
 
 
 def _resolve_prefix(header: Header, prefixes: PrefixSource | None,
@@ -454,6 +469,7 @@ class _Pending:
     started: float
     context: int | None  # the start token the first token was coded after
     vocab_size: int
+    kv_checkable: bool = True  # this machine reproduces the encoder's KV (its profile)
     output: DecodeOutput | None = None
 
     def request(self, with_kv: bool, progress: bool = False) -> DecodeRequest:
@@ -510,11 +526,14 @@ def _check_sizes(header: Header, model: CausalLM | None, vocab: int,
             "work than a model-free decode allows; pass the model, whose context bounds it")
 
 
-def _begin(model: CausalLM, data: bytes, allow_environment_mismatch: bool,
-           prefixes: PrefixSource | None, descriptions: Descriptions | None) -> _Pending:
-    container = decode_container(data)
-    check_decodable(model, container.header, allow_environment_mismatch, descriptions)
-    return _pending(container, model, _resolve_prefix(container.header, prefixes))
+def _begin(model: CausalLM, container: Container, allow_environment_mismatch: bool,
+           prefixes: PrefixSource | None, descriptions: Descriptions | None,
+           require_exact_kv: bool) -> _Pending:
+    checkable = check_decodable(model, container.header, allow_environment_mismatch,
+                                descriptions, require_exact_kv)
+    pending = _pending(container, model, _resolve_prefix(container.header, prefixes))
+    pending.kv_checkable = checkable
+    return pending
 
 
 def _decode(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
@@ -531,19 +550,21 @@ def _decode(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
             pending.output = output
 
 
-SessionCheck = Callable[[Header, Sequence[int], torch.Tensor], None]
-"""Verifies a decoded session (all its tokens, its rebuilt KV) against what its container holds;
-raises ``DecodeVerificationError`` on a mismatch."""
+SessionCheck = Callable[[Header, Sequence[int], torch.Tensor, bool], None]
+"""Verifies a decoded session (all its tokens; its rebuilt KV when the last argument says this
+machine can reproduce it) against what its container holds; raises ``DecodeVerificationError``
+on a mismatch."""
 
 
-def check_header_digests(header: Header, tokens: Sequence[int], kv: torch.Tensor) -> None:
+def check_header_digests(header: Header, tokens: Sequence[int], kv: torch.Tensor,
+                         kv_checkable: bool) -> None:
     """The file's own check: its tokens and KV digests."""
     if tokens_digest(tokens) != header.tokens_digest:
         raise DecodeVerificationError(
             "the decoded tokens do not match the file's checksum: this machine did not "
             "reproduce the encoder's probabilities bit for bit"
         )
-    if kv_digest(kv) != header.kv_digest:
+    if kv_checkable and kv_digest(kv) != header.kv_digest:
         raise DecodeVerificationError(
             "the rebuilt KV cache does not match the file's checksum: the recomputation on this "
             "machine differs from the encoder's"
@@ -569,8 +590,8 @@ def _finish(model: CausalLM, pending: _Pending,
     residual_code = pending.container.residual
     kv = recomputed if residual_code is None else decode_residual(
         residual_code.with_shape(tuple(recomputed.shape)), recomputed)
-    check(header, tokens, kv)
-    tokens_verified = kv_verified = True
+    check(header, tokens, kv, pending.kv_checkable)
+    tokens_verified, kv_verified = True, pending.kv_checkable
     stats = DecompressStats(
         tokens=header.count,
         decode_seconds=time.perf_counter() - pending.started,
@@ -581,7 +602,8 @@ def _finish(model: CausalLM, pending: _Pending,
         forwards=output.forwards,
     )
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
-    return DecompressResult(tokens, cache, kv, header, stats, _trace(output.trace))
+    return DecompressResult(tokens, cache, kv, header, stats, _trace(output.trace),
+                            pending.kv_checkable)
 
 
 def decompress(
@@ -591,14 +613,18 @@ def decompress(
     progress: bool = False,
     prefixes: PrefixSource | None = None,
     descriptions: Descriptions | None = None,
+    require_exact_kv: bool = False,
 ) -> DecompressResult:
     """Decode .skv bytes into the exact tokens and KV cache, or raise.
 
     A file coded after a shared prefix needs ``prefixes``, the trie that holds that prefix.
     ``descriptions`` (a ``seqkv.descriptions.Descriptions`` registry) lets a refusal say which
-    fields of the execution profile differ.
+    fields of the execution profile differ. A file of a portable level decodes on any machine;
+    under another execution profile its KV is recomputed and reported with ``kv_exact`` False,
+    or refused with ``require_exact_kv``.
     """
-    pending = _begin(model, data, allow_environment_mismatch, prefixes, descriptions)
+    pending = _begin(model, decode_container(data), allow_environment_mismatch, prefixes,
+                     descriptions, require_exact_kv)
     _decode(model, [pending], with_kv=True, progress=progress)
     return _finish(model, pending)
 
@@ -629,14 +655,12 @@ def decode_containers(
     prefixes: PrefixSource | None = None,
     descriptions: Descriptions | None = None,
     check: SessionCheck = check_header_digests,
+    require_exact_kv: bool = False,
 ) -> list[DecompressResult]:
     """``decompress_batch`` of parsed containers, e.g. rebuilt from a store's records, which may
-    bring their own ``check`` of what was decoded (a store keeps one digest per span)."""
-    pendings = []
-    for container in containers:
-        check_decodable(model, container.header, allow_environment_mismatch, descriptions)
-        prefix = _resolve_prefix(container.header, prefixes)
-        pendings.append(_pending(container, model, prefix))
+    bring their own ``check`` of what was decoded (a store keeps its own digests per span)."""
+    pendings = [_begin(model, container, allow_environment_mismatch, prefixes, descriptions,
+                       require_exact_kv) for container in containers]
     _decode(model, pendings, with_kv=True)
     return [_finish(model, pending, check) for pending in pendings]
 

@@ -43,9 +43,14 @@ CODING_THREADS = 1
 ROW_THREADS = 1
 
 
+# NOTE: one prefill is a few large matrix products: 2 threads, the fixed count every machine
+# runs it on (a thread count is part of the bits of a float reduction).
+PREFILL_THREADS = 2
+
+
 def schedule_threads(schedule: Schedule) -> int:
     """The intra-op thread count a schedule's forwards run under."""
-    return ROW_THREADS if schedule == "rows" else CODING_THREADS
+    return {"rows": ROW_THREADS, "prefill": PREFILL_THREADS}.get(schedule, CODING_THREADS)
 
 
 def cpu_model() -> str:

@@ -20,9 +20,10 @@ from typing import Literal, NewType
 Sha256Hex = NewType("Sha256Hex", str)
 """64 lowercase hexadecimal digits: a SHA-256 digest."""
 
-Schedule = Literal["token-by-token", "rows"]
-"""How a model-coded level computes its probabilities: transformers' forward one token at a
-time, or seqkv's row-invariant forward (``seqkv.models.rows``)."""
+Schedule = Literal["token-by-token", "rows", "prefill"]
+"""How a level computes the floats it depends on: transformers' forward one token at a time,
+seqkv's row-invariant forward (``seqkv.models.rows``), or one float prefill (the KV of levels
+whose tokens are coded without float probabilities)."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ level          tokens coded under                              decoding
 ``ngram``      an adaptive count model, integer arithmetic     no model forward per token; one
                (``levels/ngram.py``)                           chunked forward for the KV
 ``plain``      the uniform distribution (``levels/plain.py``)  as ``ngram``
+``portable``   the model evaluated in integer arithmetic:      one integer forward per token or
+               the same tables on every machine                fewer (drafts), sessions batched,
+               (``levels/portable.py``); ``portable:N`` runs   any machine; one float prefill for
+               the first N layers only                         the KV (exact on the same profile)
 =============  ==============================================  ====================================
 
 A level implements ``CodingLevel`` (``levels/base.py``): ``spec`` (name, whether decoding needs
@@ -43,6 +47,7 @@ from seqkv.levels.base import (
 )
 from seqkv.levels.ngram import NgramLevel
 from seqkv.levels.plain import PlainLevel
+from seqkv.levels.portable import PortableLevel
 from seqkv.levels.rows import RowsLevel
 from seqkv.levels.segments import SegmentsLevel
 from seqkv.levels.tokens import TokensLevel
@@ -58,6 +63,10 @@ def _no_count(make: Callable[[], CodingLevel], name: str) -> LevelFactory:
     return factory
 
 
+def _portable(count: int | None) -> CodingLevel:
+    return PortableLevel(count)
+
+
 def _segments(count: int | None) -> CodingLevel:
     if count is None:
         raise InvalidLevelError("write the segments level as segments:N with N >= 2")
@@ -71,12 +80,14 @@ LEVELS: Mapping[str, LevelFactory] = MappingProxyType({
     "segments": _segments,
     "ngram": _no_count(NgramLevel, "ngram"),
     "plain": _no_count(PlainLevel, "plain"),
+    "portable": _portable,
 })
 DEFAULT_LEVEL = "tokens"
 
 
 def parse_level(text: str) -> CodingLevel:
-    """``tokens``, ``rows``, ``segments:N``, ``ngram`` or ``plain`` (see ``LEVELS``)."""
+    """``tokens``, ``rows``, ``segments:N``, ``ngram``, ``plain``, ``portable`` or
+    ``portable:N`` (see ``LEVELS``)."""
     name, colon, count = text.partition(":")
     factory = LEVELS.get(name)
     if factory is None:
@@ -103,6 +114,7 @@ __all__ = [
     "LevelSpec",
     "NgramLevel",
     "PlainLevel",
+    "PortableLevel",
     "RowsLevel",
     "SegmentsLevel",
     "TokensLevel",

@@ -55,9 +55,15 @@ class LevelSpec:
     # (``seqkv.bounds``): the model's cross-entropy recomputed by one prefill per segment, the
     # uniform code, or nothing independent (an adaptive integer model a recount would only rerun).
     reference: Literal["model", "uniform", "none"] = "model"
+    # A fraction of the reference the code may exceed it by, beyond the per-token allowance:
+    # 0 where the level codes under the model's own float probabilities.
+    reference_allowance: float = 0.0
     # Levels with the same batch group decode each other's files together in shared forwards
     # (any of them takes the whole group's requests); None: files decode one by one.
     batch_group: str | None = None
+    # The tokens decode on any machine (no float probabilities involved); only the KV depends
+    # on the execution profile, and is reported inexact elsewhere instead of refused.
+    portable: bool = False
 
 
 @dataclass

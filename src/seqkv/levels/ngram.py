@@ -21,7 +21,7 @@ class NgramLevel(ModelFreeLevel):
     def spec(self) -> LevelSpec:
         return LevelSpec("ngram", model_coded=False, schedule="rows",
                          decoding="no model forward per token; one chunked forward for the KV",
-                         reference="none")
+                         portable=True, reference="none")
 
     def tables(self, vocab_size: int, prefix_tokens: Sequence[int],
                tokens: Sequence[int]) -> Iterator[Distribution]:

@@ -20,7 +20,7 @@ class PlainLevel(ModelFreeLevel):
     def spec(self) -> LevelSpec:
         return LevelSpec("plain", model_coded=False, schedule="rows",
                          decoding="no model forward per token; one chunked forward for the KV",
-                         reference="uniform")
+                         portable=True, reference="uniform")
 
     def tables(self, vocab_size: int, prefix_tokens: Sequence[int],
                tokens: Sequence[int]) -> Iterator[Distribution]:

@@ -76,6 +76,9 @@ class DecodedSpan:
 
     tokens: list[int]
     kv: torch.Tensor | None  # [layers, 2, kv_heads, prefix + tokens, head_dim]; None: no KV
+    # The KV is the encoder's, verified (False: a portable level decoded under another execution
+    # profile; the tokens are verified, the KV is this worker's recomputation).
+    kv_exact: bool = True
 
 
 @runtime_checkable

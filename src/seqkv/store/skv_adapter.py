@@ -7,12 +7,14 @@ tokens and KV digests together. The rest of the file (model and profile digests,
 vocabulary, segment lengths, the prefix reference) is the same for every span of the codec
 (stored once, as the codec's identity) or derivable from the chain. To decode, the adapter
 rebuilds each span's container and decodes them all together with ``seqkv.decode_containers``
-(sessions at the ``rows`` and ``segments`` levels share forwards), checking the one digest.
+(sessions at the ``rows``, ``segments`` and ``portable`` levels share forwards), checking the
+chain's digests: the tokens always, the KV wherever this worker's execution profile can
+reproduce it (elsewhere a portable level's KV is returned recomputed, ``kv_exact`` False).
 
 Payload layout (varints as in ``seqkv.store.record``)::
 
     head       varint   2 * tokens coded + 1 if a residual section follows
-    digest     8 bytes  SHA-256(tokens digest || KV digest)[:8], of the whole chain
+    digests    16 bytes the 8-byte digests of the whole chain's tokens and of its KV
     [residual] varint length, then the section as a ``.skv`` file holds it
     code       bytes    the token code (its bit length is not kept: the decoder reads zeros past
                         a stream's end and the last byte's padding is zeros, so decoding
@@ -52,7 +54,7 @@ from seqkv.container import (
     encode_residual_section,
     split_lengths,
 )
-from seqkv.digests import DIGEST_BYTES, Digest, digest, model_digest, profile_digest
+from seqkv.digests import DIGEST_BYTES, Digest, model_digest, profile_digest
 from seqkv.errors import CorruptFileError, DecodeVerificationError, SeqKVError
 from seqkv.levels import CodingLevel, parse_level
 from seqkv.levels.base import Distribution
@@ -64,12 +66,6 @@ from seqkv.store.errors import CorruptRecordError, StoreVerificationError
 from seqkv.store.record import read_varint, write_varint
 from seqkv.trie.keys import DEFAULT_NAMESPACE, PrefixHash, prefix_hash
 from seqkv.trie.radix import ResolvedPrefix
-
-
-def chain_digest(tokens: Sequence[int], kv: torch.Tensor | None) -> Digest:
-    """One digest of a whole chain's tokens and (when kept) KV."""
-    kv_part = kv_digest(kv) if kv is not None else b""
-    return digest(tokens_digest(tokens) + kv_part)
 
 
 def _resolved(prefix: PrefixState | None) -> ResolvedPrefix | None:
@@ -136,7 +132,7 @@ class SkvCodec:
         out = bytearray()
         write_varint(out, 2 * container.header.count + (1 if residual else 0))
         rebuilt = result.kv
-        out += chain_digest(token_list, rebuilt)
+        out += container.header.tokens_digest + container.header.kv_digest
         if residual:
             write_varint(out, len(residual))
             out += residual
@@ -146,13 +142,13 @@ class SkvCodec:
         return EncodedSpan(bytes(out), container.header.count, coded, len(result.data),
                            rebuilt if self._report_kv else None, exact)
 
-    def _container(self, payload: bytes, prefix: ResolvedPrefix | None) -> tuple[Container,
-                                                                                  bytes]:
+    def _container(self, payload: bytes, prefix: ResolvedPrefix | None) -> Container:
         try:
             head, position = read_varint(payload, 0)
             count, has_residual = divmod(head, 2)
-            digest_bytes = payload[position : position + DIGEST_BYTES]
-            position += DIGEST_BYTES
+            tokens_part = Digest(payload[position : position + DIGEST_BYTES])
+            kv_part = Digest(payload[position + DIGEST_BYTES : position + 2 * DIGEST_BYTES])
+            position += 2 * DIGEST_BYTES
             residual = None
             if has_residual:
                 length, position = read_varint(payload, position)
@@ -164,37 +160,28 @@ class SkvCodec:
             code = BitStream(data, 8 * len(data))
         except (ValueError, IndexError, CorruptFileError) as error:
             raise CorruptRecordError(f"a span payload is malformed: {error}") from error
-        if count < 1 or len(digest_bytes) != DIGEST_BYTES:
+        if count < 1 or len(kv_part) != DIGEST_BYTES:
             raise CorruptRecordError("a span payload's lengths do not add up")
         spec = self._level.spec
         parameter = self._level.spec.name.partition(":")[2]
         segments = tuple(split_lengths(count, int(parameter))) if parameter else (count,)
-        placeholder = Digest(bytes(DIGEST_BYTES))  # the store checks ``digest_bytes`` instead
         header = Header(
             format_version=FORMAT_VERSION, level=spec.name, count=count, segments=segments,
             vocab_size=None if spec.model_coded else self._model.vocab_size,
             model_digest=model_digest(self._model.identity),
             profile_digest=profile_digest(self._profile),
-            tokens_digest=placeholder, kv_digest=placeholder,
+            tokens_digest=tokens_part, kv_digest=kv_part,
             prefix=None if prefix is None or prefix.kv is None else PrefixRef(
                 str(prefix.prefix_hash), len(prefix.tokens), kv_digest(prefix.kv)))
-        return Container(header, code, residual), digest_bytes
+        return Container(header, code, residual)
 
     def decode_many(self, items: Sequence[tuple[bytes, PrefixState | None]]
                     ) -> list[DecodedSpan]:
         prefixes = [_resolved(prefix) for _, prefix in items]
-        parsed = [self._container(payload, prefix)
-                  for (payload, _), prefix in zip(items, prefixes, strict=True)]
-        containers = [container for container, _ in parsed]
-        wanted = {id(container.header): digest for container, digest in parsed}
-
-        def check(header: Header, tokens: Sequence[int], kv: torch.Tensor) -> None:
-            if chain_digest(tokens, kv) != wanted[id(header)]:
-                raise DecodeVerificationError("a decoded span does not match its digest")
-
+        containers = [self._container(payload, prefix)
+                      for (payload, _), prefix in zip(items, prefixes, strict=True)]
         try:
-            decoded = decode_containers(self._model, containers, prefixes=_Prefixes(prefixes),
-                                        check=check)
+            decoded = decode_containers(self._model, containers, prefixes=_Prefixes(prefixes))
         except DecodeVerificationError as error:
             raise StoreVerificationError(
                 f"{error}: this worker did not reproduce the encoder's probabilities and KV bit "
@@ -206,7 +193,7 @@ class SkvCodec:
         results = []
         for (_, prefix), result in zip(items, decoded, strict=True):
             skip = len(prefix.tokens) if prefix is not None else 0
-            results.append(DecodedSpan(result.tokens[skip:], result.kv))
+            results.append(DecodedSpan(result.tokens[skip:], result.kv, result.kv_exact))
         return results
 
 
@@ -283,4 +270,4 @@ class PortableTokenCodec:
         return results
 
 
-__all__ = ["PortableTokenCodec", "SkvCodec", "chain_digest"]
+__all__ = ["PortableTokenCodec", "SkvCodec"]

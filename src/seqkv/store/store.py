@@ -273,7 +273,8 @@ class SessionStore:
                     parent = None if record.parent is None else states[record.parent]
                     state = ChainState(
                         (prefix.tokens if prefix else ()) + tuple(result.tokens), result.kv,
-                        record.kv_exact and (parent is None or parent.kv_exact),
+                        record.kv_exact and result.kv_exact
+                        and (parent is None or parent.kv_exact),
                         (parent.spans_until(record.start) if parent else ())
                         + ((span, record.start),))
                     states[span] = state

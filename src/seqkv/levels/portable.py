@@ -1,0 +1,264 @@
+"""The ``portable`` level: tokens coded under the integer predictor, decodable on any machine.
+
+The model's float probabilities depend on the computation schedule, the batch shape, the thread
+count, the CPU's kernels and the device, so a float-coded file decodes only where it was coded.
+``seqkv.models.integer`` evaluates the same model with integer arithmetic for every reduction:
+its logits, and the tables built from them (``integer_tables``), are the same bits for a full
+prefill, token-by-token steps, any chunking, any batch and any machine. Coding under them buys:
+
+* encoding at prefill speed: one batched integer forward over the whole text;
+* decoding that batches any mix of sessions, with exact speculation: the spare rows of each
+  forward check drafted tokens (prompt lookup over the decoded text), and a drafted row is the
+  encoder's row whenever the drafts before it were right;
+* tokens that decode on any machine with the same weights, tokenizer and predictor version.
+
+The KV is restored by one float prefill of the decoded tokens (continuing the shared prefix's
+stored KV when there is one), with the caller's residual applied. It is bit-exact on the
+encoder's execution profile (the ``prefill`` schedule); elsewhere the decoder returns the
+recomputed KV with ``kv_exact = False`` (``seqkv.codec``).
+
+``portable:N`` runs only the first N layers (then the final norm and head): fewer bits of
+compute per token, more bits per token.
+
+Invariants:
+1. Encoder and decoder see the same integer rows (enforced by the integer forward's
+   construction; tested across chunkings, batches and threads in tests/test_integer_*.py).
+2. A stream decodes a drafted row only after every draft before it was confirmed (enforced).
+3. The first token is coded after the start token (or after the prefix), as at every level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from seqkv.coding.arithmetic import ArithmeticDecoder
+from seqkv.coding.frequencies import uniform_distribution
+from seqkv.errors import InvalidLevelError
+from seqkv.kvcache import cache_from_tensor
+from seqkv.levels.base import (
+    DecodeOutput,
+    DecodeRequest,
+    Distribution,
+    EncodeOutput,
+    EncodeRequest,
+    LevelSpec,
+    TraceColumns,
+)
+from seqkv.levels.drafts import PromptLookup
+from seqkv.models.adapter import CausalLM
+from seqkv.models.integer.forward import IntegerForward, IntSequence
+from seqkv.models.integer.table import integer_table, integer_tables
+from seqkv.models.integer.weights import IntegerWeights, integer_weights
+from seqkv.schedule import pinned_threads, schedule_threads
+from seqkv.trie.radix import ResolvedPrefix
+
+# NOTE: rows per encoder forward, and rows per batch of tables: the tables of 64 rows hold
+# 64 x 49,153 int64 counts (25 MB); a forward of 256 rows runs near prefill speed.
+ENCODE_CHUNK_ROWS = 256
+TABLE_ROWS = 64
+# NOTE: a lone stream drafts up to this many tokens per forward: the integer forward has no
+# padding to fill, so each draft costs its row; prompt lookup's hits come in runs of a few.
+MAX_DRAFT = 7
+BATCH_GROUP = "integer-forward"
+# NOTE: the integer forward's rows are the same on any thread count; on this 2-core machine one
+# thread ran a one-row step in 67 ms and two in 310-2,800 ms while another process kept the
+# second core busy (torch._int_mm's OpenMP workers wait on each other), so it runs on one.
+INTEGER_THREADS = 1
+MAX_LAYERS = 1024  # a bound on what a file may ask for; the model's own count is checked too
+
+
+class IntegerPredictors:
+    """The integer predictors of one model, by layer count, sharing one set of weights."""
+
+    def __init__(self, model: CausalLM) -> None:
+        self._model = model
+        self._weights: IntegerWeights | None = None
+        self._forwards: dict[int | None, IntegerForward] = {}
+
+    def get(self, layers: int | None) -> IntegerForward:
+        engine = self._forwards.get(layers)
+        if engine is None:
+            if self._weights is None:
+                self._weights = integer_weights(self._model)
+            engine = IntegerForward(self._weights, layers=layers)
+            self._forwards[layers] = engine
+        return engine
+
+
+def integer_predictor(model: CausalLM, layers: int | None = None) -> IntegerForward:
+    """The model's integer predictor (the first ``layers`` layers), built once per model."""
+    if layers is not None and layers > model.num_layers:
+        raise InvalidLevelError(f"portable:{layers} asks for more layers than the model's "
+                                f"{model.num_layers}")
+    return model.derived(IntegerPredictors, IntegerPredictors).get(layers)
+
+
+def prefill_kv(model: CausalLM, tail: Sequence[int],
+               prefix: ResolvedPrefix | None) -> torch.Tensor:
+    """The KV ``[layers, 2, kv_heads, prefix + tail, head_dim]`` of one float prefill of the
+    tail, continuing the prefix's stored KV: the ``prefill`` schedule."""
+    with pinned_threads(schedule_threads("prefill")), torch.inference_mode():
+        ids = torch.tensor([list(tail)], dtype=torch.long, device=model.device)  # [1, T]
+        cache = (None if prefix is None or prefix.kv is None
+                 else cache_from_tensor(prefix.kv.to(model.device, model.dtype)))
+        if cache is None:
+            return model.kv_tensor(model.prefill(list(tail)))
+        model.model(input_ids=ids, cache=cache, use_cache=True)
+        return model.kv_tensor(cache)
+
+
+def _start(engine: IntegerForward, context: int | None,
+           prefix: ResolvedPrefix | None) -> tuple[IntSequence, Distribution]:
+    """A sequence holding the prefix (integer KV recomputed from its tokens) and the
+    distribution of the first coded token."""
+    sequence = engine.new_sequence()
+    if prefix is not None:
+        tokens = list(prefix.tokens)
+        last: npt.NDArray[np.int64] | None = None
+        for start in range(0, len(tokens), ENCODE_CHUNK_ROWS):
+            last = engine.forward([(sequence, tokens[start : start + ENCODE_CHUNK_ROWS])])[0][-1]
+        assert last is not None
+        return sequence, integer_table(last)
+    if context is None:
+        return sequence, uniform_distribution(engine.vocab_size)
+    return sequence, integer_table(engine.start_row(context))
+
+
+@dataclass(frozen=True)
+class PortableLevel:
+    """The integer predictor's level (``portable``), or its first ``layers`` layers."""
+
+    layers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.layers is not None and not 1 <= self.layers <= MAX_LAYERS:
+            raise InvalidLevelError(f"portable:N takes 1 to {MAX_LAYERS} layers, not "
+                                    f"{self.layers}")
+
+    @property
+    def spec(self) -> LevelSpec:
+        name = "portable" if self.layers is None else f"portable:{self.layers}"
+        return LevelSpec(
+            name, model_coded=True, schedule="prefill",
+            decoding="one integer forward per token or fewer (drafts), sessions batched, on "
+                     "any machine; one float prefill for the KV",
+            reference="model" if self.layers is None else "none",
+            batch_group=BATCH_GROUP, portable=True,
+            reference_allowance=PORTABLE_ALLOWANCE)
+
+    def encode(self, request: EncodeRequest) -> EncodeOutput:
+        with pinned_threads(INTEGER_THREADS):
+            trace, forwards = self._code(request)
+        kv = prefill_kv(request.model, request.tail, request.prefix)
+        return EncodeOutput(trace, kv, [len(request.tail)], forwards)
+
+    def _code(self, request: EncodeRequest) -> tuple[TraceColumns, int]:
+        engine = integer_predictor(request.model, self.layers)
+        tail = request.tail
+        sequence, first = _start(engine, request.context, request.prefix)
+        trace = TraceColumns()
+        table, log2p = first
+        position = 0
+        forwards = 1 if request.prefix is not None or request.context is not None else 0
+        for start in range(0, len(tail), ENCODE_CHUNK_ROWS):
+            chunk = tail[start : start + ENCODE_CHUNK_ROWS]
+            rows = engine.forward([(sequence, chunk)])[0]  # [len(chunk), V] int64
+            forwards += 1
+            for offset in range(0, len(chunk), TABLE_ROWS):
+                tables, log2ps = integer_tables(rows[offset : offset + TABLE_ROWS])
+                for row in range(tables.shape[0]):
+                    token = tail[position]
+                    request.encoder.encode(table, token)
+                    trace.record(log2p, table, token)
+                    table, log2p = tables[row], log2ps[row]
+                    position += 1
+        return trace, forwards
+
+    def decode(self, model: CausalLM | None,
+               requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
+        assert model is not None, "the portable level needs the model's weights"
+        engine = integer_predictor(model, self.layers)
+        with pinned_threads(INTEGER_THREADS):
+            streams = [_Stream.start(engine, request) for request in requests]
+            forwards = decode_streams(engine, streams)
+        outputs = []
+        for request, stream in zip(requests, streams, strict=True):
+            kv = prefill_kv(model, stream.tokens, request.prefix) if request.with_kv else None
+            outputs.append(DecodeOutput(stream.tokens, stream.trace, kv, forwards))
+        return outputs
+
+
+# NOTE: the integer predictor's code is measured at most 1% above the float model's
+# cross-entropy on the shipped texts (tests/test_integer_*.py, benchmarks/integer_predictor.py);
+# every run checks it within 3%, a margin of 3x.
+PORTABLE_ALLOWANCE = 0.03
+
+
+@dataclass
+class _Stream:
+    """One file being decoded: its sequence, decoded tokens, next distribution."""
+
+    sequence: IntSequence
+    decoder: ArithmeticDecoder
+    length: int
+    context: list[int]  # what the drafts may copy from: the prefix, then the decoded tokens
+    distribution: Distribution
+    tokens: list[int] = field(default_factory=list)
+    trace: TraceColumns = field(default_factory=TraceColumns)
+
+    @classmethod
+    def start(cls, engine: IntegerForward, request: DecodeRequest) -> _Stream:
+        sequence, first = _start(engine, request.context, request.prefix)
+        prefix = list(request.prefix.tokens) if request.prefix is not None else []
+        return cls(sequence, request.decoder, request.count, prefix, first)
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) >= self.length
+
+    def take(self, distribution: Distribution) -> int:
+        table, log2p = distribution
+        token = self.decoder.decode(table)
+        self.tokens.append(token)
+        self.context.append(token)
+        self.trace.record(log2p, table, token)
+        return token
+
+
+def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
+                   drafts: PromptLookup | None = None) -> int:
+    """Decode every stream, one shared integer forward per round; return the forwards run.
+
+    Each round forwards every unfinished stream's last token and its drafted continuation; row
+    ``r`` of a stream is the encoder's distribution after input ``r`` while inputs ``0..r`` are
+    right, so the stream decodes rows until a decoded token differs from its draft.
+    """
+    policy = drafts if drafts is not None else PromptLookup(max_draft=MAX_DRAFT)
+    for stream in streams:
+        if stream.length:
+            stream.take(stream.distribution)
+    forwards = 0
+    while True:
+        active = [s for s in streams if not s.done]
+        if not active:
+            return forwards
+        guesses = [policy.draft(s.context, [], MAX_DRAFT) if len(active) == 1 else []
+                   for s in active]
+        calls = [(s.sequence, [s.tokens[-1], *guess]) for s, guess in zip(active, guesses,
+                                                                          strict=True)]
+        rows = engine.forward(calls)
+        forwards += 1
+        for stream, guess, stream_rows in zip(active, guesses, rows, strict=True):
+            before = stream.sequence.length - len(stream_rows)
+            kept = 0
+            for r in range(len(stream_rows)):
+                kept = r + 1
+                token = stream.take(integer_table(stream_rows[r]))
+                if stream.done or r >= len(guess) or guess[r] != token:
+                    break
+            stream.sequence.crop(before + kept)
