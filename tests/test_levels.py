@@ -172,7 +172,7 @@ def test_unknown_level_is_refused_by_name(tiny_model: CausalLM) -> None:
 
 
 def test_segment_lengths_that_do_not_add_up_are_corruption(tiny_model: CausalLM) -> None:
-    with pytest.raises(CorruptFileError, match="segment lengths"):
+    with pytest.raises(CorruptFileError, match="segments add up"):
         decompress(tiny_model, _legacy_with("v2-segments-3.skv", segments=[2, 1]))
 
 
