@@ -3,7 +3,8 @@
 Format 3 (written since this version) frames three sections with ``seqkv.framing`` (4-byte magic
 ``\\x89SKV``, version byte, section lengths, CRC-32)::
 
-    header    flags            u8      bit 0 prefix, bit 1 residual, bit 2 vocabulary size
+    header    flags            u8      bit 0 prefix, bit 1 residual, bit 2 vocabulary size,
+                                       bit 3 dictionary
                                        stored, bits 5-7 unused bits at the token code's end
               level            u8      ``LEVEL_IDS``; then a varint parameter (segments N, else 0)
               count            varint  tokens coded (after the prefix)
@@ -13,6 +14,7 @@ Format 3 (written since this version) frames three sections with ``seqkv.framing
               tokens digest    8 bytes SHA-256 of all tokens (prefix included), truncated
               KV digest        8 bytes SHA-256 of the KV the decoder must end with, truncated
               [prefix]         32-byte content hash, varint token count, 8-byte KV digest
+              [dictionary]     32-byte digest of the mixing dictionary (bit 3 of the flags)
     token code                 the arithmetic code's bytes
     residual  mode             u8      0 quantized at a tolerance, 1 bit-exact
               [tolerance]      f64     (quantized)
@@ -80,7 +82,8 @@ MAGIC = b"\x89SKV"
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 # The file's level ids: an id is never reused; a new level appends its family name here.
-LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain", "portable")
+LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain", "portable",
+                               "portable+mix")
 # NOTE: ``seqkv.levels.segments.MAX_SEGMENTS``, repeated here because this module imports no
 # torch (a test keeps the two equal).
 MAX_SEGMENTS = 64
@@ -99,7 +102,8 @@ PREFIX_HASH_BYTES = 32
 _ERRORS = FramingErrors(EmptyInputError, NotASeqKVFileError, UnsupportedVersionError,
                         TruncatedFileError, CorruptFileError)
 _WHAT = "the .skv file"
-_FLAG_PREFIX, _FLAG_RESIDUAL, _FLAG_VOCAB, _FLAG_RESERVED = 1, 2, 4, 0b11000
+_FLAG_PREFIX, _FLAG_RESIDUAL, _FLAG_VOCAB, _FLAG_DICTIONARY, _FLAG_RESERVED = 1, 2, 4, 8, 0b10000
+DICTIONARY_DIGEST_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,8 @@ class Header:
     kv_digest: Digest
     prefix: PrefixRef | None
     legacy: Legacy | None = None  # set for files of formats 1 and 2
+    # The mixing dictionary the token code was coded with (64 hex digits), if any.
+    dictionary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,8 @@ def encode_container_with_sections(container: Container) -> tuple[bytes, dict[st
     padding = 8 * len(code.data) - code.num_bits
     flags = ((_FLAG_PREFIX if header.prefix is not None else 0)
              | (_FLAG_RESIDUAL if container.residual is not None else 0)
-             | (_FLAG_VOCAB if header.vocab_size is not None else 0) | padding << 5)
+             | (_FLAG_VOCAB if header.vocab_size is not None else 0)
+             | (_FLAG_DICTIONARY if header.dictionary is not None else 0) | padding << 5)
     level_id, parameter = _level_parts(header.level)
     fields = [bytes([flags, level_id]), encode_varint(parameter), encode_varint(header.count)]
     if header.vocab_size is not None:
@@ -181,6 +188,8 @@ def encode_container_with_sections(container: Container) -> tuple[bytes, dict[st
     if header.prefix is not None:
         fields += [bytes.fromhex(header.prefix.prefix_hash), encode_varint(header.prefix.tokens),
                    header.prefix.kv_digest]
+    if header.dictionary is not None:
+        fields.append(bytes.fromhex(header.dictionary))
     sections = [b"".join(fields), code.data]
     if container.residual is not None:
         sections.append(encode_residual_section(container.residual))
@@ -259,12 +268,15 @@ def _decode_header(section: bytes) -> tuple[Header, int]:
         prefix_tokens = reader.varint("prefix token count", 1, MAX_POSITIONS - count)
         prefix = PrefixRef(prefix_hash, prefix_tokens,
                            Digest(reader.take(DIGEST_BYTES, "prefix KV digest")))
+    dictionary = None
+    if flags & _FLAG_DICTIONARY:
+        dictionary = reader.take(DICTIONARY_DIGEST_BYTES, "dictionary digest").hex()
     reader.finish()
     level = f"{family}:{parameter}" if parameter else family
     segments = tuple(split_lengths(count, parameter)) if parameter else (count,)
     header = Header(format_version=FORMAT_VERSION, level=level, count=count, segments=segments,
                     vocab_size=vocab, model_digest=model, profile_digest=profile,
-                    tokens_digest=tokens, kv_digest=kv, prefix=prefix)
+                    tokens_digest=tokens, kv_digest=kv, prefix=prefix, dictionary=dictionary)
     return header, flags
 
 
