@@ -3,9 +3,9 @@
 Format 3 (written since this version) frames three sections with ``seqkv.framing`` (4-byte magic
 ``\\x89SKV``, version byte, section lengths, CRC-32)::
 
-    header    flags            u8      bit 0 prefix, bit 1 residual, bit 2 vocabulary size,
-                                       bit 3 dictionary
-                                       stored, bits 5-7 unused bits at the token code's end
+    header    flags            u8      bit 0 prefix, bit 1 residual, bit 2 vocabulary size
+                                       stored, bit 3 dictionary, bits 5-7 unused bits at the
+                                       token code's end
               level            u8      ``LEVEL_IDS``; then a varint parameter (segments N, else 0)
               count            varint  tokens coded (after the prefix)
               [vocab size]     varint  only for levels that decode without the model
