@@ -273,7 +273,8 @@ def _decode_header(section: bytes) -> tuple[Header, int]:
         dictionary = reader.take(DICTIONARY_DIGEST_BYTES, "dictionary digest").hex()
     reader.finish()
     level = f"{family}:{parameter}" if parameter else family
-    segments = tuple(split_lengths(count, parameter)) if parameter else (count,)
+    # Only the segments level splits its tokens; another level's parameter is no count.
+    segments = tuple(split_lengths(count, parameter)) if family == "segments" else (count,)
     header = Header(format_version=FORMAT_VERSION, level=level, count=count, segments=segments,
                     vocab_size=vocab, model_digest=model, profile_digest=profile,
                     tokens_digest=tokens, kv_digest=kv, prefix=prefix, dictionary=dictionary)

@@ -14,7 +14,10 @@ id). Layout, integers as LEB128 varints unless noted::
 
 Invariants:
 1. ``unpack`` checks the length, the version, then the CRC before it parses a field, and raises
-   ``CorruptRecordError`` naming which failed (enforced; one test each).
+   ``CorruptRecordError`` naming which failed (enforced; one test each). Every field is then
+   checked: minimal varints up to 2**63 - 1, known flags, a start exactly when there is a
+   parent (below 2**31) (enforced; ``tests/test_fuzz_record.py``). The payload is the codec's to
+   check.
 2. ``unpack(pack(r)) == r`` (checked by a hypothesis round trip).
 3. ``parent`` sits at a fixed place (after one byte and one varint) so a Redis Lua script can
    read it without knowing the payload (enforced by the layout; used by the delete cascade).
@@ -34,13 +37,16 @@ from seqkv.store.errors import CorruptRecordError
 from seqkv.store.ids import SpanId
 
 RECORD_VERSION = 1
+MAX_VARINT = (1 << 63) - 1
+# NOTE: 2**31 positions: more than any model's context (as ``seqkv.container.MAX_POSITIONS``).
+MAX_START = 1 << 31
 _CRC = struct.Struct("<I")
-_MIN_SIZE = 1 + 3 + _CRC.size
+_MIN_SIZE = 1 + 3 + _CRC.size  # head, three one-byte varints, the CRC
 
 
 def write_varint(out: bytearray, value: int) -> None:
-    """Append ``value >= 0`` as an unsigned LEB128 varint."""
-    assert value >= 0, value
+    """Append ``0 <= value <= MAX_VARINT`` as an unsigned LEB128 varint."""
+    assert 0 <= value <= MAX_VARINT, value
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
@@ -48,16 +54,24 @@ def write_varint(out: bytearray, value: int) -> None:
 
 
 def read_varint(data: bytes, position: int) -> tuple[int, int]:
-    """The varint at ``position`` and the position after it; ``ValueError`` past the end."""
+    """The varint at ``position`` and the position after it; ``ValueError`` past the end, past
+    ``MAX_VARINT``, or in any but its minimal form (one encoding per value)."""
     value = 0
     shift = 0
+    start = position
     while True:
-        if position >= len(data) or shift > 63:
+        if position >= len(data):
             raise ValueError("a varint runs past the end of its record")
+        if shift > 56:
+            raise ValueError("a varint runs past 9 bytes")
         byte = data[position]
         position += 1
         value |= (byte & 0x7F) << shift
         if byte < 0x80:
+            if byte == 0 and position - start > 1:
+                raise ValueError("a varint is not in its minimal form")
+            if value > MAX_VARINT:
+                raise ValueError(f"a varint holds {value}, beyond 2**63 - 1")
             return value, position
         shift += 7
 
@@ -105,10 +119,14 @@ def unpack(data: bytes) -> SpanRecord:
         codec, position = read_varint(body, 1)
         parent, position = read_varint(body, position)
         start, position = read_varint(body, position)
-        return SpanRecord(codec, None if parent == 0 else SpanId(parent), start,
-                          flags == 1, body[position:])
     except ValueError as error:
-        raise CorruptRecordError(f"a span record is malformed: {error}") from error
+        raise CorruptRecordError(f"a span record is malformed: {error}") from None
+    if (parent == 0) != (start == 0) or start > MAX_START:
+        raise CorruptRecordError(
+            f"a span record starts at token {start:,} with {'no ' if parent == 0 else ''}"
+            f"parent: a span starts at 0 exactly when it has no parent, and before 2**31")
+    return SpanRecord(codec, None if parent == 0 else SpanId(parent), start, flags == 1,
+                      body[position:])
 
 
 def frame_bytes(record: SpanRecord) -> int:
