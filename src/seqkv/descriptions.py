@@ -14,22 +14,59 @@ Invariants:
 1. An entry is written atomically and never changes: its name is the digest of its content
    (enforced: ``remember`` checks the digest of what it writes, ``lookup`` of what it reads and
    ignores an entry whose content does not match its name).
-2. Reading never raises on a damaged or hostile entry: it is treated as absent (enforced).
+2. Reading never raises on a damaged or hostile entry: it is treated as absent (enforced). An
+   entry is read only if it is at most 64 KiB of flat JSON (no nesting, no NaN, no repeated
+   keys) whose fields are exactly the description's, each of its declared type (enforced:
+   ``_fields``; ``tests/test_fuzz_descriptions.py``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from seqkv.digests import Digest, model_digest, profile_digest
+from seqkv.errors import SeqKVError
 from seqkv.files import write_atomically
-from seqkv.types import ExecutionProfile, ModelIdentity
+from seqkv.framing import load_json
+from seqkv.types import ExecutionProfile, ModelIdentity, Schedule
 
 _ENTRY_LIMIT_BYTES = 64 * 1024
+# What each annotation of ``ModelIdentity`` and ``ExecutionProfile`` admits from JSON.
+_SCHEDULES = get_args(Schedule)
+
+
+class _Unreadable(SeqKVError):
+    """An entry that is not flat JSON within the size limit (treated as absent)."""
+
+
+def _admits(annotation: str, value: Any) -> bool:
+    if annotation == "str":
+        return isinstance(value, str)
+    if annotation == "str | None":
+        return value is None or isinstance(value, str)
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if annotation == "Schedule":
+        return value in _SCHEDULES
+    return False
+
+
+def _fields(raw: dict[str, Any], kind: type[ModelIdentity] | type[ExecutionProfile]
+            ) -> dict[str, Any] | None:
+    """``raw`` if its keys are exactly ``kind``'s fields (those with defaults may be absent),
+    each of its declared type; else None."""
+    known = {field.name: field for field in fields(kind)}
+    required = {name for name, field in known.items()
+                if field.default is MISSING and field.default_factory is MISSING}
+    if not required <= set(raw) <= set(known):
+        return None
+    if not all(_admits(str(known[name].type), value) for name, value in raw.items()):
+        return None
+    return raw
 
 
 def default_root() -> Path:
@@ -54,18 +91,14 @@ class Descriptions:
 
     def model(self, digest: Digest) -> ModelIdentity | None:
         raw = self._read("models", digest)
-        try:
-            identity = ModelIdentity(**raw) if raw is not None else None
-        except TypeError:
-            return None
+        checked = None if raw is None else _fields(raw, ModelIdentity)
+        identity = None if checked is None else ModelIdentity(**checked)
         return identity if identity is not None and model_digest(identity) == digest else None
 
     def profile(self, digest: Digest) -> ExecutionProfile | None:
         raw = self._read("profiles", digest)
-        try:
-            profile = ExecutionProfile(**raw) if raw is not None else None
-        except TypeError:
-            return None
+        checked = None if raw is None else _fields(raw, ExecutionProfile)
+        profile = None if checked is None else ExecutionProfile(**checked)
         return profile if profile is not None and profile_digest(profile) == digest else None
 
     def _path(self, kind: str, digest: Digest) -> Path:
@@ -81,11 +114,9 @@ class Descriptions:
     def _read(self, kind: str, digest: Digest) -> dict[str, Any] | None:
         path = self._path(kind, digest)
         try:
-            if path.stat().st_size > _ENTRY_LIMIT_BYTES:
-                return None
-            raw = json.loads(path.read_bytes())
-        except (OSError, ValueError, RecursionError):
+            with open(path, "rb") as stream:
+                data = stream.read(_ENTRY_LIMIT_BYTES + 1)
+            raw = load_json(data, "an entry", _Unreadable, _ENTRY_LIMIT_BYTES, 1)
+        except (OSError, _Unreadable):
             return None
-        if not isinstance(raw, dict) or not all(isinstance(k, str) for k in raw):
-            return None
-        return raw
+        return raw if isinstance(raw, dict) else None
