@@ -33,6 +33,7 @@ from transformers import DynamicCache
 
 from seqkv.bounds import (
     Bound,
+    code_within_mixing_regret,
     code_within_reference_cross_entropy,
     code_within_table_cost,
     code_within_uniform,
@@ -77,6 +78,8 @@ from seqkv.levels import (
     TraceColumns,
     parse_level,
 )
+from seqkv.mixing.dictionary import Dictionary
+from seqkv.mixing.errors import DictionaryMismatchError, DictionaryUnavailableError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.profiles import execution_profile
 from seqkv.schedule import current_profile
@@ -219,6 +222,29 @@ def tokens_digest(tokens: Sequence[int]) -> Digest:
     return digest(np.asarray(tokens, dtype="<i4").tobytes())
 
 
+class DictionarySource(Protocol):
+    """Where a decoder finds mixing dictionaries by digest (``seqkv.mixing.DictionaryFolder``,
+    a store, or a mapping)."""
+
+    def get(self, digest: str) -> Dictionary | None: ...
+
+
+def _resolve_dictionary(header: Header,
+                        dictionaries: DictionarySource | None) -> Dictionary | None:
+    if header.dictionary is None:
+        return None
+    found = None if dictionaries is None else dictionaries.get(header.dictionary)
+    if found is None:
+        raise DictionaryUnavailableError(
+            f"the file was coded with the mixing dictionary {header.dictionary[:16]}...: pass "
+            "it (CLI: --dict DICT)")
+    if str(found.digest) != header.dictionary:
+        raise DictionaryMismatchError(
+            f"the dictionary given has digest {str(found.digest)[:16]}..., the file needs "
+            f"{header.dictionary[:16]}...")
+    return found
+
+
 class PrefixSource(Protocol):
     """Where a decoder finds shared prefixes by hash: a ``seqkv.trie.PrefixTrie``."""
 
@@ -250,13 +276,15 @@ def compress(
     level: CodingLevel | str = DEFAULT_LEVEL,
     *,
     on_violation: Literal["raise", "return"] = "raise",
+    dictionary: Dictionary | None = None,
 ) -> CompressResult:
     """Code ``tokens`` (and the residual of ``kv``, a cache those tokens produced) into .skv bytes.
 
     With ``prefix`` (a shared prefix resolved from a ``seqkv.trie.PrefixTrie``), the file
     references it by hash and codes only the tokens after it; ``kv`` still covers all tokens.
     ``level`` sets the rate-compute dial (``seqkv.levels``): ``tokens`` (default), ``rows``,
-    ``segments:N``, ``ngram`` or ``plain``, or a ``CodingLevel``.
+    ``segments:N``, ``ngram``, ``plain``, ``portable``, ``portable+mix`` (with a mixing
+    ``dictionary``, ``seqkv.mixing``), or a ``CodingLevel``.
 
     Every run evaluates the bounds of ``seqkv.bounds`` on what it coded and raises
     ``BoundViolationError`` when one fails; ``on_violation="return"`` returns the result with its
@@ -281,7 +309,11 @@ def compress(
     context = model.start_token_id
     started = time.perf_counter()
     encoder = ArithmeticEncoder()
-    encoded = coding_level.encode(EncodeRequest(model, tail, prefix, context, encoder, progress))
+    if dictionary is not None and not coding_level.spec.mixes:
+        raise InvalidLevelError(f"level {coding_level.spec.name!r} takes no dictionary: code "
+                                "at portable+mix to use one")
+    encoded = coding_level.encode(EncodeRequest(model, tail, prefix, context, encoder, progress,
+                                                dictionary))
     token_code = encoder.finish()
     residual = None
     rebuilt = encoded.kv
@@ -304,6 +336,7 @@ def compress(
         kv_digest=kv_digest(rebuilt),
         prefix=None if prefix is None or prefix.kv is None else PrefixRef(
             str(prefix.prefix_hash), len(prefix.tokens), kv_digest(prefix.kv)),
+        dictionary=None if dictionary is None else str(dictionary.digest),
     )
     data, sections = encode_container_with_sections(Container(header, token_code, residual))
     trace = _trace(encoded.trace)
@@ -347,6 +380,8 @@ def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[
             level.spec.reference_allowance))
     elif level.spec.reference == "uniform":
         bounds.append(code_within_uniform(code_bits, len(tail), model.vocab_size))
+    if level.spec.mixes:
+        bounds.append(code_within_mixing_regret(code_bits, float(trace.surprisal_bits.sum())))
     if residual is not None and max_error is not None:
         bounds.append(residual_within_tolerance(max_error, tolerance, residual.num_bits,
                                                 residual.num_escapes))
@@ -470,6 +505,7 @@ class _Pending:
     context: int | None  # the start token the first token was coded after
     vocab_size: int
     kv_checkable: bool = True  # this machine reproduces the encoder's KV (its profile)
+    dictionary: Dictionary | None = None
     output: DecodeOutput | None = None
 
     def request(self, with_kv: bool, progress: bool = False) -> DecodeRequest:
@@ -480,7 +516,7 @@ class _Pending:
                                    "up to its token count")
         return DecodeRequest(ArithmeticDecoder(self.container.token_code), header.count,
                              lengths, self.context, self.vocab_size, self.prefix, with_kv,
-                             progress)
+                             progress, self.dictionary)
 
 
 def _pending(container: Container, model: CausalLM | None,
@@ -528,11 +564,12 @@ def _check_sizes(header: Header, model: CausalLM | None, vocab: int,
 
 def _begin(model: CausalLM, container: Container, allow_environment_mismatch: bool,
            prefixes: PrefixSource | None, descriptions: Descriptions | None,
-           require_exact_kv: bool) -> _Pending:
+           require_exact_kv: bool, dictionaries: DictionarySource | None) -> _Pending:
     checkable = check_decodable(model, container.header, allow_environment_mismatch,
                                 descriptions, require_exact_kv)
     pending = _pending(container, model, _resolve_prefix(container.header, prefixes))
     pending.kv_checkable = checkable
+    pending.dictionary = _resolve_dictionary(container.header, dictionaries)
     return pending
 
 
@@ -614,6 +651,7 @@ def decompress(
     prefixes: PrefixSource | None = None,
     descriptions: Descriptions | None = None,
     require_exact_kv: bool = False,
+    dictionaries: DictionarySource | None = None,
 ) -> DecompressResult:
     """Decode .skv bytes into the exact tokens and KV cache, or raise.
 
@@ -621,10 +659,11 @@ def decompress(
     ``descriptions`` (a ``seqkv.descriptions.Descriptions`` registry) lets a refusal say which
     fields of the execution profile differ. A file of a portable level decodes on any machine;
     under another execution profile its KV is recomputed and reported with ``kv_exact`` False,
-    or refused with ``require_exact_kv``.
+    or refused with ``require_exact_kv``. A file coded with a mixing dictionary needs it from
+    ``dictionaries``.
     """
     pending = _begin(model, decode_container(data), allow_environment_mismatch, prefixes,
-                     descriptions, require_exact_kv)
+                     descriptions, require_exact_kv, dictionaries)
     _decode(model, [pending], with_kv=True, progress=progress)
     return _finish(model, pending)
 
@@ -635,17 +674,18 @@ def decompress_batch(
     allow_environment_mismatch: bool = False,
     prefixes: PrefixSource | None = None,
     descriptions: Descriptions | None = None,
+    dictionaries: DictionarySource | None = None,
 ) -> list[DecompressResult]:
     """Decode many .skv files, sharing forwards among files whose levels allow it.
 
-    At the ``rows`` and ``segments`` levels every stream of every file adds one row to a round's
-    forward, so N sessions decode in about the rounds of the longest one; files at other levels
-    are decoded one by one. Each result is verified as by ``decompress``; the first failure
-    raises.
+    At the ``rows``, ``segments`` and ``portable`` levels every stream of every file adds rows
+    to a round's forward, so N sessions decode in about the rounds of the longest one; files at
+    other levels are decoded one by one. Each result is verified as by ``decompress``; the
+    first failure raises.
     """
     containers = [decode_container(data) for data in files]
     return decode_containers(model, containers, allow_environment_mismatch, prefixes,
-                             descriptions)
+                             descriptions, dictionaries=dictionaries)
 
 
 def decode_containers(
@@ -656,11 +696,12 @@ def decode_containers(
     descriptions: Descriptions | None = None,
     check: SessionCheck = check_header_digests,
     require_exact_kv: bool = False,
+    dictionaries: DictionarySource | None = None,
 ) -> list[DecompressResult]:
     """``decompress_batch`` of parsed containers, e.g. rebuilt from a store's records, which may
     bring their own ``check`` of what was decoded (a store keeps its own digests per span)."""
     pendings = [_begin(model, container, allow_environment_mismatch, prefixes, descriptions,
-                       require_exact_kv) for container in containers]
+                       require_exact_kv, dictionaries) for container in containers]
     _decode(model, pendings, with_kv=True)
     return [_finish(model, pending, check) for pending in pendings]
 

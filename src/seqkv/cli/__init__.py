@@ -21,10 +21,12 @@ import sys
 from collections.abc import Callable, Sequence
 
 from seqkv.cli import bench, check, common, sessions, store
+from seqkv.cli import dict as dictionaries
 from seqkv.errors import SeqKVError
 
 VERB_GROUPS: tuple[Callable[[common.Subparsers], None], ...] = (
     sessions.add_session_verbs,
+    dictionaries.add_dict,
     check.add_check,
     store.add_store,
     bench.add_bench,

@@ -18,6 +18,7 @@ from safetensors.torch import save
 
 from seqkv.bench.decode import time_token_by_token
 from seqkv.cli import common
+from seqkv.cli.dict import DictionaryFile
 from seqkv.codec import (
     DEFAULT_TOLERANCE,
     CompressResult,
@@ -101,6 +102,7 @@ def decompress_figures(result: DecompressResult) -> dict[str, object]:
 def _compress_and_verify(
     model: CausalLM, tokens: list[int], kv_mode: str, tolerance: float, verify: bool,
     level: CodingLevel | None = None, reporter: common.Reporter | None = None,
+    dictionary: DictionaryFile | None = None,
 ) -> tuple[CompressResult, dict[str, object]]:
     reporter = reporter or common.Reporter(common.ProgressMode.OFF, sys.stderr)
     progress = reporter.enabled
@@ -110,12 +112,13 @@ def _compress_and_verify(
     kv = model.prefill(tokens) if kv_mode == "prefill" else None
     reporter.phase("encode")
     result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=progress,
-                      level=level or parse_level(DEFAULT_LEVEL))
+                      level=level or parse_level(DEFAULT_LEVEL),
+                      dictionary=None if dictionary is None else dictionary.dictionary)
     verify_seconds = None
     if verify:
         reporter.phase("verify")
         started = time.perf_counter()
-        decoded = decompress(model, result.data, progress=progress)
+        decoded = decompress(model, result.data, progress=progress, dictionaries=dictionary)
         verify_seconds = time.perf_counter() - started
         if decoded.tokens != tokens:
             raise DecodeVerificationError("the verifying decode did not give back the tokens")
@@ -145,8 +148,9 @@ def _cmd_compress(args: argparse.Namespace) -> int:
     reporter.phase("read and tokenize the text")
     text = common.read_text(args.text, common.text_limit(model))
     tokens = model.encode_text(text)
+    dictionary = DictionaryFile(args.dict) if args.dict else None
     result, figures = _compress_and_verify(model, tokens, args.kv, args.tolerance,
-                                           not args.no_verify, args.level, reporter)
+                                           not args.no_verify, args.level, reporter, dictionary)
     _remember(result)
     reporter.phase("write")
     common.write_outputs([(args.output, result.data)])
@@ -177,7 +181,9 @@ def _cmd_decompress(args: argparse.Namespace) -> int:
     model = _load(args)
     reporter.phase("decode")
     result = decompress(model, data, allow_environment_mismatch=args.allow_environment_mismatch,
-                        progress=reporter.enabled, descriptions=Descriptions())
+                        progress=reporter.enabled, descriptions=Descriptions(),
+                        require_exact_kv=args.require_exact_kv,
+                        dictionaries=DictionaryFile(args.dict) if args.dict else None)
     outputs = [(args.output, model.decode_tokens(result.tokens).encode("utf-8"))]
     if args.kv_out:
         outputs.append((args.kv_out, kv_file_bytes(result.kv, result.tokens, model.name)))
@@ -323,11 +329,14 @@ def add_session_verbs(commands: common.Subparsers) -> None:
     c.add_argument("--level", type=common.level_argument, default=parse_level(DEFAULT_LEVEL),
                    metavar="LEVEL", help="rate-compute dial: tokens (default: fewest bits), rows "
                    "(same bits, fast encode, batched decoding), segments:N (N segments decoded "
-                   "in parallel, more bits), ngram, plain (no model per token)")
+                   "in parallel, more bits), ngram, plain (no model per token), portable "
+                   "(decodes on any machine), portable+mix (with --dict)")
+    c.add_argument("--dict", metavar="DICT", type=common.input_file_no_stdin,
+                   help="a mixing dictionary (seqkv dict build) for the portable+mix level")
     c.add_argument("--no-verify", action="store_true", help="skip the verifying decode")
     common.json_option(c)
     common.progress_option(c)
-    c.set_defaults(run=_cmd_compress, paths=common.PathRoles(("text",), ("output",)))
+    c.set_defaults(run=_cmd_compress, paths=common.PathRoles(("text", "dict"), ("output",)))
 
     d = commands.add_parser("decompress", help="decode a .skv file to text (and KV)")
     d.add_argument("file", metavar="FILE.skv", type=common.input_file_no_stdin)
@@ -341,10 +350,15 @@ def add_session_verbs(commands: common.Subparsers) -> None:
                         "model and decode on any machine")
     d.add_argument("--allow-environment-mismatch", action="store_true",
                    help="try to decode a file coded under other CPU kernels or library versions")
+    d.add_argument("--require-exact-kv", action="store_true",
+                   help="refuse a portable-level file coded under another execution profile "
+                        "instead of returning its recomputed KV (kv_exact false)")
+    d.add_argument("--dict", metavar="DICT", type=common.input_file_no_stdin,
+                   help="the mixing dictionary a portable+mix file was coded with")
     common.json_option(d)
     common.progress_option(d)
     d.set_defaults(run=_cmd_decompress,
-                   paths=common.PathRoles(("file",), ("output", "kv_out")))
+                   paths=common.PathRoles(("file", "dict"), ("output", "kv_out")))
 
     i = commands.add_parser("inspect", help="print a .skv file's header")
     i.add_argument("file", metavar="FILE.skv", type=common.input_file_no_stdin)

@@ -21,6 +21,8 @@ level          tokens coded under                              decoding
                the same tables on every machine                fewer (drafts), sessions batched,
                (``levels/portable.py``); ``portable:N`` runs   any machine; one float prefill for
                the first N layers only                         the KV (exact on the same profile)
+``portable``   ``portable`` mixed, exactly, with a mixing      as ``portable``, plus the mixer's
+``+mix``       dictionary's predictors (``seqkv.mixing``)      work (under 1 ms per token)
 =============  ==============================================  ====================================
 
 A level implements ``CodingLevel`` (``levels/base.py``): ``spec`` (name, whether decoding needs
@@ -67,6 +69,10 @@ def _portable(count: int | None) -> CodingLevel:
     return PortableLevel(count)
 
 
+def _portable_mix(count: int | None) -> CodingLevel:
+    return PortableLevel(count, mix=True)
+
+
 def _segments(count: int | None) -> CodingLevel:
     if count is None:
         raise InvalidLevelError("write the segments level as segments:N with N >= 2")
@@ -81,6 +87,7 @@ LEVELS: Mapping[str, LevelFactory] = MappingProxyType({
     "ngram": _no_count(NgramLevel, "ngram"),
     "plain": _no_count(PlainLevel, "plain"),
     "portable": _portable,
+    "portable+mix": _portable_mix,
 })
 DEFAULT_LEVEL = "tokens"
 

@@ -29,6 +29,7 @@ import torch
 
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import CumulativeTable, symbol_cost_bits, table_and_log2p
+from seqkv.mixing.dictionary import Dictionary
 from seqkv.models.adapter import CausalLM
 from seqkv.trie.radix import ResolvedPrefix
 from seqkv.types import Schedule
@@ -64,6 +65,9 @@ class LevelSpec:
     # The tokens decode on any machine (no float probabilities involved); only the KV depends
     # on the execution profile, and is reported inexact elsewhere instead of refused.
     portable: bool = False
+    # The level mixes the model with a dictionary's predictors (``seqkv.mixing``): it takes a
+    # dictionary, and every run also checks that mixing cost at most its stated regret.
+    mixes: bool = False
 
 
 @dataclass
@@ -96,6 +100,7 @@ class EncodeRequest:
     context: int | None  # the start token the first token is coded after (no prefix)
     encoder: ArithmeticEncoder
     progress: bool = False
+    dictionary: Dictionary | None = None  # for levels that mix (``portable+mix``)
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,7 @@ class DecodeRequest:
     prefix: ResolvedPrefix | None
     with_kv: bool = True  # also rebuild the KV (False: tokens only)
     progress: bool = False
+    dictionary: Dictionary | None = None  # the one the file was coded with
 
 
 @dataclass(frozen=True)

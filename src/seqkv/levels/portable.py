@@ -17,8 +17,14 @@ stored KV when there is one), with the caller's residual applied. It is bit-exac
 encoder's execution profile (the ``prefill`` schedule); elsewhere the decoder returns the
 recomputed KV with ``kv_exact = False`` (``seqkv.codec``).
 
-``portable:N`` runs only the first N layers (then the final norm and head): fewer bits of
-compute per token, more bits per token.
+``portable:N`` runs only the first N layers (then the final norm and head): less compute per
+token, more bits per token (measured: not worth it on SmolLM2-135M, see the README).
+
+``portable+mix`` codes under the integer predictor's table mixed, exactly, with a mixing
+dictionary's predictors and the session's own (``seqkv.mixing``): below the model's own
+cross-entropy where sessions quote content the dictionary holds, never more than the mixer's
+stated regret above the predictor elsewhere. The trace records the predictor's own
+log2-probabilities beside the mixed table's costs.
 
 Invariants:
 1. Encoder and decoder see the same integer rows (enforced by the integer forward's
@@ -50,6 +56,8 @@ from seqkv.levels.base import (
     TraceColumns,
 )
 from seqkv.levels.drafts import PromptLookup
+from seqkv.mixing.dictionary import Dictionary
+from seqkv.mixing.mixer import MixingPredictor
 from seqkv.models.adapter import CausalLM
 from seqkv.models.integer.forward import IntegerForward, IntSequence
 from seqkv.models.integer.table import integer_table, integer_tables
@@ -131,9 +139,11 @@ def _start(engine: IntegerForward, context: int | None,
 
 @dataclass(frozen=True)
 class PortableLevel:
-    """The integer predictor's level (``portable``), or its first ``layers`` layers."""
+    """The integer predictor's level (``portable``), or its first ``layers`` layers, optionally
+    mixed with a dictionary (``portable+mix``)."""
 
     layers: int | None = None
+    mix: bool = False
 
     def __post_init__(self) -> None:
         if self.layers is not None and not 1 <= self.layers <= MAX_LAYERS:
@@ -142,13 +152,14 @@ class PortableLevel:
 
     @property
     def spec(self) -> LevelSpec:
-        name = "portable" if self.layers is None else f"portable:{self.layers}"
+        name = "portable+mix" if self.mix else "portable"
+        name = name if self.layers is None else f"{name}:{self.layers}"
         return LevelSpec(
             name, model_coded=True, schedule="prefill",
             decoding="one integer forward per token or fewer (drafts), sessions batched, on "
                      "any machine; one float prefill for the KV",
             reference="model" if self.layers is None else "none",
-            batch_group=BATCH_GROUP, portable=True,
+            batch_group=BATCH_GROUP, portable=True, mixes=self.mix,
             reference_allowance=PORTABLE_ALLOWANCE)
 
     def encode(self, request: EncodeRequest) -> EncodeOutput:
@@ -157,9 +168,22 @@ class PortableLevel:
         kv = prefill_kv(request.model, request.tail, request.prefix)
         return EncodeOutput(trace, kv, [len(request.tail)], forwards)
 
+    def _mixer(self, vocab: int, dictionary: Dictionary | None,
+               prefix: ResolvedPrefix | None) -> MixingPredictor | None:
+        if not self.mix:
+            if dictionary is not None:
+                raise InvalidLevelError(f"level {self.spec.name!r} takes no dictionary: code at "
+                                        "portable+mix to use one")
+            return None
+        mixer = MixingPredictor(dictionary, vocab)
+        if prefix is not None:
+            mixer.prime(prefix.tokens)
+        return mixer
+
     def _code(self, request: EncodeRequest) -> tuple[TraceColumns, int]:
         engine = integer_predictor(request.model, self.layers)
         tail = request.tail
+        mixer = self._mixer(engine.vocab_size, request.dictionary, request.prefix)
         sequence, first = _start(engine, request.context, request.prefix)
         trace = TraceColumns()
         table, log2p = first
@@ -173,8 +197,11 @@ class PortableLevel:
                 tables, log2ps = integer_tables(rows[offset : offset + TABLE_ROWS])
                 for row in range(tables.shape[0]):
                     token = tail[position]
-                    request.encoder.encode(table, token)
-                    trace.record(log2p, table, token)
+                    coded = table if mixer is None else mixer.table(table)
+                    request.encoder.encode(coded, token)
+                    trace.record(log2p, coded, token)
+                    if mixer is not None:
+                        mixer.update(token)
                     table, log2p = tables[row], log2ps[row]
                     position += 1
         return trace, forwards
@@ -184,7 +211,8 @@ class PortableLevel:
         assert model is not None, "the portable level needs the model's weights"
         engine = integer_predictor(model, self.layers)
         with pinned_threads(INTEGER_THREADS):
-            streams = [_Stream.start(engine, request) for request in requests]
+            streams = [_Stream.start(engine, request, self._mixer(
+                engine.vocab_size, request.dictionary, request.prefix)) for request in requests]
             forwards = decode_streams(engine, streams)
         outputs = []
         for request, stream in zip(requests, streams, strict=True):
@@ -208,14 +236,16 @@ class _Stream:
     length: int
     context: list[int]  # what the drafts may copy from: the prefix, then the decoded tokens
     distribution: Distribution
+    mixer: MixingPredictor | None = None
     tokens: list[int] = field(default_factory=list)
     trace: TraceColumns = field(default_factory=TraceColumns)
 
     @classmethod
-    def start(cls, engine: IntegerForward, request: DecodeRequest) -> _Stream:
+    def start(cls, engine: IntegerForward, request: DecodeRequest,
+              mixer: MixingPredictor | None) -> _Stream:
         sequence, first = _start(engine, request.context, request.prefix)
         prefix = list(request.prefix.tokens) if request.prefix is not None else []
-        return cls(sequence, request.decoder, request.count, prefix, first)
+        return cls(sequence, request.decoder, request.count, prefix, first, mixer)
 
     @property
     def done(self) -> bool:
@@ -223,10 +253,13 @@ class _Stream:
 
     def take(self, distribution: Distribution) -> int:
         table, log2p = distribution
-        token = self.decoder.decode(table)
+        coded = table if self.mixer is None else self.mixer.table(table)
+        token = self.decoder.decode(coded)
         self.tokens.append(token)
         self.context.append(token)
-        self.trace.record(log2p, table, token)
+        self.trace.record(log2p, coded, token)
+        if self.mixer is not None:
+            self.mixer.update(token)
         return token
 
 

@@ -31,3 +31,7 @@ class CorruptDictionaryError(DictionaryError):
 
 class DictionaryMismatchError(DictionaryError):
     """The dictionary is not the one the coded data references (digest or vocabulary differ)."""
+
+
+class DictionaryUnavailableError(DictionaryError):
+    """The coded data references a dictionary that was not given."""
