@@ -111,6 +111,14 @@ def test_malformed_header_with_valid_checksum_is_corruption(skv_bytes: bytes) ->
         decode_container(_reframe(bytes(body)))
 
 
+def test_every_legacy_file_is_present() -> None:
+    # The parametrized tests below would skip on an empty glob: a checkout without the files
+    # (once lost to a .gitignore pattern) must fail here instead.
+    assert sorted(p.name for p in LEGACY.glob("*.skv")) == [
+        "v1-tokens.skv", "v2-ngram.skv", "v2-plain.skv", "v2-rows.skv", "v2-segments-3.skv",
+        "v2-tokens-bitexact.skv", "v2-tokens.skv"]
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in LEGACY.glob("*.skv")))
 def test_files_of_formats_1_and_2_still_decode(tiny_model: CausalLM, name: str) -> None:
     data = (LEGACY / name).read_bytes()
