@@ -10,6 +10,7 @@ from seqkv.bench.mix import (
     passages,
     quoted_tokens,
     rag_workload,
+    render_markdown,
     run_mix_bench,
 )
 from seqkv.mixing.dictionary import build_dictionary
@@ -55,3 +56,6 @@ def test_a_quick_run_on_the_tiny_model(tiny_model: CausalLM) -> None:
     assert bench.dictionary.tokens <= bench.dictionary.sample_tokens
     assert [v.name for v in bench.variants] == ["default", "with-apm"]
     json.dumps(bench.to_json_dict())
+    report = render_markdown(bench, "seqkv bench mix")
+    assert f"| code | {bench.texts[0].tokens} |" in report
+    assert f"{bench.quoting_mixed_bits_per_token:.3f}" in report

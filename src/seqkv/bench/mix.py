@@ -28,12 +28,10 @@ nothing else can act), against the guarantee of at most 1.001x the base's code l
 from __future__ import annotations
 
 import importlib.resources
-import json
 import lzma
 import os
 import platform
 import random
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -499,13 +497,44 @@ def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, template_sessi
     )
 
 
-def main() -> None:
-    """``python -m seqkv.bench.mix``: run the bench on the embedded model, print JSON."""
-    from seqkv.models import load_default_model
-
-    bench = run_mix_bench(load_default_model(), log=lambda line: print(line, file=sys.stderr))
-    print(json.dumps(bench.to_json_dict(), indent=1))
-
-
-if __name__ == "__main__":
-    main()
+def render_markdown(bench: MixBench, command: str) -> str:
+    """The bench as a markdown report (``seqkv bench mix`` writes it to reports/mixing.md)."""
+    cost = bench.dictionary
+    lines = [
+        "# Mixing: the model with a dictionary's predictors, exactly", "",
+        f"Measured by `{command}`. Model: {bench.model}. Machine: {bench.machine}. Workload: "
+        "RAG-style sessions generated from the shipped texts (see `seqkv/bench/mix.py`); the "
+        f"dictionary is built from {bench.dictionary_sessions} sessions, the "
+        f"{bench.measured_sessions} measured sessions ({bench.measured_tokens:,} tokens) are "
+        f"others; {bench.quoted_fraction:.1%} of the measured tokens quote the dictionary "
+        f"(runs of {QUOTE_SPAN}+ tokens). Code lengths are ideal sums of -log2 p under each "
+        "integer table (the coder adds at most 2 bits per sequence).", "",
+        "| | model alone | mixed | mixed / model |", "|---|---:|---:|---:|",
+        f"| sessions that quote the dictionary | {bench.quoting_model_bits_per_token:.3f} | "
+        f"{bench.quoting_mixed_bits_per_token:.3f} | "
+        f"{bench.quoting_mixed_bits_per_token / bench.quoting_model_bits_per_token:.3f}x |",
+        f"| all measured sessions | {bench.model_bits_per_token:.3f} | "
+        f"{bench.mixed_bits_per_token:.3f} | "
+        f"{bench.mixed_bits_per_token / bench.model_bits_per_token:.3f}x |",
+        f"| all, ngram base | {bench.ngram_bits_per_token:.3f} | "
+        f"{bench.ngram_mixed_bits_per_token:.3f} | "
+        f"{bench.ngram_mixed_bits_per_token / bench.ngram_bits_per_token:.3f}x |", "",
+        f"Gain over the model: {bench.gain:.1%}; with the dictionary's model-coded size "
+        f"({cost.model_coded_bits:,.0f} bits) charged to these sessions: "
+        f"{bench.gain_with_dictionary:.1%}. Dictionary: {cost.tokens:,} tokens, "
+        f"{cost.serialized_bytes:,} bytes serialized ({cost.lzma_bytes:,} through lzma); repaid "
+        f"by {cost.break_even_sessions_serialized:.1f} sessions like these at its serialized size. "
+        f"Mixer: {bench.mixer_ms_per_token:.2f} ms per token against "
+        f"{bench.model_step_ms:.1f} ms for one model step (1 thread).", "",
+        "Texts without a dictionary (the mixer must not cost more than 1.001x + 16 bits):", "",
+        "| text | tokens | model bits/token | mixed bits/token | ratio | within |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    lines += [f"| {t.kind} | {t.tokens} | {t.model_bits_per_token:.4f} | "
+              f"{t.mixed_bits_per_token:.4f} | {t.ratio:.5f} | "
+              f"{'yes' if t.within_guarantee else 'NO'} |" for t in bench.texts]
+    lines += ["", "Mixer variants (ablations), model base:", "",
+              "| variant | bits/token | quoting | others |", "|---|---:|---:|---:|"]
+    lines += [f"| {v.name} | {v.bits_per_token:.3f} | {v.quoting_bits_per_token:.3f} | "
+              f"{v.other_bits_per_token:.3f} |" for v in bench.variants]
+    return "\n".join(lines) + "\n"

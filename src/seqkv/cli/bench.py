@@ -83,6 +83,25 @@ def _cmd_bench_figures(args: argparse.Namespace) -> int:
     return 1 if changes else 0
 
 
+def _cmd_bench_mix(args: argparse.Namespace) -> int:
+    from seqkv.bench.mix import render_markdown, run_mix_bench
+
+    model = common.load(args.model)
+    log = None if args.json else print
+    bench = run_mix_bench(model, dictionary_sessions=args.dictionary_sessions, seed=args.seed,
+                          log=log)
+    command = (f"seqkv bench mix --dictionary-sessions {args.dictionary_sessions} "
+               f"--seed {args.seed}")
+    target = Path(args.report)
+    common.make_folder(target.parent)
+    common.write_text(str(target), render_markdown(bench, command))
+    if args.json:
+        print(json.dumps(bench.to_json_dict() | {"report": str(target)}, default=str))
+    else:
+        print(f"mixing report written to {target}")
+    return 0
+
+
 def _cmd_bench_store(args: argparse.Namespace) -> int:
     from seqkv.bench.store import StoreBenchConfig, run_store_bench
 
@@ -167,6 +186,20 @@ def add_bench(commands: common.Subparsers) -> None:
     common.json_option(bs)
     common.progress_option(bs)
     bs.set_defaults(run=_cmd_bench_store)
+
+    bm = benches.add_parser("mix", help="the exact mixer with a dictionary on a RAG-style "
+                            "workload: bits against the model alone, the dictionary's cost, the "
+                            "mixer's cost per token")
+    common.model_option(bm)
+    bm.add_argument("--dictionary-sessions", type=common.int_in(1, 10_000), default=12,
+                    help="sessions the dictionary is built from")
+    bm.add_argument("--seed", type=common.int_in(0, 2**63 - 1), default=0)
+    bm.add_argument("--report", default="reports/mixing.md", metavar="PATH",
+                    type=common.output_file_in_new_folder,
+                    help="markdown report (default reports/mixing.md)")
+    common.json_option(bm)
+    common.progress_option(bm)
+    bm.set_defaults(run=_cmd_bench_mix)
 
     bf = benches.add_parser("figures", help="deterministic figures of every level (code bits, "
                             "file bytes, residual bits, forwards) against the committed baseline "
