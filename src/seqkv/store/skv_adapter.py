@@ -54,6 +54,7 @@ from seqkv.codec import (
 )
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder, BitStream
 from seqkv.container import (
+    DICTIONARY_DIGEST_BYTES,
     FORMAT_VERSION,
     Container,
     Header,
@@ -80,7 +81,7 @@ from seqkv.trie.radix import ResolvedPrefix
 
 DEFAULT_STORE_LEVEL = "portable"
 """The level a store codes at unless told otherwise: tokens that decode on any machine."""
-_DICTIONARY_BYTES = 32
+_DICTIONARY_BYTES = DICTIONARY_DIGEST_BYTES
 
 
 def missing_dictionary(digest: str) -> DictionaryUnavailableError:
