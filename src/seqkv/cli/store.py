@@ -4,6 +4,12 @@
 ``--store redis://HOST:PORT/DB`` names the store; ``--namespace`` the tenant (default
 ``default``). Texts are tokenized with the model; ``put-many`` / ``get-many`` read and write
 JSON lines (``{"id": ..., "text" or "tokens": ..., "namespace": ...}``) with a progress bar.
+
+Sessions are coded at ``portable`` unless ``--level`` says otherwise (issue 15). The store keeps
+mixing dictionaries per namespace (issue 16): ``dict-put DICT`` stores a dictionary built for the
+namespace (``seqkv dict build --namespace NS``) and makes it current, and ``put --level
+portable+mix`` codes with it; ``get`` finds each span's dictionary in the same namespace.
+``dict-ls`` lists the namespace's dictionaries and names the current one.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from seqkv.cli.sessions import kv_file_bytes
 from seqkv.errors import OutputError, SeqKVError
 from seqkv.files import atomic_output
 from seqkv.levels import DEFAULT_LEVEL
+from seqkv.mixing.dictionary import Dictionary
+from seqkv.mixing.errors import DictionaryMismatchError
 from seqkv.models import CausalLM
-from seqkv.store import SessionStore, skv_codecs
+from seqkv.store import DEFAULT_STORE_LEVEL, SessionStore, skv_codecs
 from seqkv.store.directory import DirectoryBackend
 from seqkv.store.jobs import get_many_jsonl, put_many_jsonl
 from seqkv.store.redis_backend import RedisBackend
@@ -108,6 +116,33 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dict_put(args: argparse.Namespace) -> int:
+    store, model = _store(args)
+    with open(args.dictionary, "rb") as stream:
+        dictionary = Dictionary.from_bytes(stream.read())
+    if dictionary.vocab_size != model.vocab_size:
+        raise DictionaryMismatchError(
+            f"{args.dictionary} is for a vocabulary of {dictionary.vocab_size:,} tokens, the "
+            f"model has {model.vocab_size:,}: build it with this model (seqkv dict build)")
+    stored = store.put_dictionary(dictionary, namespace=args.namespace)
+    common.print_figures(asdict(stored), args.json,
+                         f"dictionary {stored.digest[:16]}... is current in {args.namespace}")
+    return 0
+
+
+def _cmd_dict_ls(args: argparse.Namespace) -> int:
+    store, _ = _store(args)
+    current = store.current_dictionary(namespace=args.namespace)
+    digests = [str(d) for d in store.dictionaries(namespace=args.namespace)]
+    if args.json:
+        print(json.dumps({"current": None if current is None else str(current.digest),
+                          "dictionaries": digests}))
+    else:
+        print("\n".join(f"{d}{' (current)' if current and d == current.digest else ''}"
+                        for d in digests))
+    return 0
+
+
 def _cmd_put_many(args: argparse.Namespace) -> int:
     store, model = _store(args)
     report = put_many_jsonl(store, args.sessions, level=args.level.spec.name,
@@ -149,9 +184,12 @@ def add_store(commands: common.Subparsers) -> None:
 
     def level_option(command: argparse.ArgumentParser) -> None:
         command.add_argument("--level", type=common.level_argument,
-                             default=common.level_argument("rows"), metavar="LEVEL",
-                             help=f"coding level (default rows; {DEFAULT_LEVEL} codes fewest "
-                                  "bits but decodes one token per forward)")
+                             default=common.level_argument(DEFAULT_STORE_LEVEL),
+                             metavar="LEVEL",
+                             help=f"coding level (default {DEFAULT_STORE_LEVEL}: decodes on any "
+                                  "machine; portable+mix codes with the namespace's dictionary "
+                                  f"(dict-put); {DEFAULT_LEVEL} codes fewest bits but decodes "
+                                  "one token per forward)")
 
     put = verbs.add_parser("put", help="store a text (and its prefill KV) as a session")
     put.add_argument("session_id", metavar="SESSION_ID")
@@ -184,6 +222,18 @@ def add_store(commands: common.Subparsers) -> None:
     gc = verbs.add_parser("gc", help="remove what no session needs any more")
     common_options(gc)
     gc.set_defaults(run=_cmd_gc)
+
+    dict_put = verbs.add_parser("dict-put", help="store a mixing dictionary in the namespace "
+                                                  "and make it current (for portable+mix)")
+    dict_put.add_argument("dictionary", metavar="DICT", type=common.input_file_no_stdin,
+                          help="a dictionary built for the namespace (seqkv dict build "
+                               "--namespace NS)")
+    common_options(dict_put)
+    dict_put.set_defaults(run=_cmd_dict_put, paths=common.PathRoles(("dictionary",), ()))
+
+    dict_ls = verbs.add_parser("dict-ls", help="the namespace's dictionaries and its current one")
+    common_options(dict_ls)
+    dict_ls.set_defaults(run=_cmd_dict_ls)
 
     put_many = verbs.add_parser("put-many", help="store every session of a JSON-lines file")
     put_many.add_argument("sessions", metavar="SESSIONS.jsonl", type=common.input_file_no_stdin)

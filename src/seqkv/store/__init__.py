@@ -4,7 +4,9 @@ Put a session's KV in, get it back exactly on any worker, append the next turn w
 earlier ones, and keep every shared prefix once across the fleet::
 
     store = SessionStore.directory("sessions/", model)      # or SessionStore.redis(url, model)
-    store.put("chat-1", tokens, kv, level="rows", namespace="tenant-a")
+    store.put("chat-1", tokens, kv, namespace="tenant-a")   # level "portable" by default
+    store.put_dictionary(dictionary, namespace="tenant-a")  # built for "tenant-a"
+    store.put("doc-1", tokens, kv, level="portable+mix", namespace="tenant-a")
     store.append("chat-1", next_turn, namespace="tenant-a")
     session = store.get("chat-1", namespace="tenant-a")     # tokens, DynamicCache, KV, kv_exact
 
@@ -24,6 +26,7 @@ from seqkv.store.backend import AuditReport, ByteCounts, GcReport, StoreBackend
 from seqkv.store.codec import (
     CodecIdentity,
     DecodedSpan,
+    DictionaryCodec,
     EncodedSpan,
     PrefixState,
     SessionCodec,
@@ -33,6 +36,7 @@ from seqkv.store.errors import (
     CodecMismatchError,
     ConcurrentUpdateError,
     CorruptRecordError,
+    DictionaryNamespaceError,
     InvalidSessionIdError,
     SessionExistsError,
     SessionNotFoundError,
@@ -42,18 +46,20 @@ from seqkv.store.errors import (
 )
 from seqkv.store.hf import SavedCache, load_cache, save_cache
 from seqkv.store.index import IndexSpacing
-from seqkv.store.skv_adapter import PortableTokenCodec, SkvCodec
+from seqkv.store.skv_adapter import DEFAULT_STORE_LEVEL, PortableTokenCodec, SkvCodec
 from seqkv.store.store import (
     CodecFactory,
     PrefixMatch,
     PutResult,
     SessionStat,
     SessionStore,
+    StoredDictionary,
     StoredSession,
     skv_codecs,
 )
 
 __all__ = [
+    "DEFAULT_STORE_LEVEL",
     "AuditReport",
     "BatchInputError",
     "ByteCounts",
@@ -63,6 +69,8 @@ __all__ = [
     "ConcurrentUpdateError",
     "CorruptRecordError",
     "DecodedSpan",
+    "DictionaryCodec",
+    "DictionaryNamespaceError",
     "EncodedSpan",
     "GcReport",
     "IndexSpacing",
@@ -82,6 +90,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "StoreVerificationError",
+    "StoredDictionary",
     "StoredSession",
     "load_cache",
     "save_cache",

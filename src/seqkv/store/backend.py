@@ -3,7 +3,9 @@
 Data model (per namespace): span records (immutable, ``seqkv.store.record``), a reference count
 per span, a session table (id -> the span holding the session's last token, and its length) and
 the prefix index (key -> span). A span's reference count is the number of sessions whose entry
-names it plus the number of spans whose parent it is.
+names it plus the number of spans whose parent it is. Mixing dictionaries (``seqkv.mixing``) are
+kept per namespace too: their bytes by digest, which one is current, and per span the digest of
+the dictionary it was coded with (if any).
 
 Invariants every backend keeps:
 1. ``commit`` is atomic: the new span, its index entries, the reference counts and the session
@@ -15,6 +17,11 @@ Invariants every backend keeps:
    nothing and raises (enforced).
 4. Span ids only grow and are never reused (enforced: a counter), so a cached decoded span can
    never stand for another span's tokens.
+5. A span that names a dictionary is committed only while its namespace stores that dictionary
+   (checked inside the atomic commit, else ``DictionaryGoneError`` and nothing changes); ``gc``
+   removes a dictionary only when no span of the namespace that a session reaches names it and
+   it is not the namespace's current one, in the same atomic step (enforced). Dictionaries are
+   looked up only under the asking namespace's key (enforced: every key holds it).
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ from seqkv.store.ids import NamespaceKey, SessionName, SpanId
 
 class ParentGoneError(Exception):
     """Internal: the span a commit builds on was deleted meanwhile; the store retries."""
+
+
+class DictionaryGoneError(Exception):
+    """Internal: the dictionary a commit's span was coded with is not (or no longer) stored in
+    its namespace; the store retries with the namespace's current one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +71,7 @@ class CommitPlan:
     record: bytes | None  # a new span continuing ``parent``; None: the session ends in ``parent``
     parent: SpanId | None
     index_keys: tuple[bytes, ...]  # keys that name the new span (set where absent or dangling)
+    dictionary: str | None = None  # the digest of the dictionary ``record`` was coded with
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +85,13 @@ class AuditReport:
     orphan_records: int  # records without a count: garbage of a crashed writer
     dangling_index_entries: int  # index entries naming deleted spans (harmless; gc drops them)
     index_entries: int
+    dictionaries: int = 0  # stored in the namespace
+    missing_dictionaries: int = 0  # named by a live span but not stored (never expected)
 
     @property
     def consistent(self) -> bool:
-        return self.refcount_mismatches == 0 and self.missing_records == 0
+        return (self.refcount_mismatches == 0 and self.missing_records == 0
+                and self.missing_dictionaries == 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +100,7 @@ class GcReport:
     index_entries_removed: int
     refcounts_fixed: int
     spans_removed: int
+    dictionaries_removed: int = 0  # neither current nor named by a span a session reaches
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +117,7 @@ class ByteCounts:
     # What the backend itself reports: Redis MEMORY USAGE of the namespace's keys, or the blocks
     # on disk of the whole directory store (its records and database are not per namespace).
     backend_bytes: int | None
+    dictionaries: int = 0  # bytes of the namespace's stored dictionaries
 
     @property
     def metadata(self) -> int:
@@ -157,5 +175,22 @@ class StoreBackend(Protocol):
         ...
 
     def byte_counts(self, ns: NamespaceKey) -> ByteCounts: ...
+
+    def put_dictionary(self, ns: NamespaceKey, digest: str, data: bytes) -> bool:
+        """Store ``data`` under ``digest`` (if absent) and make it the namespace's current
+        dictionary, atomically; True if it was not stored before."""
+        ...
+
+    def current_dictionary(self, ns: NamespaceKey) -> str | None:
+        """The digest of the namespace's current dictionary (None: none was put)."""
+        ...
+
+    def fetch_dictionary(self, ns: NamespaceKey, digest: str) -> bytes | None:
+        """The bytes the namespace stores under ``digest`` (None: it stores none)."""
+        ...
+
+    def dictionary_digests(self, ns: NamespaceKey) -> list[str]:
+        """The digests the namespace stores, sorted."""
+        ...
 
     def close(self) -> None: ...

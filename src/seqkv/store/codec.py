@@ -13,6 +13,10 @@ Invariants (the ``SessionCodec`` contract):
 2. A payload decodes only against the exact ``PrefixState`` it was coded against: its tokens and
    its KV bits (assumed; the store always passes the state it decoded from the parent span).
 3. ``identity().digest`` changes whenever anything that decoding depends on changes (assumed).
+4. A ``DictionaryCodec`` whose ``uses_dictionary`` is True codes with the dictionary the store
+   hands it and names it by digest inside the payload (``payload_dictionary``); it decodes only
+   with that dictionary, found through the ``DictionarySource`` the store hands it, which looks
+   in the span's own namespace alone (assumed of every such codec; tested for ``SkvCodec``).
 
 Nothing here mutates anything: the types are frozen.
 """
@@ -27,6 +31,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from seqkv.codec import DictionarySource
+from seqkv.mixing.dictionary import Dictionary, DictionaryDigest
 from seqkv.store.ids import CodecDigest
 
 
@@ -108,4 +114,34 @@ class SessionCodec(Protocol):
     def decode_many(self, items: Sequence[tuple[bytes, PrefixState | None]]
                     ) -> list[DecodedSpan]:
         """Decode many payloads, sharing model forwards where the level allows."""
+        ...
+
+
+@runtime_checkable
+class DictionaryCodec(SessionCodec, Protocol):
+    """A ``SessionCodec`` that may code with a mixing dictionary (``seqkv.mixing``).
+
+    The store hands it the namespace's current dictionary to encode, and a source that finds
+    dictionaries by digest in the span's namespace to decode. Codecs without this protocol (or
+    with ``uses_dictionary`` False) are called through ``SessionCodec`` alone.
+    """
+
+    @property
+    def uses_dictionary(self) -> bool:
+        """Whether spans are coded with a dictionary (the level mixes)."""
+        ...
+
+    def payload_dictionary(self, payload: bytes) -> DictionaryDigest | None:
+        """The digest of the dictionary a payload was coded with (None: none)."""
+        ...
+
+    def encode_with_dictionary(self, tokens: Sequence[int], kv: torch.Tensor | None,
+                               prefix: PrefixState | None,
+                               dictionary: Dictionary | None) -> EncodedSpan:
+        """``encode`` with ``dictionary``; the payload names it by digest."""
+        ...
+
+    def decode_many_with_dictionaries(self, items: Sequence[tuple[bytes, PrefixState | None]],
+                                      dictionaries: DictionarySource) -> list[DecodedSpan]:
+        """``decode_many``, finding each payload's dictionary in ``dictionaries``."""
         ...

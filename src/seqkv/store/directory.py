@@ -2,7 +2,9 @@
 
 Layout of the store directory::
 
-    store.sqlite3          sessions, span reference counts, the prefix index, codec identities
+    store.sqlite3          sessions, span reference counts, the prefix index, codec identities,
+                           mixing dictionaries (bytes per namespace and digest, the current one,
+                           and which span was coded with which)
     records/<hh>/<id>      one file per span record (``seqkv.store.record``), <hh> = id mod 256
 
 Motivation: records are immutable blobs, written once with the classic atomic-file protocol; the
@@ -24,6 +26,10 @@ Invariants:
    rename and its COMMIT (enforced).
 3. AUTOINCREMENT never reuses an id, even after deletes (enforced by SQLite), so record files and
    cached decoded spans can never be confused.
+4. A dictionary's bytes, its being current, and a span's reference to it change inside the same
+   transactions as the spans (enforced), so ``seqkv.store.backend`` invariant 5 holds across
+   crashes. Dictionaries live in the database, not in files: they are written once per
+   namespace and digest, and a row needs no orphan sweep.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from seqkv.store.backend import (
     AuditReport,
     ByteCounts,
     CommitPlan,
+    DictionaryGoneError,
     GcReport,
     ParentGoneError,
     SessionChain,
@@ -66,6 +73,11 @@ CREATE TABLE IF NOT EXISTS sessions(ns BLOB NOT NULL, name TEXT NOT NULL, span I
     length INTEGER NOT NULL, PRIMARY KEY(ns, name)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS idx(ns BLOB NOT NULL, key BLOB NOT NULL, span INTEGER NOT NULL,
     PRIMARY KEY(ns, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dicts(ns BLOB NOT NULL, digest TEXT NOT NULL, data BLOB NOT NULL,
+    UNIQUE(ns, digest));
+CREATE TABLE IF NOT EXISTS dict_current(ns BLOB PRIMARY KEY, digest TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS span_dicts(span INTEGER PRIMARY KEY, ns BLOB NOT NULL,
+    digest TEXT NOT NULL);
 """
 _CHAIN = """
 WITH RECURSIVE chain(id, parent, depth) AS (
@@ -271,6 +283,7 @@ class DirectoryBackend:
             if count > 0:
                 return
             db.execute("DELETE FROM spans WHERE id = ?", (span,))
+            db.execute("DELETE FROM span_dicts WHERE span = ?", (span,))
             removed.append(span)
             span = parent
 
@@ -292,12 +305,19 @@ class DirectoryBackend:
                     "SELECT 1 FROM spans WHERE id = ? AND ns = ?",
                     (plan.parent, ns)).fetchone() is None:
                 raise ParentGoneError(plan.parent)
+            if plan.record is not None and plan.dictionary is not None and db.execute(
+                    "SELECT 1 FROM dicts WHERE ns = ? AND digest = ?",
+                    (ns, plan.dictionary)).fetchone() is None:
+                raise DictionaryGoneError(plan.dictionary)
             span = plan.parent
             if plan.record is not None:
                 cursor = db.execute(
                     "INSERT INTO spans(ns, parent, refcount, nbytes) VALUES (?, ?, 0, ?)",
                     (ns, plan.parent, len(plan.record)))
                 span = SpanId(int(cursor.lastrowid or 0))
+                if plan.dictionary is not None:
+                    db.execute("INSERT INTO span_dicts VALUES (?, ?, ?)",
+                               (span, ns, plan.dictionary))
                 path = self._path(span)
                 path.parent.mkdir(exist_ok=True)
                 write_file_atomically(path, plan.record)
@@ -383,8 +403,15 @@ class DirectoryBackend:
             entries = db.execute("SELECT count(*) FROM idx WHERE ns = ?", (ns,)).fetchone()[0]
             dangling = db.execute("SELECT count(*) FROM idx WHERE ns = ? AND span NOT IN "
                                   "(SELECT id FROM spans)", (ns,)).fetchone()[0]
+            dictionaries = db.execute("SELECT count(*) FROM dicts WHERE ns = ?",
+                                      (ns,)).fetchone()[0]
+            named = {(int(span), str(d)) for span, d in db.execute(
+                "SELECT span, digest FROM span_dicts WHERE ns = ?", (ns,))}
+            stored = {str(d) for (d,) in db.execute("SELECT digest FROM dicts WHERE ns = ?",
+                                                   (ns,))}
+        missing_dictionaries = sum(1 for span, d in named if span in spans and d not in stored)
         return AuditReport(sessions, len(spans), mismatches, missing, orphans, int(dangling),
-                           int(entries))
+                           int(entries), int(dictionaries), missing_dictionaries)
 
     def gc(self, ns: NamespaceKey) -> GcReport:
         with self._write() as db:
@@ -399,8 +426,15 @@ class DirectoryBackend:
             cursor = db.execute("DELETE FROM idx WHERE ns = ? AND span NOT IN "
                                 "(SELECT id FROM spans)", (ns,))
             dangling = cursor.rowcount
+            db.execute("DELETE FROM span_dicts WHERE ns = ? AND span NOT IN "
+                       "(SELECT id FROM spans)", (ns,))
+            cursor = db.execute(
+                "DELETE FROM dicts WHERE ns = ? AND digest NOT IN "
+                "(SELECT digest FROM span_dicts WHERE ns = ?) AND digest NOT IN "
+                "(SELECT digest FROM dict_current WHERE ns = ?)", (ns, ns, ns))
+            dictionaries = cursor.rowcount
         self._unlink(dead)
-        return GcReport(len(orphans), dangling, len(fixed), len(dead))
+        return GcReport(len(orphans), dangling, len(fixed), len(dead), dictionaries)
 
     def byte_counts(self, ns: NamespaceKey) -> ByteCounts:
         with self._read() as db:
@@ -416,10 +450,36 @@ class DirectoryBackend:
             counts = db.execute("SELECT coalesce(sum(length(CAST(id AS TEXT)) + "
                                 "length(CAST(refcount AS TEXT))), 0) FROM spans WHERE ns = ?",
                                 (ns,)).fetchone()[0]
+            dictionaries = db.execute("SELECT coalesce(sum(length(data)), 0) FROM dicts "
+                                      "WHERE ns = ?", (ns,)).fetchone()[0]
         on_disk = sum(p.stat().st_blocks * 512 for p in self._files())
         on_disk += sum(p.stat().st_blocks * 512 for p in self._root.glob("store.sqlite3*"))
         return ByteCounts(int(records), int(spans), int(index), int(entries), int(sessions),
-                          int(ids), int(counts), on_disk)
+                          int(ids), int(counts), on_disk, int(dictionaries))
+
+    def put_dictionary(self, ns: NamespaceKey, digest: str, data: bytes) -> bool:
+        with self._write() as db:
+            cursor = db.execute("INSERT OR IGNORE INTO dicts(ns, digest, data) VALUES (?, ?, ?)",
+                                (ns, digest, data))
+            db.execute("INSERT OR REPLACE INTO dict_current VALUES (?, ?)", (ns, digest))
+        return cursor.rowcount == 1
+
+    def current_dictionary(self, ns: NamespaceKey) -> str | None:
+        with self._read() as db:
+            row = db.execute("SELECT digest FROM dict_current WHERE ns = ?", (ns,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def fetch_dictionary(self, ns: NamespaceKey, digest: str) -> bytes | None:
+        with self._read() as db:
+            row = db.execute("SELECT data FROM dicts WHERE ns = ? AND digest = ?",
+                             (ns, digest)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def dictionary_digests(self, ns: NamespaceKey) -> list[str]:
+        with self._read() as db:
+            rows = db.execute("SELECT digest FROM dicts WHERE ns = ? ORDER BY digest",
+                              (ns,)).fetchall()
+        return [str(row[0]) for row in rows]
 
     def close(self) -> None:
         """Close this thread's connection (others close when their thread ends)."""

@@ -51,3 +51,7 @@ class StoreUnavailableError(StoreError):
 
 class BatchInputError(StoreError, ValueError):
     """A line of a JSON-lines batch file that is not a valid session."""
+
+
+class DictionaryNamespaceError(StoreError, ValueError):
+    """A mixing dictionary built for another namespace than the one it is put into."""

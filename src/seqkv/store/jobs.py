@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from seqkv.store.errors import BatchInputError
 from seqkv.store.fleet import StoreSpec
 from seqkv.store.ids import check_namespace, check_session_id
+from seqkv.store.skv_adapter import DEFAULT_STORE_LEVEL
 from seqkv.store.store import SessionStore
 
 # NOTE: actors ask for half a CPU each: with a whole one, 2 actors on a 2-CPU Ray instance left no
@@ -101,8 +102,9 @@ def _tokens(line: SessionLine, tokenize: Tokenize | None) -> list[int]:
     return tokenize(line.text)
 
 
-def put_many_jsonl(store: SessionStore, path: str | os.PathLike[str], *, level: str,
-                   tokenize: Tokenize | None = None, progress: bool = True) -> BatchReport:
+def put_many_jsonl(store: SessionStore, path: str | os.PathLike[str], *,
+                   level: str = DEFAULT_STORE_LEVEL, tokenize: Tokenize | None = None,
+                   progress: bool = True) -> BatchReport:
     """Put every session of the JSON-lines file ``path``."""
     lines = read_lines(path)
     started = time.perf_counter()
@@ -205,8 +207,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def ray_put_many(spec: StoreSpec, path: str | os.PathLike[str], *, level: str,
-                 actors: int = 2, batch_size: int = 8) -> BatchReport:
+def ray_put_many(spec: StoreSpec, path: str | os.PathLike[str], *,
+                 level: str = DEFAULT_STORE_LEVEL, actors: int = 2,
+                 batch_size: int = 8) -> BatchReport:
     """``put_many_jsonl`` through Ray Data: ``actors`` actors write to the store ``spec``."""
     import ray.data
 

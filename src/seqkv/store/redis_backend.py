@@ -10,6 +10,9 @@ Key layout (``P`` = the key prefix, ``N`` = 32 hex digits of the namespace key):
     P:N:c             hash    span id -> reference count
     P:N:n             hash    session id -> "<span>:<length>"
     P:N:i:<hh>        hash    index bucket: key bytes [2:] -> span id; <hh> = hex of bytes [:2]
+    P:N:d:<digest>    string  a mixing dictionary's bytes (``seqkv.mixing``), by its digest
+    P:N:dcur          string  the digest of the namespace's current dictionary
+    P:N:sd            hash    span id -> digest of the dictionary it was coded with (if any)
 
 Motivation for the buckets: 65,536 small hashes keep the index in Redis' compact listpack encoding
 (a few bytes per entry) where one big hash or one key per entry costs ~50-70 bytes per entry; a
@@ -38,6 +41,7 @@ from seqkv.store.backend import (
     AuditReport,
     ByteCounts,
     CommitPlan,
+    DictionaryGoneError,
     GcReport,
     ParentGoneError,
     SessionChain,
@@ -80,6 +84,7 @@ local function release(p, span)
     local rec = redis.call('GET', skey)
     redis.call('DEL', skey)
     redis.call('HDEL', ckey, span)
+    redis.call('HDEL', p .. ':sd', span)
     if rec then span = parent_of(rec) else span = nil end
   end
 end
@@ -98,6 +103,7 @@ end
 
 _COMMIT = _LIB + """
 local p, name, length, expect, record, parent = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local dict = ARGV[7]
 local ckey, nkey = p .. ':c', p .. ':n'
 local current = redis.call('HGET', nkey, name)
 if expect == '' then
@@ -106,13 +112,17 @@ elseif current ~= expect then
   return 'changed'
 end
 if parent ~= '' and not redis.call('HGET', ckey, parent) then return 'gone' end
+if record ~= '' and dict ~= '' and redis.call('EXISTS', p .. ':d:' .. dict) == 0 then
+  return 'nodict'
+end
 local span = parent
 if record ~= '' then
   span = tostring(redis.call('INCR', p .. ':id'))
   redis.call('SET', p .. ':s:' .. span, record)
   redis.call('HSET', ckey, span, 0)
+  if dict ~= '' then redis.call('HSET', p .. ':sd', span, dict) end
   if parent ~= '' then redis.call('HINCRBY', ckey, parent, 1) end
-  for i = 7, #ARGV, 2 do
+  for i = 8, #ARGV, 2 do
     local old = redis.call('HGET', ARGV[i], ARGV[i + 1])
     if (not old) or redis.call('HEXISTS', ckey, old) == 0 then
       redis.call('HSET', ARGV[i], ARGV[i + 1], span)
@@ -225,7 +235,34 @@ repeat
     end
   end
 until cursor == '0'
-return {#sessions / 2, nspans, mismatches, missing, orphans, dangling, entries, fixed, removed}
+local sdkey, current = p .. ':sd', redis.call('GET', p .. ':dcur')
+local referenced, ndicts, missing_dicts, dicts_removed = {}, 0, 0, 0
+flat = redis.call('HGETALL', sdkey)
+for i = 1, #flat, 2 do
+  if reachable[flat[i]] then
+    referenced[flat[i + 1]] = true
+    if redis.call('EXISTS', p .. ':d:' .. flat[i + 1]) == 0 then
+      missing_dicts = missing_dicts + 1
+    end
+  elseif fix then
+    redis.call('HDEL', sdkey, flat[i])
+  end
+end
+cursor = '0'
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', p .. ':d:*', 'COUNT', 1000)
+  cursor = r[1]
+  for _, key in ipairs(r[2]) do
+    ndicts = ndicts + 1
+    local digest = string.sub(key, #p + 4)
+    if fix and not referenced[digest] and digest ~= current then
+      redis.call('DEL', key)
+      dicts_removed = dicts_removed + 1
+    end
+  end
+until cursor == '0'
+return {#sessions / 2, nspans, mismatches, missing, orphans, dangling, entries, fixed, removed,
+        ndicts, missing_dicts, dicts_removed}
 """
 
 _BYTES = """
@@ -259,7 +296,20 @@ for i = 1, #kv, 2 do
 end
 kv = redis.call('HGETALL', p .. ':c')
 for i = 1, #kv, 2 do counts = counts + #kv[i] + #kv[i + 1] end
-return {records, nrecords, index, nindex, sessions, ids, counts}
+local dicts = 0
+cursor = '0'
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', p .. ':d:*', 'COUNT', 1000)
+  cursor = r[1]
+  for _, key in ipairs(r[2]) do dicts = dicts + redis.call('STRLEN', key) end
+until cursor == '0'
+return {records, nrecords, index, nindex, sessions, ids, counts, dicts}
+"""
+
+_PUT_DICTIONARY = """
+local created = redis.call('SETNX', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[1])
+return created
 """
 
 _REGISTER = """
@@ -289,7 +339,8 @@ class RedisBackend:
             name: self._client.register_script(source)
             for name, source in (("commit", _COMMIT), ("delete", _DELETE),
                                  ("span", _FETCH_SPAN), ("sessions", _FETCH_SESSIONS),
-                                 ("audit", _AUDIT), ("bytes", _BYTES), ("register", _REGISTER))
+                                 ("audit", _AUDIT), ("bytes", _BYTES), ("register", _REGISTER),
+                                 ("dictionary", _PUT_DICTIONARY))
         }
         self._codecs: dict[int, CodecIdentity] = {}
         self._codec_index: dict[CodecDigest, int] = {}
@@ -395,7 +446,8 @@ class RedisBackend:
         args: list[str | bytes | int] = [
             prefix, plan.session, plan.length,
             "" if plan.expect is None else f"{plan.expect.span}:{plan.expect.length}",
-            plan.record or b"", "" if plan.parent is None else str(plan.parent)]
+            plan.record or b"", "" if plan.parent is None else str(plan.parent),
+            plan.dictionary or ""]
         if plan.record is not None:
             for key in plan.index_keys:
                 args += [f"{prefix}:i:{key[:2].hex()}", key[2:]]
@@ -406,6 +458,8 @@ class RedisBackend:
             raise ConcurrentUpdateError(plan.session)
         if status == "gone":
             raise ParentGoneError(plan.parent)
+        if status == "nodict":
+            raise DictionaryGoneError(plan.dictionary)
         return SpanId(int(status.removeprefix("ok:")))
 
     def delete(self, ns: NamespaceKey, name: SessionName) -> bool:
@@ -420,16 +474,38 @@ class RedisBackend:
         return [int(v) for v in self._run("audit", [self._ns(ns), "1" if fix else "0"])]
 
     def audit(self, ns: NamespaceKey) -> AuditReport:
-        sessions, spans, mismatches, missing, orphans, dangling, entries, _, _ = self._audit(
-            ns, fix=False)
-        return AuditReport(sessions, spans, mismatches, missing, orphans, dangling, entries)
+        (sessions, spans, mismatches, missing, orphans, dangling, entries, _, _, dictionaries,
+         missing_dictionaries, _) = self._audit(ns, fix=False)
+        return AuditReport(sessions, spans, mismatches, missing, orphans, dangling, entries,
+                           dictionaries, missing_dictionaries)
 
     def gc(self, ns: NamespaceKey) -> GcReport:
-        _, _, _, _, _, dangling, _, fixed, removed = self._audit(ns, fix=True)
-        return GcReport(0, dangling, fixed, removed)
+        _, _, _, _, _, dangling, _, fixed, removed, _, _, dictionaries = self._audit(ns, fix=True)
+        return GcReport(0, dangling, fixed, removed, dictionaries)
+
+    def put_dictionary(self, ns: NamespaceKey, digest: str, data: bytes) -> bool:
+        prefix = self._ns(ns)
+        return bool(self._run("dictionary", [digest, data],
+                              [f"{prefix}:d:{digest}", f"{prefix}:dcur"]))
+
+    def current_dictionary(self, ns: NamespaceKey) -> str | None:
+        with self._request():
+            raw = self._client.get(f"{self._ns(ns)}:dcur")
+        return None if raw is None else bytes(raw).decode()
+
+    def fetch_dictionary(self, ns: NamespaceKey, digest: str) -> bytes | None:
+        with self._request():
+            raw = self._client.get(f"{self._ns(ns)}:d:{digest}")
+        return None if raw is None else bytes(raw)
+
+    def dictionary_digests(self, ns: NamespaceKey) -> list[str]:
+        prefix = self._ns(ns)
+        with self._request():
+            keys = list(self._client.scan_iter(match=f"{prefix}:d:*", count=1000))
+        return sorted(bytes(key).decode()[len(prefix) + 3 :] for key in keys)
 
     def byte_counts(self, ns: NamespaceKey) -> ByteCounts:
-        records, spans, index, entries, sessions, ids, counts = (
+        records, spans, index, entries, sessions, ids, counts, dictionaries = (
             int(v) for v in self._run("bytes", [self._ns(ns)]))
         prefix = self._ns(ns)
         with self._request():
@@ -438,7 +514,8 @@ class RedisBackend:
             for key in keys:
                 pipe.memory_usage(key, samples=0)
             memory = sum(int(v or 0) for v in pipe.execute())
-        return ByteCounts(records, spans, index, entries, sessions, ids, counts, memory)
+        return ByteCounts(records, spans, index, entries, sessions, ids, counts, memory,
+                          dictionaries)
 
     def close(self) -> None:
         self._client.close()

@@ -13,8 +13,11 @@ reproduce it (elsewhere a portable level's KV is returned recomputed, ``kv_exact
 
 Payload layout (varints as in ``seqkv.store.record``)::
 
-    head       varint   2 * tokens coded + 1 if a residual section follows
+    head       varint   2 * tokens coded + 1 if a residual section follows; at a level that
+                        mixes (``portable+mix``): 4 * tokens coded + 2 if a dictionary digest
+                        follows + 1 if a residual section follows
     digests    16 bytes the 8-byte digests of the whole chain's tokens and of its KV
+    [dict]     32 bytes the SHA-256 digest of the mixing dictionary the span was coded with
     [residual] varint length, then the section as a ``.skv`` file holds it
     code       bytes    the token code (its bit length is not kept: the decoder reads zeros past
                         a stream's end and the last byte's padding is zeros, so decoding
@@ -26,6 +29,11 @@ Invariants:
 2. ``SkvCodec.encode`` reports as ``EncodedSpan.kv`` the KV a decoder rebuilds, which the
    encoder computed and digested (enforced), so the store never codes a child against KV a
    decoder would not rebuild.
+3. A span coded with a dictionary decodes only with the dictionary of that digest, from the
+   source the store gives (its namespace's); a source without it raises
+   ``DictionaryUnavailableError`` with one message whatever other namespaces hold (enforced).
+   The mixing levels' identity carries ``"payload": "dictionary"``, so a payload of the layout
+   without the dictionary field is never read with it (enforced by the identity's digest).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import torch
 
 from seqkv.codec import (
     DEFAULT_TOLERANCE,
+    DictionarySource,
     compress,
     decode_containers,
     kv_digest,
@@ -45,6 +54,7 @@ from seqkv.codec import (
 )
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder, BitStream
 from seqkv.container import (
+    DICTIONARY_DIGEST_BYTES,
     FORMAT_VERSION,
     Container,
     Header,
@@ -59,6 +69,8 @@ from seqkv.errors import CorruptFileError, DecodeVerificationError, SeqKVError
 from seqkv.levels import CodingLevel, parse_level
 from seqkv.levels.base import Distribution
 from seqkv.levels.model_free import ModelFreeLevel
+from seqkv.mixing.dictionary import Dictionary, DictionaryDigest
+from seqkv.mixing.errors import DictionaryError, DictionaryUnavailableError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.profiles import execution_profile
 from seqkv.store.codec import CodecIdentity, DecodedSpan, EncodedSpan, PrefixState
@@ -66,6 +78,29 @@ from seqkv.store.errors import CorruptRecordError, StoreVerificationError
 from seqkv.store.record import read_varint, write_varint
 from seqkv.trie.keys import DEFAULT_NAMESPACE, PrefixHash, prefix_hash
 from seqkv.trie.radix import ResolvedPrefix
+
+DEFAULT_STORE_LEVEL = "portable"
+"""The level a store codes at unless told otherwise: tokens that decode on any machine."""
+_DICTIONARY_BYTES = DICTIONARY_DIGEST_BYTES
+
+
+def missing_dictionary(digest: str) -> DictionaryUnavailableError:
+    """The error for a span whose dictionary its namespace does not hold: one message, whether
+    the digest exists in another namespace or nowhere (the store's tenant rule)."""
+    return DictionaryUnavailableError(
+        f"a stored span was coded with the mixing dictionary {digest[:16]}..., which its "
+        "namespace does not hold: put that dictionary into the namespace again "
+        "(SessionStore.put_dictionary; CLI: seqkv store dict-put DICT --namespace NS)")
+
+
+class _Found:
+    """The dictionaries of one ``decode_many`` call, by digest (a ``DictionarySource``)."""
+
+    def __init__(self, found: dict[str, Dictionary]) -> None:
+        self._found = found
+
+    def get(self, digest: str) -> Dictionary | None:
+        return self._found.get(digest)
 
 
 def _resolved(prefix: PrefixState | None) -> ResolvedPrefix | None:
@@ -88,7 +123,7 @@ class _Prefixes:
 class SkvCodec:
     """``SessionCodec`` over ``seqkv.compress``: one model, one level, one tolerance."""
 
-    def __init__(self, model: CausalLM, level: CodingLevel | str = "rows",
+    def __init__(self, model: CausalLM, level: CodingLevel | str = DEFAULT_STORE_LEVEL,
                  tolerance: float = DEFAULT_TOLERANCE, report_kv: bool = True) -> None:
         self._model = model
         self._level = parse_level(level) if isinstance(level, str) else level
@@ -109,30 +144,49 @@ class SkvCodec:
         return True
 
     @property
+    def uses_dictionary(self) -> bool:
+        return self._level.spec.mixes
+
+    @property
     def max_prefix_error(self) -> float:
         return self._tolerance
 
     def identity(self) -> CodecIdentity:
         model = self._model
-        return CodecIdentity.of({
+        description: dict[str, object] = {
             "codec": "seqkv.store.skv-adapter", "version": 2, "format": FORMAT_VERSION,
             "model": asdict(model.identity), "profile": asdict(self._profile),
             "level": self._level.spec.name, "tolerance": self._tolerance,
             "vocab_size": model.vocab_size,
-        })
+        }
+        if self.uses_dictionary:
+            description["payload"] = "dictionary"
+        return CodecIdentity.of(description)
 
     def encode(self, tokens: Sequence[int], kv: torch.Tensor | None,
                prefix: PrefixState | None) -> EncodedSpan:
+        return self.encode_with_dictionary(tokens, kv, prefix, None)
+
+    def encode_with_dictionary(self, tokens: Sequence[int], kv: torch.Tensor | None,
+                               prefix: PrefixState | None,
+                               dictionary: Dictionary | None) -> EncodedSpan:
         token_list = [int(t) for t in tokens]
         result = compress(self._model, token_list, kv=kv, tolerance=self._tolerance,
-                          prefix=_resolved(prefix), level=self._level)
+                          prefix=_resolved(prefix), level=self._level, dictionary=dictionary)
         container = decode_container(result.data)
         residual = (b"" if container.residual is None
                     else encode_residual_section(container.residual))
         out = bytearray()
-        write_varint(out, 2 * container.header.count + (1 if residual else 0))
+        count = container.header.count
+        named = container.header.dictionary
+        if self.uses_dictionary:
+            write_varint(out, 4 * count + (2 if named is not None else 0) + (1 if residual else 0))
+        else:
+            write_varint(out, 2 * count + (1 if residual else 0))
         rebuilt = result.kv
         out += container.header.tokens_digest + container.header.kv_digest
+        if named is not None:
+            out += bytes.fromhex(named)
         if residual:
             write_varint(out, len(residual))
             out += residual
@@ -142,13 +196,30 @@ class SkvCodec:
         return EncodedSpan(bytes(out), container.header.count, coded, len(result.data),
                            rebuilt if self._report_kv else None, exact)
 
+    def payload_dictionary(self, payload: bytes) -> DictionaryDigest | None:
+        if not self.uses_dictionary:
+            return None
+        try:
+            head, position = read_varint(payload, 0)
+        except ValueError as error:
+            raise CorruptRecordError(f"a span payload is malformed: {error}") from error
+        if not head & 2:
+            return None
+        start = position + 2 * DIGEST_BYTES
+        named = payload[start : start + _DICTIONARY_BYTES]
+        if len(named) != _DICTIONARY_BYTES:
+            raise CorruptRecordError("a span payload ends inside its dictionary digest")
+        return DictionaryDigest(named.hex())
+
     def _container(self, payload: bytes, prefix: ResolvedPrefix | None) -> Container:
         try:
             head, position = read_varint(payload, 0)
-            count, has_residual = divmod(head, 2)
+            named = self.payload_dictionary(payload)
+            count = head >> 2 if self.uses_dictionary else head >> 1
+            has_residual = head & 1
             tokens_part = Digest(payload[position : position + DIGEST_BYTES])
             kv_part = Digest(payload[position + DIGEST_BYTES : position + 2 * DIGEST_BYTES])
-            position += 2 * DIGEST_BYTES
+            position += 2 * DIGEST_BYTES + (_DICTIONARY_BYTES if named is not None else 0)
             residual = None
             if has_residual:
                 length, position = read_varint(payload, position)
@@ -163,8 +234,10 @@ class SkvCodec:
         if count < 1 or len(kv_part) != DIGEST_BYTES:
             raise CorruptRecordError("a span payload's lengths do not add up")
         spec = self._level.spec
-        parameter = self._level.spec.name.partition(":")[2]
-        segments = tuple(split_lengths(count, int(parameter))) if parameter else (count,)
+        family, _, parameter = self._level.spec.name.partition(":")
+        # Only the segments level splits its tokens (portable:N's parameter is a layer count).
+        segments = (tuple(split_lengths(count, int(parameter))) if family == "segments"
+                    else (count,))
         header = Header(
             format_version=FORMAT_VERSION, level=spec.name, count=count, segments=segments,
             vocab_size=None if spec.model_coded else self._model.vocab_size,
@@ -172,22 +245,36 @@ class SkvCodec:
             profile_digest=profile_digest(self._profile),
             tokens_digest=tokens_part, kv_digest=kv_part,
             prefix=None if prefix is None or prefix.kv is None else PrefixRef(
-                str(prefix.prefix_hash), len(prefix.tokens), kv_digest(prefix.kv)))
+                str(prefix.prefix_hash), len(prefix.tokens), kv_digest(prefix.kv)),
+            dictionary=named)
         return Container(header, code, residual)
 
     def decode_many(self, items: Sequence[tuple[bytes, PrefixState | None]]
                     ) -> list[DecodedSpan]:
+        return self.decode_many_with_dictionaries(items, _Found({}))
+
+    def decode_many_with_dictionaries(self, items: Sequence[tuple[bytes, PrefixState | None]],
+                                      dictionaries: DictionarySource) -> list[DecodedSpan]:
         prefixes = [_resolved(prefix) for _, prefix in items]
         containers = [self._container(payload, prefix)
                       for (payload, _), prefix in zip(items, prefixes, strict=True)]
+        found: dict[str, Dictionary] = {}
+        for container in containers:
+            named = container.header.dictionary
+            if named is not None and named not in found:
+                dictionary = dictionaries.get(named)
+                if dictionary is None:
+                    raise missing_dictionary(named)
+                found[named] = dictionary
         try:
-            decoded = decode_containers(self._model, containers, prefixes=_Prefixes(prefixes))
+            decoded = decode_containers(self._model, containers, prefixes=_Prefixes(prefixes),
+                                        dictionaries=_Found(found))
         except DecodeVerificationError as error:
             raise StoreVerificationError(
                 f"{error}: this worker did not reproduce the encoder's probabilities and KV bit "
                 "for bit, or the span was coded against another prefix") from error
         except SeqKVError as error:
-            if isinstance(error, StoreVerificationError):
+            if isinstance(error, StoreVerificationError | DictionaryError):
                 raise
             raise CorruptRecordError(f"a span does not decode: {error}") from error
         results = []
@@ -270,4 +357,4 @@ class PortableTokenCodec:
         return results
 
 
-__all__ = ["PortableTokenCodec", "SkvCodec"]
+__all__ = ["DEFAULT_STORE_LEVEL", "PortableTokenCodec", "SkvCodec", "missing_dictionary"]

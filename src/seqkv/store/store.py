@@ -24,9 +24,23 @@ Invariants:
    session missing from the asked namespace raises ``SessionNotFoundError`` with the message a
    never-stored id gets, after the same single request (enforced).
 4. Reference counts change only inside backend commits (``seqkv.store.backend``).
+5. Each namespace keeps its own mixing dictionaries (issue 16): ``put_dictionary`` stores one
+   under its digest and makes it the namespace's current one; a put or append at a level that
+   mixes (``portable+mix``) codes with the namespace's current dictionary and its span names
+   that digest; decoding looks the digest up in the span's own namespace only. A dictionary
+   built for another namespace is refused (``DictionaryNamespaceError``), so one tenant's
+   dictionary never codes another's sessions, and a digest missing from the asked namespace
+   raises ``DictionaryUnavailableError`` with the message a digest stored nowhere gets
+   (enforced; tested on both backends). ``gc`` keeps every dictionary a live span names and the
+   current one (``seqkv.store.backend`` invariant 5).
 
-What mutates: ``put``/``append``/``delete``/``gc`` change the backend; ``put``, ``append``,
-``get`` and ``get_many`` also fill this process's hot tier.
+The default level is ``portable`` (issue 15): its tokens decode on any machine with the model's
+weights; the KV is exact on the encoder's execution profile.
+
+What mutates: ``put``/``append``/``delete``/``gc``/``put_dictionary`` change the backend;
+``put``, ``append``, ``get`` and ``get_many`` also fill this process's hot tier, and every call
+that reads a dictionary fills this process's dictionary cache (immutable, content-addressed
+entries keyed by namespace and digest).
 
 Limits: a ``SessionStore`` object serves one thread (its hot tier is unlocked); open one per
 thread or process, all on the same backend. Two writers that code the same new prefix at the
@@ -37,6 +51,7 @@ index names first, as with vLLM's concurrently computed blocks.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -46,11 +61,14 @@ from transformers import DynamicCache
 from seqkv.codec import DEFAULT_TOLERANCE
 from seqkv.errors import EmptyInputError, InvalidKVError
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
+from seqkv.mixing.dictionary import Dictionary, DictionaryDigest
+from seqkv.mixing.errors import CorruptDictionaryError, DictionaryUnavailableError
 from seqkv.models.adapter import CausalLM
 from seqkv.store.backend import (
     AuditReport,
     ByteCounts,
     CommitPlan,
+    DictionaryGoneError,
     GcReport,
     ParentGoneError,
     SessionChain,
@@ -58,10 +76,17 @@ from seqkv.store.backend import (
     StoreBackend,
     StoredSpan,
 )
-from seqkv.store.codec import PrefixState, SessionCodec
+from seqkv.store.codec import (
+    DecodedSpan,
+    DictionaryCodec,
+    EncodedSpan,
+    PrefixState,
+    SessionCodec,
+)
 from seqkv.store.errors import (
     CodecMismatchError,
     ConcurrentUpdateError,
+    DictionaryNamespaceError,
     SessionExistsError,
     SessionNotFoundError,
 )
@@ -77,13 +102,15 @@ from seqkv.store.ids import (
 )
 from seqkv.store.index import IndexSpacing, chain_keys
 from seqkv.store.record import SpanRecord, pack, unpack
-from seqkv.store.skv_adapter import SkvCodec
+from seqkv.store.skv_adapter import DEFAULT_STORE_LEVEL, SkvCodec, missing_dictionary
 
 CodecFactory = Callable[[str], SessionCodec]
 """Gives the codec for a level name (``"rows"``, ``"ngram"``, ...)."""
 
 # NOTE: 256 MiB holds the decoded KV of ~11,000 SmolLM2-135M tokens (23,040 float32 bytes each).
 DEFAULT_HOT_BYTES = 256 << 20
+# NOTE: 64 MiB holds ~30 dictionaries of the default policy's largest (2**20 tokens at 2 bytes).
+DEFAULT_DICTIONARY_CACHE_BYTES = 64 << 20
 _RETRIES = 8
 
 
@@ -124,6 +151,17 @@ class SessionStat:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredDictionary:
+    """A dictionary put into a namespace: now its current one."""
+
+    digest: DictionaryDigest
+    namespace: StoreNamespace
+    tokens: int
+    bytes: int
+    created: bool  # False: the namespace already stored this digest (it is current again)
+
+
+@dataclass(frozen=True, slots=True)
 class PrefixMatch:
     """The longest stored prefix of some tokens, verified token by token."""
 
@@ -160,6 +198,23 @@ def _kv_tensor(kv: DynamicCache | torch.Tensor | None) -> torch.Tensor | None:
     return tensor.detach().to("cpu", torch.float32)
 
 
+def _mixes(codec: SessionCodec) -> DictionaryCodec | None:
+    """``codec`` as a ``DictionaryCodec`` if it codes with a dictionary, else None."""
+    if isinstance(codec, DictionaryCodec) and codec.uses_dictionary:
+        return codec
+    return None
+
+
+@dataclass(frozen=True)
+class _NamespaceDictionaries:
+    """The dictionaries of one namespace, by digest (a ``seqkv.codec.DictionarySource``)."""
+
+    lookup: Callable[[str], Dictionary | None]
+
+    def get(self, digest: str) -> Dictionary | None:
+        return self.lookup(digest)
+
+
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     length = 0
     for x, y in zip(a, b, strict=False):
@@ -181,6 +236,8 @@ class SessionStore:
         self._hot = HotTier(hot_bytes)
         self._max_candidates = max_candidates
         self._by_index: dict[int, SessionCodec] = {}
+        self._dictionaries: OrderedDict[tuple[NamespaceKey, str], Dictionary] = OrderedDict()
+        self._dictionary_bytes = 0
 
     @classmethod
     def directory(cls, path: str | os.PathLike[str], model: CausalLM, *,
@@ -241,8 +298,8 @@ class SessionStore:
             "or put the session first"
         )
 
-    def _decode_chains(self, ns: NamespaceKey, chains: Sequence[tuple[StoredSpan, ...]]
-                       ) -> dict[SpanId, ChainState]:
+    def _decode_chains(self, ns: NamespaceKey, ns_name: StoreNamespace,
+                       chains: Sequence[tuple[StoredSpan, ...]]) -> dict[SpanId, ChainState]:
         """The chain state of every span in ``chains``' leaves (and what decoding them needed)."""
         states: dict[SpanId, ChainState] = {}
         need: dict[SpanId, StoredSpan] = {}
@@ -266,8 +323,8 @@ class SessionStore:
             for index, spans in groups.items():
                 codec = self._codec_for_index(index)
                 prefixes = [self._prefix_of(records[s], states) for s in spans]
-                decoded = codec.decode_many([(records[s].payload, p)
-                                             for s, p in zip(spans, prefixes, strict=True)])
+                decoded = self._decode(ns, ns_name, codec, [
+                    (records[s].payload, p) for s, p in zip(spans, prefixes, strict=True)])
                 for span, prefix, result in zip(spans, prefixes, decoded, strict=True):
                     record = records[span]
                     parent = None if record.parent is None else states[record.parent]
@@ -282,6 +339,98 @@ class SessionStore:
                     del need[span]
         return states
 
+    def _decode(self, ns: NamespaceKey, ns_name: StoreNamespace, codec: SessionCodec,
+                items: list[tuple[bytes, PrefixState | None]]) -> list[DecodedSpan]:
+        mixing = _mixes(codec)
+        if mixing is None:
+            return codec.decode_many(items)
+        return mixing.decode_many_with_dictionaries(
+            items, _NamespaceDictionaries(lambda digest: self._dictionary(ns, ns_name, digest)))
+
+    def _encode(self, ns: NamespaceKey, ns_name: StoreNamespace, codec: SessionCodec,
+                tokens: list[int], target: torch.Tensor | None, prefix: PrefixState | None
+                ) -> tuple[EncodedSpan, DictionaryDigest | None]:
+        """Code a span; at a mixing level, with the namespace's current dictionary."""
+        mixing = _mixes(codec)
+        if mixing is None:
+            return codec.encode(tokens, target, prefix), None
+        current = self._backend.current_dictionary(ns)
+        if current is None:
+            raise DictionaryUnavailableError(
+                f"namespace {ns_name!r} holds no mixing dictionary: put one first "
+                f"(SessionStore.put_dictionary; CLI: seqkv store dict-put DICT --namespace "
+                f"{ns_name}), or store at a level that does not mix, such as "
+                f"{DEFAULT_STORE_LEVEL}")
+        dictionary = self._dictionary(ns, ns_name, current)
+        if dictionary is None:
+            raise missing_dictionary(current)
+        encoded = mixing.encode_with_dictionary(tokens, target, prefix, dictionary)
+        assert mixing.payload_dictionary(encoded.payload) == dictionary.digest
+        return encoded, dictionary.digest
+
+    def _dictionary(self, ns: NamespaceKey, ns_name: StoreNamespace,
+                    digest: str) -> Dictionary | None:
+        """The dictionary ``ns`` stores under ``digest`` (cached), or None; checked against the
+        digest and the namespace."""
+        key = (ns, digest)
+        cached = self._dictionaries.get(key)
+        if cached is not None:
+            self._dictionaries.move_to_end(key)
+            return cached
+        data = self._backend.fetch_dictionary(ns, digest)
+        if data is None:
+            return None
+        dictionary = Dictionary.from_bytes(data, expected=DictionaryDigest(digest))
+        if dictionary.namespace != ns_name:
+            raise CorruptDictionaryError(
+                f"namespace {ns_name!r} stores the dictionary {digest[:16]}... of namespace "
+                f"{dictionary.namespace!r}: the store was altered outside seqkv")
+        if dictionary.size_bytes <= DEFAULT_DICTIONARY_CACHE_BYTES:
+            self._dictionaries[key] = dictionary
+            self._dictionary_bytes += dictionary.size_bytes
+            while self._dictionary_bytes > DEFAULT_DICTIONARY_CACHE_BYTES:
+                _, evicted = self._dictionaries.popitem(last=False)
+                self._dictionary_bytes -= evicted.size_bytes
+        return dictionary
+
+    def put_dictionary(self, dictionary: Dictionary, *, namespace: str) -> StoredDictionary:
+        """Store ``dictionary`` in ``namespace`` (content-addressed by its digest) and make it
+        the namespace's current one: later puts and appends at ``portable+mix`` code with it.
+
+        The dictionary must have been built for this namespace (``build_dictionary(...,
+        namespace=...)``, CLI ``seqkv dict build --namespace``): its namespace is part of its
+        digest, so two tenants' dictionaries never share one. Spans coded with an earlier
+        dictionary keep decoding with it; ``gc`` removes a dictionary only once no session
+        needs it and it is not current.
+        """
+        ns_name = check_namespace(namespace)
+        if dictionary.namespace != ns_name:
+            raise DictionaryNamespaceError(
+                f"the dictionary {str(dictionary.digest)[:16]}... was built for namespace "
+                f"{dictionary.namespace!r}, not {ns_name!r}: build it for this namespace "
+                f"(seqkv dict build --namespace {ns_name})")
+        ns = namespace_key(ns_name)
+        created = self._backend.put_dictionary(ns, str(dictionary.digest), dictionary.to_bytes())
+        return StoredDictionary(dictionary.digest, ns_name, len(dictionary),
+                                dictionary.size_bytes, created)
+
+    def current_dictionary(self, *, namespace: str) -> Dictionary | None:
+        """The namespace's current dictionary (None: none was put)."""
+        ns_name = check_namespace(namespace)
+        ns = namespace_key(ns_name)
+        current = self._backend.current_dictionary(ns)
+        if current is None:
+            return None
+        dictionary = self._dictionary(ns, ns_name, current)
+        if dictionary is None:
+            raise missing_dictionary(current)
+        return dictionary
+
+    def dictionaries(self, *, namespace: str) -> list[DictionaryDigest]:
+        """The digests of the dictionaries the namespace stores, sorted."""
+        ns = namespace_key(check_namespace(namespace))
+        return [DictionaryDigest(d) for d in self._backend.dictionary_digests(ns)]
+
     @staticmethod
     def _prefix_of(record: SpanRecord, states: dict[SpanId, ChainState]) -> PrefixState | None:
         if record.parent is None:
@@ -290,16 +439,18 @@ class SessionStore:
         kv = None if parent.kv is None else parent.kv[:, :, :, : record.start]
         return PrefixState(parent.tokens[: record.start], kv)
 
-    def _chain_state(self, ns: NamespaceKey, span: SpanId) -> ChainState | None:
+    def _chain_state(self, ns: NamespaceKey, ns_name: StoreNamespace,
+                     span: SpanId) -> ChainState | None:
         hot = self._hot.get(self._key(ns, span))
         if hot is not None:
             return hot
         chain = self._backend.fetch_chain(ns, span)
         if chain is None:
             return None
-        return self._decode_chains(ns, [chain])[span]
+        return self._decode_chains(ns, ns_name, [chain])[span]
 
-    def _match(self, ns: NamespaceKey, tokens: list[int], target: torch.Tensor | None,
+    def _match(self, ns: NamespaceKey, ns_name: StoreNamespace, tokens: list[int],
+               target: torch.Tensor | None,
                codec: SessionCodec, positions: list[int], keys: list[bytes],
                hits: list[SpanId | None]) -> _Match:
         candidates: list[tuple[int, SpanId]] = []
@@ -310,7 +461,7 @@ class SessionStore:
         tried = 0
         for position, span in candidates[: self._max_candidates]:
             tried += 1
-            state = self._chain_state(ns, span)
+            state = self._chain_state(ns, ns_name, span)
             if state is None or (state.kv is not None) != codec.uses_kv:
                 continue
             length = _common_prefix(state.tokens, tokens)
@@ -324,28 +475,32 @@ class SessionStore:
                 break
         return _Match(best.length, best.state, tried)
 
-    def find_prefix(self, tokens: Sequence[int], *, level: str, namespace: str) -> PrefixMatch:
+    def find_prefix(self, tokens: Sequence[int], *, level: str = DEFAULT_STORE_LEVEL,
+                    namespace: str) -> PrefixMatch:
         """How many leading ``tokens`` a ``put`` at ``level`` would find stored; stores nothing.
 
         One index request, then at most ``max_candidates`` chains fetched (each one request) or
         found hot.
         """
-        ns = namespace_key(check_namespace(namespace))
+        ns_name = check_namespace(namespace)
+        ns = namespace_key(ns_name)
         token_list = [int(t) for t in tokens]
         codec, _ = self._codec_for_level(level)
         started = self._backend.round_trips
         positions = self._spacing.positions(len(token_list))
         keys = chain_keys(ns, token_list, positions, self._spacing.key_bytes)
         hits = self._backend.lookup(ns, keys)
-        match = self._match(ns, token_list, None, codec, positions, keys, hits)
+        match = self._match(ns, ns_name, token_list, None, codec, positions, keys, hits)
         return PrefixMatch(match.length, match.candidates, self._backend.round_trips - started)
 
     def put(self, session_id: str, tokens: Sequence[int],
-            kv: DynamicCache | torch.Tensor | None = None, *, level: str,
-            namespace: str) -> PutResult:
+            kv: DynamicCache | torch.Tensor | None = None, *,
+            level: str = DEFAULT_STORE_LEVEL, namespace: str) -> PutResult:
         """Store a new session; its longest stored prefix is referenced, not coded again.
 
-        Raises ``SessionExistsError`` if the namespace already holds ``session_id``.
+        ``level`` defaults to ``portable``; at ``portable+mix`` the namespace's current
+        dictionary codes it (``put_dictionary``). Raises ``SessionExistsError`` if the
+        namespace already holds ``session_id``.
         """
         name = check_session_id(session_id)
         ns_name = check_namespace(namespace)
@@ -363,7 +518,7 @@ class SessionStore:
         keys = chain_keys(ns, token_list, positions, self._spacing.key_bytes)
         for _ in range(_RETRIES):
             hits = self._backend.lookup(ns, keys)
-            match = self._match(ns, token_list, target, codec, positions, keys, hits)
+            match = self._match(ns, ns_name, token_list, target, codec, positions, keys, hits)
             index_keys = tuple(k for p, k, h in zip(positions, keys, hits, strict=True)
                                if p > match.length or h is None)
             try:
@@ -374,8 +529,12 @@ class SessionStore:
                 for span, _ in match.state.spans if match.state is not None else ():
                     self._hot.discard(self._key(ns, span))
                 continue
+            except DictionaryGoneError:
+                # gc removed the dictionary after another put_dictionary replaced it as current.
+                continue
         raise ConcurrentUpdateError(
-            f"session {name!r}: the prefix it was coded against kept being deleted; retry")
+            f"session {name!r}: the prefix or dictionary it was coded with kept being deleted; "
+            "retry")
 
     def _code_and_commit(self, ns: NamespaceKey, name: SessionName, ns_name: StoreNamespace,
                          tokens: list[int], target: torch.Tensor | None, codec: SessionCodec,
@@ -398,11 +557,11 @@ class SessionStore:
                 exact_prefix = bool(torch.equal(target[:, :, :, :length], prefix_kv))
                 target = torch.cat([prefix_kv, target[:, :, :, length:]], dim=3)
             exact_prefix = exact_prefix and state.kv_exact
-        encoded = codec.encode(tokens, target, prefix)
+        encoded, dictionary = self._encode(ns, ns_name, codec, tokens, target, prefix)
         parent = None if prefix is None or state is None else state.span_at(length - 1)
         record = pack(SpanRecord(index, parent, length if parent is not None else 0,
                                  encoded.kv_exact and exact_prefix, encoded.payload))
-        plan = CommitPlan(name, len(tokens), expect, record, parent, index_keys)
+        plan = CommitPlan(name, len(tokens), expect, record, parent, index_keys, dictionary)
         span = self._commit(ns, plan, ns_name)
         spans = (state.spans_until(length) if parent is not None and state else ())
         if encoded.kv is not None or not codec.uses_kv:
@@ -444,7 +603,7 @@ class SessionStore:
         if found is None:
             raise self._not_found(name, ns_name)
         entry = found.entry
-        state = self._decode_chains(ns, [found.chain])[entry.span]
+        state = self._decode_chains(ns, ns_name, [found.chain])[entry.span]
         leaf = unpack(found.chain[-1].record)
         codec = self._codec_for_index(leaf.codec)
         tokens = list(state.tokens[: entry.length]) + added
@@ -471,6 +630,10 @@ class SessionStore:
                                          leaf.codec, match, tuple(keys), entry, started)
         except ParentGoneError:
             raise self._not_found(name, ns_name) from None
+        except DictionaryGoneError:
+            raise ConcurrentUpdateError(
+                f"session {name!r}: the namespace's dictionary was replaced and removed while "
+                "this call coded with it; retry") from None
 
     def get(self, session_id: str, *, namespace: str) -> StoredSession:
         """The session's tokens and KV, decoded and checked."""
@@ -487,7 +650,7 @@ class SessionStore:
             if item is None:
                 raise self._not_found(name, ns_name)
             chains.append(item)
-        states = self._decode_chains(ns, [c.chain for c in chains])
+        states = self._decode_chains(ns, ns_name, [c.chain for c in chains])
         out = []
         for name, chain in zip(names, chains, strict=True):
             state = states[chain.entry.span]
@@ -524,7 +687,8 @@ class SessionStore:
                            sum(n for n, c in zip(sizes, counts, strict=True) if c > 1), exact)
 
     def gc(self, *, namespace: str) -> GcReport:
-        """Remove garbage of crashed writers; repair counts that differ from a recount."""
+        """Remove garbage of crashed writers; repair counts that differ from a recount; remove
+        the namespace's dictionaries that no stored session needs and that are not current."""
         return self._backend.gc(namespace_key(check_namespace(namespace)))
 
     def audit(self, *, namespace: str) -> AuditReport:
