@@ -17,7 +17,7 @@ Invariants:
 2. Reading never raises on a damaged or hostile entry: it is treated as absent (enforced). An
    entry is read only if it is at most 64 KiB of flat JSON (no nesting, no NaN, no repeated
    keys) whose fields are exactly the description's, each of its declared type (enforced:
-   ``_fields``; ``tests/test_fuzz_descriptions.py``).
+   ``_fields``; ``tests/test_descriptions.py``).
 """
 
 from __future__ import annotations
