@@ -31,7 +31,8 @@ from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.models.rows import row_forward
 from seqkv.schedule import pinned_threads, schedule_threads
 
-DEFAULT_LEVELS = ("tokens", "rows", "segments:4", "segments:8", "segments:16", "ngram", "plain")
+DEFAULT_LEVELS = ("tokens", "rows", "segments:4", "segments:8", "segments:16", "ngram", "plain",
+                  "portable")
 TEXT_KINDS = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
               "technical": "kinds/technical.txt"}
 
