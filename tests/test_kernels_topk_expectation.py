@@ -75,9 +75,9 @@ def test_matches_reference(
 def test_reference_is_the_top_k_predictor_arithmetic(
     k: int, layers: int, heads: int, dim: int, seed: int
 ) -> None:
-    """What ``seqkv.delta.predictors.topk_expectation`` computes inline today, for one shared
-    probability vector over ``[layers, 2, heads, k, head_dim]`` candidates: the op called as the
-    predictor would call it returns the same bits."""
+    """The arithmetic ``seqkv.delta.predictors.topk_expectation`` had inline before it called
+    this op, for one shared probability vector over ``[layers, 2, heads, k, head_dim]``
+    candidates: the op called as the predictor calls it returns the same bits."""
     generator = torch.Generator().manual_seed(seed)
     probs = torch.softmax(torch.randn(100, generator=generator, dtype=torch.float64), dim=-1)
     top = torch.topk(probs, k)
