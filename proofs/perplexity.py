@@ -26,6 +26,7 @@ this in its boolean fields.
 
 from __future__ import annotations
 
+from seqkv.errors import ProofInputError
 import math
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ def perplexity_expr() -> sympy.Expr:
 def _perplexity(perplexity: ExactLike) -> sympy.Rational:
     value = exact(perplexity, name="perplexity")
     if not value >= 1:
-        raise ValueError(
+        raise ProofInputError(
             f"perplexity must be >= 1 (a cross-entropy is >= 0 bits), got {perplexity!r}"
         )
     return value
@@ -100,7 +101,7 @@ def perplexity_for_bits(bits: ExactLike) -> sympy.Expr:
     """
     value = exact(bits, name="bits")
     if not value >= 0:
-        raise ValueError(f"bits must be >= 0, got {bits!r}")
+        raise ProofInputError(f"bits must be >= 0, got {bits!r}")
     return instantiate(perplexity_expr(), {BITS: value})
 
 

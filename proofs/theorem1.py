@@ -50,6 +50,7 @@ What the paper gets wrong, or leaves out:
 
 from __future__ import annotations
 
+from seqkv.errors import ProofInputError
 import enum
 from dataclasses import dataclass
 
@@ -196,7 +197,7 @@ def premise_spec(premise: Premise) -> PremiseSpec:
     for spec in premise_specs():
         if spec.premise is premise:
             return spec
-    raise ValueError(f"unknown premise {premise!r}")
+    raise ProofInputError(f"unknown premise {premise!r}")
 
 
 def proof_steps() -> tuple[ProofStep, ...]:

@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+from seqkv.errors import InvalidTensorError
 import math
 
 import torch
@@ -103,9 +104,9 @@ def vector_norms(rows: torch.Tensor) -> torch.Tensor:
 
 
 def check_fp16_range(values: torch.Tensor, what: str) -> None:
-    """Raise ``ValueError`` unless every value is finite and within float16's range."""
+    """Raise ``InvalidTensorError`` unless every value is finite and within float16's range."""
     if values.numel() and not float(values.abs().max()) <= FP16_MAX:
-        raise ValueError(
+        raise InvalidTensorError(
             f"{what} exceeds the float16 range ({FP16_MAX}); rescale the input before quantizing"
         )
 

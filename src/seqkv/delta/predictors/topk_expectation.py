@@ -58,6 +58,7 @@ from seqkv.delta.predictors.base import (
     require_tokens,
     zeros_like_position,
 )
+from seqkv.errors import DeltaConfigError
 from seqkv.kernels import topk_expectation
 from seqkv.kvcache import cache_from_tensor
 from seqkv.models.adapter import CausalLM
@@ -124,7 +125,7 @@ class _TopKSession:
         self._model = model
         self._tokens = list(require_tokens(context, "top-k expectation"))
         if k > model.vocab_size:
-            raise ValueError(f"k={k} exceeds the vocabulary size {model.vocab_size}")
+            raise DeltaConfigError(f"k={k} exceeds the vocabulary size {model.vocab_size}")
         self._k = k
         self._num_tokens = context.num_tokens
         self._decoded = torch.zeros(model.num_layers, 2, model.kv_heads, context.num_tokens,
@@ -190,7 +191,7 @@ class TopKExpectation:
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ValueError(f"k must be positive, got {self.k}")
+            raise DeltaConfigError(f"k must be positive, got {self.k}")
 
     @property
     def name(self) -> PredictorName:
