@@ -78,7 +78,9 @@ def requested_backend(backend: KernelBackend | None = None) -> KernelBackend:
     choices: tuple[KernelBackend, ...] = get_args(KernelBackend)
     if backend is not None:
         if backend not in choices:
-            raise KernelBackendError(f"backend must be one of {', '.join(choices)}; got {backend!r}")
+            raise KernelBackendError(
+                f"backend must be one of {', '.join(choices)}; got {backend!r}"
+            )
         return backend
     raw = os.environ.get(ENV_VAR, "").strip().lower()
     if not raw:

@@ -20,12 +20,13 @@ Invariants:
 
 from __future__ import annotations
 
-from seqkv.errors import ProofInputError, ProofInputTypeError
 import math
 from collections.abc import Mapping
 from fractions import Fraction
 
 import sympy
+
+from seqkv.errors import ProofInputError, ProofInputTypeError
 
 ExactLike = int | float | Fraction
 """What the public functions accept as a number; sympy ``Rational`` values are accepted too."""
@@ -53,7 +54,9 @@ def exact(value: ExactLike, *, name: str) -> sympy.Rational:
         # NOTE: through repr, not sympy.Rational(value): the latter gives the exact binary double
         # (4.3 -> 4841369599423283/1125899906842624), which no paper figure means.
         return sympy.Rational(repr(value))
-    raise ProofInputTypeError(f"{name} must be an int, float or Fraction, got {type(value).__name__}")
+    raise ProofInputTypeError(
+        f"{name} must be an int, float or Fraction, got {type(value).__name__}"
+    )
 
 
 def exact_positive(value: ExactLike, *, name: str) -> sympy.Rational:

@@ -17,11 +17,12 @@ Nothing here mutates its inputs; every function returns a new array or a float.
 
 from __future__ import annotations
 
-from seqkv.errors import ProofInputError
 import math
 
 import numpy as np
 import numpy.typing as npt
+
+from seqkv.errors import ProofInputError
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

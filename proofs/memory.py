@@ -27,11 +27,11 @@ paper never states.
 
 from __future__ import annotations
 
-from seqkv.errors import ProofInputError
 from dataclasses import dataclass
 
 import sympy
 
+from seqkv.errors import ProofInputError
 from seqkv.types import KVGeometry
 
 from ._exact import as_int, as_rational, instantiate, positive_int

@@ -26,11 +26,12 @@ this in its boolean fields.
 
 from __future__ import annotations
 
-from seqkv.errors import ProofInputError
 import math
 from dataclasses import dataclass
 
 import sympy
+
+from seqkv.errors import ProofInputError
 
 from ._exact import ExactLike, as_float, exact, instantiate
 

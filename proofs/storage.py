@@ -31,10 +31,11 @@ positions, not m (n - l): singleton clusters (K = f N) save nothing and the expr
 
 from __future__ import annotations
 
-from seqkv.errors import ProofInputError
 from dataclasses import dataclass
 
 import sympy
+
+from seqkv.errors import ProofInputError
 
 from ._exact import ExactLike, as_float, as_rational, exact, instantiate
 
@@ -107,7 +108,9 @@ def _inputs(
     tail = exact(tail_length, name="tail_length")
     n = exact(sequence_length, name="sequence_length")
     if not 0 <= f <= 1:
-        raise ProofInputError(f"clustered_fraction is a fraction in [0, 1], got {clustered_fraction!r}")
+        raise ProofInputError(
+            f"clustered_fraction is a fraction in [0, 1], got {clustered_fraction!r}"
+        )
     if not n > 0:
         raise ProofInputError(f"sequence_length must be > 0, got {sequence_length!r}")
     if not 0 <= tail <= n:

@@ -50,12 +50,13 @@ What the paper gets wrong, or leaves out:
 
 from __future__ import annotations
 
-from seqkv.errors import ProofInputError
 import enum
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+
+from seqkv.errors import ProofInputError
 
 from .information import (
     as_distribution,

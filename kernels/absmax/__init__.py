@@ -14,8 +14,9 @@ Invariants:
 
 from __future__ import annotations
 
-from seqkv.errors import InvalidTensorError, QuantizerConfigError
 import torch
+
+from seqkv.errors import InvalidTensorError, QuantizerConfigError
 
 from ..dispatch import KernelBackend, resolve_backend
 from . import naive
@@ -49,7 +50,9 @@ def absmax_quantize(
     """
     _check_format(fmt)
     if x.dim() != 2 or not x.dtype.is_floating_point:
-        raise InvalidTensorError(f"expected floating-point rows [N, D], got {x.dtype} {tuple(x.shape)}")
+        raise InvalidTensorError(
+            f"expected floating-point rows [N, D], got {x.dtype} {tuple(x.shape)}"
+        )
     chosen = resolve_backend(backend, x, unsupported=_kernel_unsupported(x.shape[1]))
     if chosen == "triton":
         # NOTE: imported here, after dispatch chose Triton: importing seqkv.kernels must not

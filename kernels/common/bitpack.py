@@ -18,13 +18,15 @@ Invariants:
    ``tests/test_quantizers_bitpack.py``, hypothesis over bits and odd lengths).
 2. ``pack_bits`` output has exactly ``packed_nbytes(count, bits)`` bytes (enforced by
    construction; checked by the same tests and by ``PackedCodes.__post_init__``).
-3. Codes outside ``[0, 2**b)`` are rejected, never silently truncated (enforced: ``InvalidTensorError``).
+3. Codes outside ``[0, 2**b)`` are rejected, never silently truncated (enforced:
+   ``InvalidTensorError``).
 """
 
 from __future__ import annotations
 
-from seqkv.errors import InvalidTensorDtypeError, InvalidTensorError, QuantizerConfigError
 import torch
+
+from seqkv.errors import InvalidTensorDtypeError, InvalidTensorError, QuantizerConfigError
 
 MIN_BITS = 1
 MAX_BITS = 8

@@ -25,10 +25,11 @@ Invariants:
 
 from __future__ import annotations
 
-from seqkv.errors import InvalidTensorError
 import math
 
 import torch
+
+from seqkv.errors import InvalidTensorError
 
 FP16_MAX = float(torch.finfo(torch.float16).max)
 """Largest finite float16 (65504): side information beyond it cannot be stored."""

@@ -10,17 +10,19 @@ Invariants:
 1. Both backends return identical codes, scales and zero-points, and identical decoded values
    (checked: ``tests/test_kernels_kivi.py`` on Triton's interpreter, ``scripts/gpu_check.sh``
    on a GPU).
-2. A scale or zero-point beyond the fp16 range raises ``InvalidTensorError`` on both backends (enforced).
+2. A scale or zero-point beyond the fp16 range raises ``InvalidTensorError`` on both backends
+   (enforced).
 3. Groups longer than a kernel tile (4,096) run the reference under ``"auto"`` and raise
    :class:`~seqkv.kernels.dispatch.UnsupportedKernelInputError` when Triton is forced (enforced).
 """
 
 from __future__ import annotations
 
-from seqkv.errors import InvalidTensorError, QuantizerConfigError
 import math
 
 import torch
+
+from seqkv.errors import InvalidTensorError, QuantizerConfigError
 
 from ..common.bitpack import check_bits, packed_nbytes
 from ..dispatch import KernelBackend, resolve_backend
@@ -67,7 +69,7 @@ def kivi_quantize(
     _check_config(axis, group_size, bits)
     if head.dim() != 3 or not head.dtype.is_floating_point:
         raise InvalidTensorError(f"expected a floating-point head [L, T, D], got {head.dtype} "
-                         f"{tuple(head.shape)}")
+                                 f"{tuple(head.shape)}")
     chosen = resolve_backend(backend, head, unsupported=_kernel_unsupported(group_size))
     if chosen == "triton":
         # NOTE: imported here, after dispatch chose Triton: importing seqkv.kernels must not
@@ -101,7 +103,7 @@ def kivi_dequantize(
     need = packed_nbytes(math.prod(shape), bits)
     if packed.dtype != torch.uint8 or packed.shape != (need,):
         raise InvalidTensorError(f"{math.prod(shape)} {bits}-bit codes need {need} packed bytes "
-                         f"(uint8), got {packed.dtype} {tuple(packed.shape)}")
+                                 f"(uint8), got {packed.dtype} {tuple(packed.shape)}")
     chosen = resolve_backend(backend, packed, unsupported=_kernel_unsupported(group_size))
     if chosen == "triton":
         from . import triton as kernel

@@ -10,7 +10,8 @@ candidates once. The signature fits the predictor's data as it is: one probabili
 
 Invariants:
 1. ``probs`` must be finite, non-negative, with a positive sum per row, and broadcastable to
-   ``candidates.shape[:-1]`` (enforced: ``InvalidTensorError``, one device synchronisation per call).
+   ``candidates.shape[:-1]`` (enforced: ``InvalidTensorError``, one device synchronisation per
+   call).
 2. The reference is the predictor's own arithmetic bit for bit (``naive.py``, invariant 1); the
    kernel agrees with it to float32 rounding of a ``k``-term sum (checked:
    ``tests/test_kernels_topk_expectation.py``).
@@ -18,8 +19,9 @@ Invariants:
 
 from __future__ import annotations
 
-from seqkv.errors import InvalidTensorDtypeError, InvalidTensorError
 import torch
+
+from seqkv.errors import InvalidTensorDtypeError, InvalidTensorError
 
 from ..dispatch import KernelBackend, resolve_backend
 from . import naive
@@ -60,7 +62,9 @@ def topk_expectation(
             f"probs {tuple(probs.shape)} do not broadcast to the candidates' {tuple(lead)}"
         )
     if not (probs.dtype.is_floating_point and candidates.dtype.is_floating_point):
-        raise InvalidTensorDtypeError(f"expected floating-point tensors, got {probs.dtype}, {candidates.dtype}")
+        raise InvalidTensorDtypeError(
+            f"expected floating-point tensors, got {probs.dtype}, {candidates.dtype}"
+        )
     k, dim = candidates.shape[-2], candidates.shape[-1]
     if k < 1:
         raise InvalidTensorError("need at least one candidate per position (k >= 1)")

@@ -22,8 +22,9 @@ Invariants:
 
 from __future__ import annotations
 
-from seqkv.errors import InvalidTensorError, QuantizerConfigError
 import torch
+
+from seqkv.errors import InvalidTensorError, QuantizerConfigError
 
 from ..common.bitpack import check_bits, packed_nbytes
 from ..dispatch import KernelBackend, resolve_backend
@@ -60,7 +61,7 @@ def _check_codebook(table: torch.Tensor, bits: int, size: int, what: str) -> Non
     check_bits(bits)
     if table.shape != (size,):
         raise QuantizerConfigError(f"{what} for {bits}-bit codes must have shape ({size},), got "
-                         f"{tuple(table.shape)}")
+                                   f"{tuple(table.shape)}")
 
 
 def turboquant_quantize(
@@ -86,7 +87,7 @@ def turboquant_quantize(
     dim = _check_rotation(rotation)
     if x.dim() != 2 or x.shape[1] != dim or not x.dtype.is_floating_point:
         raise InvalidTensorError(f"expected floating-point rows [N, {dim}], got {x.dtype} "
-                         f"{tuple(x.shape)}")
+                                 f"{tuple(x.shape)}")
     _check_codebook(thresholds, bits, (1 << bits) - 1, "thresholds")
     chosen = resolve_backend(backend, x, unsupported=_kernel_unsupported(rotation, dim))
     if chosen == "triton":
@@ -118,7 +119,7 @@ def turboquant_dequantize(
     need = packed_nbytes(norms.shape[0] * dim, bits)
     if packed.dtype != torch.uint8 or packed.shape != (need,):
         raise InvalidTensorError(f"{norms.shape[0]} vectors of {dim} {bits}-bit codes need {need} "
-                         f"packed bytes (uint8), got {packed.dtype} {tuple(packed.shape)}")
+                                 f"packed bytes (uint8), got {packed.dtype} {tuple(packed.shape)}")
     chosen = resolve_backend(backend, packed, unsupported=_kernel_unsupported(rotation, dim))
     if chosen == "triton":
         from . import triton as kernel
