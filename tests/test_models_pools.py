@@ -35,10 +35,11 @@ def test_pool_writes_group_by_pool_in_first_seen_order() -> None:
     a, b = object(), object()
     writes = pool_writes([(a, 1, 0, 2, 5), (b, 0, 2, 1, 0), (a, 3, 3, 1, 7)],
                          torch.device("cpu"))
-    assert [w[0] for w in writes] == [a, b]
-    _, rows, slots, positions = writes[0]
-    assert (rows.tolist(), slots.tolist(), positions.tolist()) == ([0, 1, 3], [1, 1, 3], [5, 6, 7])
-    assert rows.dtype == torch.long
+    assert [w.pool for w in writes] == [a, b]
+    first = writes[0]
+    assert (first.rows.tolist(), first.slots.tolist(), first.positions.tolist()) == (
+        [0, 1, 3], [1, 1, 3], [5, 6, 7])
+    assert first.rows.dtype == torch.long
 
 
 @dataclass

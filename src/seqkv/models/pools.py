@@ -19,7 +19,8 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -62,11 +63,21 @@ def require_distinct(sequences: Iterable[object]) -> None:
         raise ValueError("a sequence may appear only once in a forward")
 
 
+@dataclass(frozen=True)
+class PoolWrites(Generic[_Pool]):
+    """Where one pool's rows of a forward go: rows of the call, slots, positions."""
+
+    pool: _Pool
+    rows: torch.Tensor  # [R] long
+    slots: torch.Tensor  # [R] long
+    positions: torch.Tensor  # [R] long
+
+
 def pool_writes(
     entries: Iterable[tuple[_Pool, int, int, int, int]], device: torch.device
-) -> list[tuple[_Pool, torch.Tensor, torch.Tensor, torch.Tensor]]:
+) -> list[PoolWrites[_Pool]]:
     """Group ``(pool, slot, first row, rows, first position)`` spans by pool: for each pool, the
-    rows of the call, the slots and the positions they are written to (``[R]`` long each)."""
+    rows of the call, the slots and the positions they are written to."""
     grouped: dict[int, tuple[_Pool, list[int], list[int], list[int]]] = {}
     for pool, slot, start, count, position in entries:
         _, rows, slots, positions = grouped.setdefault(id(pool), (pool, [], [], []))
@@ -76,7 +87,7 @@ def pool_writes(
     def as_tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    return [(pool, as_tensor(rows), as_tensor(slots), as_tensor(positions))
+    return [PoolWrites(pool, as_tensor(rows), as_tensor(slots), as_tensor(positions))
             for pool, rows, slots, positions in grouped.values()]
 
 

@@ -53,7 +53,13 @@ import torch.nn.functional as F
 from seqkv.errors import InvalidTokensError, UnsupportedModelError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.backbones import BackboneGeometry, backbone_for
-from seqkv.models.pools import finish_call, grown, pool_writes, require_distinct
+from seqkv.models.pools import (
+    PoolWrites,
+    finish_call,
+    grown,
+    pool_writes,
+    require_distinct,
+)
 
 # NOTE: the largest row block the calibration accepts: a forward pads every product to at least
 # this many rows, so a larger block would make single-row decoding too slow to be worth it.
@@ -131,21 +137,11 @@ def gather(sequences: Sequence[RowSequence], capacity: int) -> list[RowSequence]
     return copies
 
 
-@dataclass(frozen=True)
-class _PoolWrites:
-    """Where one pool's rows of a forward go: rows of the call, slots, positions."""
-
-    pool: KVPool
-    rows: torch.Tensor  # [R] long
-    slots: torch.Tensor  # [R] long
-    positions: torch.Tensor  # [R] long
-
-
 def _pool_writes(spans: list[_Span], sequences: list[RowSequence],
-                 device: torch.device) -> list[_PoolWrites]:
+                 device: torch.device) -> list[PoolWrites[KVPool]]:
     entries = ((sequences[span.sequence].pool, sequences[span.sequence].slot, span.rows.start,
                 span.rows.stop - span.rows.start, span.position) for span in spans)
-    return [_PoolWrites(*write) for write in pool_writes(entries, device)]
+    return pool_writes(entries, device)
 
 
 @dataclass(frozen=True)
@@ -203,7 +199,7 @@ class _RowAttention:
     then attends each row on its own against its sequence's keys up to its position."""
 
     def __init__(self, geometry: BackboneGeometry, spans: list[_Span],
-                 sequences: list[RowSequence], pools: list[_PoolWrites]) -> None:
+                 sequences: list[RowSequence], pools: list[PoolWrites[KVPool]]) -> None:
         self._geometry = geometry
         self._spans = spans
         self._sequences = sequences

@@ -87,7 +87,13 @@ from seqkv.models.integer.weights import (
     PredictorDigest,
     integer_weights,
 )
-from seqkv.models.pools import finish_call, grown, pool_writes, require_distinct
+from seqkv.models.pools import (
+    PoolWrites,
+    finish_call,
+    grown,
+    pool_writes,
+    require_distinct,
+)
 
 LOGIT_FRAC = 16  # output logits: natural-log units at 2**-16
 ACTIVATION_BITS = 14  # |q| < 2**14: two int8 planes
@@ -209,14 +215,6 @@ class _Span:
     count: int
     position: int  # position of the first row
     mask: torch.Tensor | None  # bool [count, 1, position + count]: True where a key is hidden
-
-
-@dataclass(frozen=True)
-class _PoolWrites:
-    pool: IntKVPool
-    rows: torch.Tensor  # [R] long
-    slots: torch.Tensor  # [R] long
-    positions: torch.Tensor  # [R] long
 
 
 @dataclass(frozen=True)
@@ -449,7 +447,7 @@ class IntegerForward:
         return _scale(acc, linear.scale, linear.scale_bits, x.exponent, out_frac, linear.bias)
 
     def _attention(self, index: int, layer: IntLayer, hidden: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, spans: list[_Span], writes: list[_PoolWrites]
+                   sin: torch.Tensor, spans: list[_Span], writes: list[PoolWrites[IntKVPool]]
                    ) -> torch.Tensor:
         geometry = self.geometry
         heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
@@ -586,7 +584,7 @@ def _column_pieces(linear: IntLinear, width: int) -> tuple[tuple[int, IntLinear]
     return tuple(pieces)
 
 
-def _pool_writes(spans: list[_Span], device: torch.device) -> list[_PoolWrites]:
+def _pool_writes(spans: list[_Span], device: torch.device) -> list[PoolWrites[IntKVPool]]:
     entries = ((span.sequence.pool, span.sequence.slot, span.start, span.count, span.position)
                for span in spans)
-    return [_PoolWrites(*write) for write in pool_writes(entries, device)]
+    return pool_writes(entries, device)
