@@ -12,7 +12,8 @@ Rules (:func:`resolve_backend`):
 - ``"triton"``: the kernel. It needs the ``triton`` package, and CUDA tensors or Triton's CPU
   interpreter (``TRITON_INTERPRET=1``, slow: for tests). Anything missing raises
   :class:`KernelUnavailableError`; a configuration the kernel does not implement raises
-  ``ValueError`` naming what to change.
+  :class:`UnsupportedKernelInputError` naming what to change. An unknown backend name raises
+  ``seqkv.errors.KernelBackendError``.
 - ``"auto"``: the kernel when every tensor is on a CUDA device, ``triton`` is installed and the
   kernel implements the configuration; the reference otherwise.
 
@@ -45,7 +46,7 @@ from typing import Literal, get_args
 
 import torch
 
-from seqkv.errors import SeqKVError
+from seqkv.errors import KernelBackendError, SeqKVError
 
 KernelBackend = Literal["auto", "triton", "torch"]
 """What a caller may ask for: ``"auto"`` picks per call (see the module docstring)."""
@@ -77,7 +78,9 @@ def requested_backend(backend: KernelBackend | None = None) -> KernelBackend:
     choices: tuple[KernelBackend, ...] = get_args(KernelBackend)
     if backend is not None:
         if backend not in choices:
-            raise ValueError(f"backend must be one of {', '.join(choices)}; got {backend!r}")
+            raise KernelBackendError(
+                f"backend must be one of {', '.join(choices)}; got {backend!r}"
+            )
         return backend
     raw = os.environ.get(ENV_VAR, "").strip().lower()
     if not raw:
@@ -85,7 +88,7 @@ def requested_backend(backend: KernelBackend | None = None) -> KernelBackend:
     for choice in choices:
         if raw == choice:
             return choice
-    raise ValueError(
+    raise KernelBackendError(
         f"{ENV_VAR}={raw!r} is not a kernel backend; set it to one of {', '.join(choices)} "
         "or unset it"
     )

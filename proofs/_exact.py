@@ -10,8 +10,8 @@ Invariants:
 1. (enforced) ``exact`` never rounds. An ``int`` or ``Fraction`` converts exactly; a ``float``
    converts through its shortest decimal ``repr`` (``4.3`` becomes ``43/10``, not the binary
    double nearest to 4.3), because the paper's figures are decimal literals.
-2. (enforced) ``bool``, NaN and infinities are rejected: a bool is a ``TypeError``, a non-finite
-   float a ``ValueError``.
+2. (enforced) ``bool``, NaN and infinities are rejected: a bool is a ``ProofInputTypeError`` (a
+   ``TypeError``), a non-finite float a ``ProofInputError`` (a ``ValueError``).
 3. (enforced) ``instantiate`` replaces symbols structurally (``xreplace``, not ``subs``): the
    values are exact numbers, so no pattern matching is needed, and it is ~40x faster.
 4. (checked) ``as_rational`` and ``as_int`` assert that a substituted expression has become a
@@ -26,6 +26,8 @@ from fractions import Fraction
 
 import sympy
 
+from seqkv.errors import ProofInputError, ProofInputTypeError
+
 ExactLike = int | float | Fraction
 """What the public functions accept as a number; sympy ``Rational`` values are accepted too."""
 
@@ -39,7 +41,7 @@ def exact(value: ExactLike, *, name: str) -> sympy.Rational:
     1/3
     """
     if isinstance(value, bool):
-        raise TypeError(f"{name} must be a number, not bool ({value!r})")
+        raise ProofInputTypeError(f"{name} must be a number, not bool ({value!r})")
     if isinstance(value, sympy.Rational):
         return value
     if isinstance(value, int):
@@ -48,18 +50,20 @@ def exact(value: ExactLike, *, name: str) -> sympy.Rational:
         return sympy.Rational(value.numerator, value.denominator)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{name} must be finite, got {value!r}")
+            raise ProofInputError(f"{name} must be finite, got {value!r}")
         # NOTE: through repr, not sympy.Rational(value): the latter gives the exact binary double
         # (4.3 -> 4841369599423283/1125899906842624), which no paper figure means.
         return sympy.Rational(repr(value))
-    raise TypeError(f"{name} must be an int, float or Fraction, got {type(value).__name__}")
+    raise ProofInputTypeError(
+        f"{name} must be an int, float or Fraction, got {type(value).__name__}"
+    )
 
 
 def exact_positive(value: ExactLike, *, name: str) -> sympy.Rational:
     """``exact`` plus a check that the value is strictly positive."""
     result = exact(value, name=name)
     if not result > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+        raise ProofInputError(f"{name} must be > 0, got {value!r}")
     return result
 
 
@@ -96,7 +100,7 @@ def as_float(expr: sympy.Expr) -> float:
 def positive_int(value: int, *, name: str) -> int:
     """Return ``value`` if it is a positive ``int`` (not a bool), else raise."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise ProofInputTypeError(f"{name} must be an int, got {type(value).__name__}")
     if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
+        raise ProofInputError(f"{name} must be > 0, got {value}")
     return value

@@ -8,7 +8,7 @@ P(X = x, Y = y); maps are integer arrays of output labels.
 Invariants:
 
 1. (enforced) A distribution is finite, non-negative and sums to 1 within ``atol``; otherwise
-   ``ValueError`` says which.
+   ``ProofInputError`` (a ``ValueError``) says which.
 2. (enforced) ``0 log 0 = 0``: zero-probability entries add nothing.
 3. (checked) ``push_forward`` conserves probability mass (asserted).
 
@@ -22,6 +22,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.errors import ProofInputError
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -32,16 +34,16 @@ def as_distribution(p: npt.ArrayLike, *, name: str, ndim: int) -> FloatArray:
     """Validate ``p`` as a probability distribution with ``ndim`` axes and return it as float64."""
     array = np.asarray(p, dtype=np.float64)
     if array.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} axes, got shape {array.shape}")
+        raise ProofInputError(f"{name} must have {ndim} axes, got shape {array.shape}")
     if array.size == 0:
-        raise ValueError(f"{name} is empty")
+        raise ProofInputError(f"{name} is empty")
     if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} has NaN or infinite entries")
+        raise ProofInputError(f"{name} has NaN or infinite entries")
     if np.any(array < 0):
-        raise ValueError(f"{name} has negative entries")
+        raise ProofInputError(f"{name} has negative entries")
     total = float(array.sum())
     if not math.isclose(total, 1.0, rel_tol=0.0, abs_tol=DISTRIBUTION_ATOL):
-        raise ValueError(f"{name} must sum to 1, sums to {total!r}; normalise it first")
+        raise ProofInputError(f"{name} must sum to 1, sums to {total!r}; normalise it first")
     return array
 
 
@@ -81,7 +83,7 @@ def cross_entropy_bits(p: npt.ArrayLike, q: npt.ArrayLike) -> float:
     p_array = as_distribution(p, name="p", ndim=1)
     q_array = as_distribution(q, name="q", ndim=1)
     if p_array.shape != q_array.shape:
-        raise ValueError(f"p and q differ in shape: {p_array.shape} vs {q_array.shape}")
+        raise ProofInputError(f"p and q differ in shape: {p_array.shape} vs {q_array.shape}")
     support = p_array > 0
     if np.any(q_array[support] == 0):
         return math.inf
@@ -105,7 +107,7 @@ def push_forward(
     row_labels = _labels(row_map, name="row_map")
     cell_labels = _cell_labels(cell_map, rows=rows, cols=cols)
     if row_labels.shape != (rows,):
-        raise ValueError(f"row_map must have shape ({rows},), got {row_labels.shape}")
+        raise ProofInputError(f"row_map must have shape ({rows},), got {row_labels.shape}")
     _, row_index = np.unique(row_labels, return_inverse=True)  # [rows]
     _, cell_index = np.unique(cell_labels.ravel(), return_inverse=True)  # [rows * cols]
     out = np.zeros((int(row_index.max()) + 1, int(cell_index.max()) + 1), dtype=np.float64)
@@ -118,7 +120,7 @@ def push_forward(
 def _labels(labels: npt.ArrayLike, *, name: str) -> IntArray:
     array = np.asarray(labels)
     if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{name} must hold integer labels, got dtype {array.dtype}")
+        raise ProofInputError(f"{name} must hold integer labels, got dtype {array.dtype}")
     return array.astype(np.int64)
 
 
@@ -127,7 +129,7 @@ def _cell_labels(cell_map: npt.ArrayLike, *, rows: int, cols: int) -> IntArray:
     if labels.shape == (cols,):
         return np.broadcast_to(labels, (rows, cols))  # [rows, cols]: F(x, y) = f(y)
     if labels.shape != (rows, cols):
-        raise ValueError(
+        raise ProofInputError(
             f"cell_map must have shape ({cols},) or ({rows}, {cols}), got {labels.shape}"
         )
     return labels

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from seqkv.errors import ProofInputError
 from seqkv.types import KVGeometry
 
 from ._exact import as_int, as_rational, instantiate, positive_int
@@ -137,7 +138,7 @@ class KVMemoryFigure:
     def relative_error(self, paper_gigabytes: float) -> float:
         """Smallest relative error of ``paper_gigabytes`` against this figure, in GB or GiB."""
         if not paper_gigabytes > 0:
-            raise ValueError(f"paper_gigabytes must be > 0, got {paper_gigabytes!r}")
+            raise ProofInputError(f"paper_gigabytes must be > 0, got {paper_gigabytes!r}")
         return min(
             abs(self.gigabytes - paper_gigabytes) / paper_gigabytes,
             abs(self.gibibytes - paper_gigabytes) / paper_gigabytes,
@@ -213,9 +214,9 @@ def check_paper_memory_claim(
     False
     """
     if not paper_gigabytes > 0:
-        raise ValueError(f"paper_gigabytes must be > 0, got {paper_gigabytes!r}")
+        raise ProofInputError(f"paper_gigabytes must be > 0, got {paper_gigabytes!r}")
     if not 0 <= tolerance < 1:
-        raise ValueError(f"tolerance is a relative error in [0, 1), got {tolerance!r}")
+        raise ProofInputError(f"tolerance is a relative error in [0, 1), got {tolerance!r}")
     return MemoryClaimCheck(
         paper_gigabytes=paper_gigabytes,
         tolerance=tolerance,

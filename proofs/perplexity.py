@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import sympy
 
+from seqkv.errors import ProofInputError
+
 from ._exact import ExactLike, as_float, exact, instantiate
 
 PERPLEXITY = sympy.Symbol("PPL", positive=True)
@@ -61,7 +63,7 @@ def perplexity_expr() -> sympy.Expr:
 def _perplexity(perplexity: ExactLike) -> sympy.Rational:
     value = exact(perplexity, name="perplexity")
     if not value >= 1:
-        raise ValueError(
+        raise ProofInputError(
             f"perplexity must be >= 1 (a cross-entropy is >= 0 bits), got {perplexity!r}"
         )
     return value
@@ -100,7 +102,7 @@ def perplexity_for_bits(bits: ExactLike) -> sympy.Expr:
     """
     value = exact(bits, name="bits")
     if not value >= 0:
-        raise ValueError(f"bits must be >= 0, got {bits!r}")
+        raise ProofInputError(f"bits must be >= 0, got {bits!r}")
     return instantiate(perplexity_expr(), {BITS: value})
 
 

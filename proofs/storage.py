@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import sympy
 
+from seqkv.errors import ProofInputError
+
 from ._exact import ExactLike, as_float, as_rational, exact, instantiate
 
 CLUSTERED_FRACTION = sympy.Symbol("f", nonnegative=True)
@@ -106,11 +108,13 @@ def _inputs(
     tail = exact(tail_length, name="tail_length")
     n = exact(sequence_length, name="sequence_length")
     if not 0 <= f <= 1:
-        raise ValueError(f"clustered_fraction is a fraction in [0, 1], got {clustered_fraction!r}")
+        raise ProofInputError(
+            f"clustered_fraction is a fraction in [0, 1], got {clustered_fraction!r}"
+        )
     if not n > 0:
-        raise ValueError(f"sequence_length must be > 0, got {sequence_length!r}")
+        raise ProofInputError(f"sequence_length must be > 0, got {sequence_length!r}")
     if not 0 <= tail <= n:
-        raise ValueError(
+        raise ProofInputError(
             f"tail_length must lie in [0, sequence_length={sequence_length!r}], got {tail_length!r}"
         )
     return _StorageInputs(clustered_fraction=f, tail_length=tail, sequence_length=n)
@@ -149,20 +153,20 @@ def relative_storage_with_prefix(
     """
     inputs = _inputs(clustered_fraction, tail_length, sequence_length)
     if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions <= 0:
-        raise ValueError(f"sessions must be a positive int, got {sessions!r}")
+        raise ProofInputError(f"sessions must be a positive int, got {sessions!r}")
     if isinstance(clusters, bool) or not isinstance(clusters, int) or clusters < 0:
-        raise ValueError(f"clusters must be a non-negative int, got {clusters!r}")
+        raise ProofInputError(f"clusters must be a non-negative int, got {clusters!r}")
     clustered_sessions = inputs.clustered_fraction * sessions
     if clusters > clustered_sessions:
-        raise ValueError(
+        raise ProofInputError(
             f"clusters={clusters} exceeds the {clustered_sessions} clustered sessions "
             "(clustered_fraction x sessions); a cluster holds at least one session"
         )
     if clustered_sessions > 0 and clusters == 0:
-        raise ValueError("clustered_fraction > 0 needs clusters >= 1 to hold those sessions")
+        raise ProofInputError("clustered_fraction > 0 needs clusters >= 1 to hold those sessions")
     prefix = exact(prefix_length, name="prefix_length")
     if not 0 <= prefix <= inputs.sequence_length:
-        raise ValueError(
+        raise ProofInputError(
             f"prefix_length must lie in [0, sequence_length={sequence_length!r}], "
             f"got {prefix_length!r}"
         )

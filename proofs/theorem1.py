@@ -56,6 +56,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.errors import ProofInputError
+
 from .information import (
     as_distribution,
     conditional_entropy_bits,
@@ -196,7 +198,7 @@ def premise_spec(premise: Premise) -> PremiseSpec:
     for spec in premise_specs():
         if spec.premise is premise:
             return spec
-    raise ValueError(f"unknown premise {premise!r}")
+    raise ProofInputError(f"unknown premise {premise!r}")
 
 
 def proof_steps() -> tuple[ProofStep, ...]:

@@ -17,6 +17,7 @@ from seqkv.checker.estimators import (
 )
 from seqkv.checker.known_sources import MarkovSource, entropy_bits
 from seqkv.checker.sampling import estimate_entropy_rate
+from seqkv.errors import InsufficientSamplesError
 
 # NOTE: worst coverage measured per estimator (reports/estimator_coverage.md), rounded down;
 # the thresholds below follow from them (tests/chance.py).
@@ -120,11 +121,11 @@ def test_interval_rejects_an_estimate_outside_it() -> None:
 
 
 def test_estimators_reject_too_few_samples() -> None:
-    with pytest.raises(ValueError, match="at least 2"):
+    with pytest.raises(InsufficientSamplesError, match="at least 2"):
         mean_interval(np.array([1.0]))
-    with pytest.raises(ValueError, match="at least 2"):
+    with pytest.raises(InsufficientSamplesError, match="at least 2"):
         dirichlet_entropy(np.array([1]), 4)
-    with pytest.raises(ValueError, match="lie in"):
+    with pytest.raises(InsufficientSamplesError, match="lie in"):
         dirichlet_entropy(np.array([1, 9]), 4)
-    with pytest.raises(ValueError, match="at least 4"):
+    with pytest.raises(InsufficientSamplesError, match="at least 4"):
         trend(np.array([1.0, 2.0]))

@@ -19,6 +19,7 @@ from seqkv.delta.bit_allocation import (
     surprisal_rule,
     width_bits,
 )
+from seqkv.errors import DeltaConfigError
 
 surprisals = st.lists(st.floats(0.0, 40.0, allow_nan=False), min_size=1, max_size=200).map(
     lambda xs: np.array(xs, dtype=np.float64)
@@ -79,40 +80,40 @@ def test_uniform_mode_and_width_side_information() -> None:
 
 
 def test_surprisal_modes_need_surprisal() -> None:
-    with pytest.raises(ValueError, match="needs the per-token surprisal"):
+    with pytest.raises(DeltaConfigError, match="needs the per-token surprisal"):
         allocate_bits(AllocationMode.SURPRISAL, 3, 4)
 
 
 def test_surprisal_length_must_match() -> None:
-    with pytest.raises(ValueError, match="3 surprisal values for 4 tokens"):
+    with pytest.raises(DeltaConfigError, match="3 surprisal values for 4 tokens"):
         allocate_bits(AllocationMode.SURPRISAL_BUDGET, 3, 4, np.ones(3))
 
 
 def test_budget_must_be_a_codebook_width() -> None:
-    with pytest.raises(ValueError, match=r"1\.\.8"):
+    with pytest.raises(DeltaConfigError, match=r"1\.\.8"):
         surprisal_rule(np.ones(3), 9)
 
 
 def test_max_bits_beyond_8_is_refused() -> None:
-    with pytest.raises(ValueError, match="max_bits"):
+    with pytest.raises(DeltaConfigError, match="max_bits"):
         fixed_budget(np.ones(3), 3, max_bits=9)
 
 
 def test_negative_surprisal_is_refused() -> None:
-    with pytest.raises(ValueError, match="finite and >= 0"):
+    with pytest.raises(DeltaConfigError, match="finite and >= 0"):
         fixed_budget(np.array([1.0, -0.5]), 3)
 
 
 def test_nan_surprisal_is_refused() -> None:
-    with pytest.raises(ValueError, match="finite and >= 0"):
+    with pytest.raises(DeltaConfigError, match="finite and >= 0"):
         surprisal_rule(np.array([1.0, np.nan]), 3)
 
 
 def test_empty_surprisal_is_refused() -> None:
-    with pytest.raises(ValueError, match="non-empty"):
+    with pytest.raises(DeltaConfigError, match="non-empty"):
         surprisal_rule(np.array([]), 3)
 
 
 def test_no_tokens_is_refused() -> None:
-    with pytest.raises(ValueError, match="num_tokens"):
+    with pytest.raises(DeltaConfigError, match="num_tokens"):
         allocate_bits(AllocationMode.UNIFORM, 3, 0)

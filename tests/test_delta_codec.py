@@ -22,7 +22,7 @@ from seqkv.delta import (
     surprisal_bits,
 )
 from seqkv.delta.bit_allocation import WIDTH_FIELD_BITS
-from seqkv.errors import InvalidKVError, InvalidTokensError
+from seqkv.errors import DeltaConfigError, InvalidKVError, InvalidTokensError
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.quantizers import QuantizerName
 
@@ -182,28 +182,28 @@ def test_tokens_outside_the_vocabulary_are_refused(tiny_model: CausalLM,
 
 
 def test_int8_at_another_budget_is_refused() -> None:
-    with pytest.raises(ValueError, match="supports budgets"):
+    with pytest.raises(DeltaConfigError, match="supports budgets"):
         DeltaConfig(NoPrediction(), "int8", 3)
 
 
 def test_int8_with_a_surprisal_allocation_is_refused() -> None:
-    with pytest.raises(ValueError, match="one width only"):
+    with pytest.raises(DeltaConfigError, match="one width only"):
         DeltaConfig(NoPrediction(), "int8", 8, AllocationMode.SURPRISAL)
 
 
 def test_top_k_needs_a_positive_k() -> None:
-    with pytest.raises(ValueError, match="k must be positive"):
+    with pytest.raises(DeltaConfigError, match="k must be positive"):
         TopKExpectation(k=0)
 
 
 def test_anchor_groups_need_a_positive_size() -> None:
-    with pytest.raises(ValueError, match="group_size"):
+    with pytest.raises(DeltaConfigError, match="group_size"):
         PreviousToken(group_size=0)
 
 
 def test_surprisal_of_another_length_is_refused(tiny_model: CausalLM, kv: torch.Tensor) -> None:
     surprisal = surprisal_bits(tiny_model, TOKENS[:-1])
-    with pytest.raises(ValueError, match="surprisal has shape"):
+    with pytest.raises(DeltaConfigError, match="surprisal has shape"):
         encode_delta(tiny_model, TOKENS, kv,
                      DeltaConfig(NoPrediction(), allocation=AllocationMode.SURPRISAL),
                      surprisal=surprisal)

@@ -11,7 +11,7 @@ import torch
 
 from backbone_cases import FAMILY_MODELS
 from seqkv.delta.metrics import build_reference, kv_mse, kv_nmse, measure
-from seqkv.errors import InvalidKVError, UnsupportedModelError
+from seqkv.errors import InsufficientSamplesError, InvalidKVError, UnsupportedModelError
 from seqkv.kvcache import cache_from_tensor
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.models.backbones import backbone_for
@@ -144,7 +144,7 @@ def test_shapes_must_match() -> None:
 
 
 def test_a_continuation_needs_two_tokens(tiny_model: CausalLM, original: torch.Tensor) -> None:
-    with pytest.raises(ValueError, match="at least 2 tokens"):
+    with pytest.raises(InsufficientSamplesError, match="at least 2 tokens"):
         build_reference(tiny_model, original, [5])
 
 

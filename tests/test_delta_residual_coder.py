@@ -21,6 +21,7 @@ from seqkv.delta.residual_coder import (
     make_residual_quantizer,
     split_codes,
 )
+from seqkv.errors import CorruptCodeError, DeltaConfigError
 
 SHAPE = (3, 2, 2, 1, 8)  # one position: [L, 2, H, 1, D]
 
@@ -89,17 +90,17 @@ def test_mismatched_widths_are_refused_at_decode() -> None:
     widths: list[int | None] = [2, 2]
     codes: list[torch.Tensor | None] = [torch.zeros(SHAPE, dtype=torch.uint8)] * 2
     code = encode_symbols(codes, widths)
-    with pytest.raises(ValueError, match="do not match the stored widths"):
+    with pytest.raises(CorruptCodeError, match="do not match the stored widths"):
         decode_symbols(code, [2, 3], SHAPE)
 
 
 def test_codes_without_a_width_are_refused() -> None:
-    with pytest.raises(ValueError, match="has codes but no width"):
+    with pytest.raises(CorruptCodeError, match="has codes but no width"):
         encode_symbols([torch.zeros(SHAPE, dtype=torch.uint8)], [None])
 
 
 def test_fixed_width_quantizers_refuse_other_widths() -> None:
-    with pytest.raises(ValueError, match="supports"):
+    with pytest.raises(DeltaConfigError, match="supports"):
         make_residual_quantizer("int8", 8, 3)
 
 

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from seqkv.errors import InvalidTensorError, QuantizerConfigError  # noqa: E402
 from seqkv.kernels import (  # noqa: E402
     AbsmaxFormat,
     KernelBackend,
@@ -120,22 +121,22 @@ def test_kernel_decodes_every_byte_like_torch(fmt: AbsmaxFormat) -> None:
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_scale_beyond_fp16_raises(backend: KernelBackend) -> None:
     x = torch.full((2, 4), 1e7).to(DEVICE)  # 1e7 / 127 > 65504
-    with pytest.raises(ValueError, match="absmax scale exceeds the float16 range"):
+    with pytest.raises(InvalidTensorError, match="absmax scale exceeds the float16 range"):
         absmax_quantize(x, "int8", backend=backend)
 
 
 def test_rows_must_be_two_dimensional() -> None:
-    with pytest.raises(ValueError, match=r"rows \[N, D\]"):
+    with pytest.raises(InvalidTensorError, match=r"rows \[N, D\]"):
         absmax_quantize(torch.randn(2, 3, 4), "int8")
 
 
 def test_unknown_format_is_refused() -> None:
-    with pytest.raises(ValueError, match="fmt must be one of"):
+    with pytest.raises(QuantizerConfigError, match="fmt must be one of"):
         absmax_quantize(torch.randn(2, 4), "int4")  # type: ignore[arg-type]
 
 
 def test_codes_of_the_wrong_size_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"uint8 codes of shape \(8,\)"):
+    with pytest.raises(InvalidTensorError, match=r"uint8 codes of shape \(8,\)"):
         absmax_dequantize(torch.zeros(7, dtype=torch.uint8), torch.ones(2), 4, "int8",
                           torch.float32)
 

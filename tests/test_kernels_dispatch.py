@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import seqkv.kernels  # noqa: E402
-from seqkv.errors import SeqKVError  # noqa: E402
+from seqkv.errors import KernelBackendError, SeqKVError  # noqa: E402
 from seqkv.kernels import (  # noqa: E402
     ENV_VAR,
     KernelUnavailableError,
@@ -55,12 +55,12 @@ def test_auto_falls_back_when_the_kernel_does_not_support_the_input() -> None:
 
 def test_unknown_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_VAR, "cuda")
-    with pytest.raises(ValueError, match="SEQKV_KERNELS='cuda' is not a kernel backend"):
+    with pytest.raises(KernelBackendError, match="SEQKV_KERNELS='cuda' is not a kernel backend"):
         resolve_backend(None, CPU)
 
 
 def test_unknown_argument_is_refused() -> None:
-    with pytest.raises(ValueError, match="backend must be one of"):
+    with pytest.raises(KernelBackendError, match="backend must be one of"):
         requested_backend("cuda")  # type: ignore[arg-type]
 
 

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from seqkv.errors import InvalidTensorError, QuantizerConfigError  # noqa: E402
 from seqkv.kernels import (  # noqa: E402
     GroupAxis,
     KernelBackend,
@@ -125,30 +126,30 @@ def test_dequantize_head_matches_reference(
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_zero_point_beyond_fp16_raises(backend: KernelBackend) -> None:
     x = torch.full((1, 3, 4), -7e4).to(DEVICE)
-    with pytest.raises(ValueError, match="zero-point exceeds the float16 range"):
+    with pytest.raises(InvalidTensorError, match="zero-point exceeds the float16 range"):
         kivi_quantize(x, "channels", 4, 2, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_scale_beyond_fp16_raises(backend: KernelBackend) -> None:
     x = torch.tensor([[[-6e4, 6e4, 0.0, 1.0]]]).to(DEVICE)  # range 1.2e5 at one level
-    with pytest.raises(ValueError, match="scale exceeds the float16 range"):
+    with pytest.raises(InvalidTensorError, match="scale exceeds the float16 range"):
         kivi_quantize(x, "channels", 4, 1, backend=backend)
 
 
 def test_head_must_be_three_dimensional() -> None:
-    with pytest.raises(ValueError, match=r"head \[L, T, D\]"):
+    with pytest.raises(InvalidTensorError, match=r"head \[L, T, D\]"):
         kivi_quantize(torch.randn(5, 4), "tokens", 2, 2, backend="torch")
 
 
 def test_unknown_axis_is_refused() -> None:
-    with pytest.raises(ValueError, match="axis must be"):
+    with pytest.raises(QuantizerConfigError, match="axis must be"):
         kivi_quantize(torch.randn(1, 5, 4), "heads", 2, 2)  # type: ignore[arg-type]
 
 
 def test_foreign_side_shape_raises_on_dequantize() -> None:
     packed, scales, zeros = kivi_quantize(torch.randn(1, 40, 8), "tokens", 4, 2)
-    with pytest.raises(ValueError, match=r"must have shape \(1, 5, 8\)"):
+    with pytest.raises(InvalidTensorError, match=r"must have shape \(1, 5, 8\)"):
         kivi_dequantize(packed, scales, zeros, (1, 40, 8), "tokens", 8, 2, torch.float32)
 
 

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from seqkv.errors import InvalidTensorError  # noqa: E402
 from seqkv.kernels import KernelBackend, topk_expectation  # noqa: E402
 from seqkv.kernels.testing import assert_matches, filled, kernel_device  # noqa: E402
 from seqkv.kernels.topk_expectation import naive  # noqa: E402
@@ -75,9 +76,9 @@ def test_matches_reference(
 def test_reference_is_the_top_k_predictor_arithmetic(
     k: int, layers: int, heads: int, dim: int, seed: int
 ) -> None:
-    """What ``seqkv.delta.predictors.topk_expectation`` computes inline today, for one shared
-    probability vector over ``[layers, 2, heads, k, head_dim]`` candidates: the op called as the
-    predictor would call it returns the same bits."""
+    """The arithmetic ``seqkv.delta.predictors.topk_expectation`` had inline before it called
+    this op, for one shared probability vector over ``[layers, 2, heads, k, head_dim]``
+    candidates: the op called as the predictor calls it returns the same bits."""
     generator = torch.Generator().manual_seed(seed)
     probs = torch.softmax(torch.randn(100, generator=generator, dtype=torch.float64), dim=-1)
     top = torch.topk(probs, k)
@@ -108,22 +109,22 @@ def test_leading_dims_and_renormalisation(backend: KernelBackend) -> None:
 
 
 def test_negative_probability_is_refused() -> None:
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(InvalidTensorError, match="non-negative"):
         topk_expectation(torch.tensor([[0.5, -0.1]]), torch.zeros(1, 2, 3), backend="torch")
 
 
 def test_zero_row_is_refused() -> None:
-    with pytest.raises(ValueError, match="positive sum"):
+    with pytest.raises(InvalidTensorError, match="positive sum"):
         topk_expectation(torch.zeros(1, 2), torch.zeros(1, 2, 3), backend="torch")
 
 
 def test_mismatched_k_is_refused() -> None:
-    with pytest.raises(ValueError, match="the same k"):
+    with pytest.raises(InvalidTensorError, match="the same k"):
         topk_expectation(torch.ones(2, 3), torch.zeros(2, 4, 5), backend="torch")
 
 
 def test_probs_that_do_not_broadcast_are_refused() -> None:
-    with pytest.raises(ValueError, match="do not broadcast"):
+    with pytest.raises(InvalidTensorError, match="do not broadcast"):
         topk_expectation(torch.ones(3, 4), torch.zeros(2, 4, 5), backend="torch")
 
 

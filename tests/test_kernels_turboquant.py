@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from seqkv.errors import InvalidTensorError, QuantizerConfigError  # noqa: E402
 from seqkv.kernels import (  # noqa: E402
     KernelBackend,
     UnsupportedKernelInputError,
@@ -207,19 +208,21 @@ def test_reference_norms_are_correctly_rounded() -> None:
 
 def test_mismatched_rotation_dim_is_refused() -> None:
     q = _quantizer(16, 2, 0, "hadamard")
-    with pytest.raises(ValueError, match=r"rows \[N, 16\]"):
+    with pytest.raises(InvalidTensorError, match=r"rows \[N, 16\]"):
         turboquant_quantize(torch.randn(3, 8), q.rotation, q.codebook.thresholds_tensor(), 2)
 
 
 def test_wrong_threshold_count_is_refused() -> None:
     q = _quantizer(16, 2, 0, "hadamard")
-    with pytest.raises(ValueError, match=r"thresholds for 3-bit codes must have shape \(7,\)"):
+    with pytest.raises(
+        QuantizerConfigError, match=r"thresholds for 3-bit codes must have shape \(7,\)"
+    ):
         turboquant_quantize(torch.randn(3, 16), q.rotation, q.codebook.thresholds_tensor(), 3)
 
 
 def test_wrong_packed_size_is_refused() -> None:
     q = _quantizer(16, 2, 0, "hadamard")
-    with pytest.raises(ValueError, match="need 8 packed bytes"):
+    with pytest.raises(InvalidTensorError, match="need 8 packed bytes"):
         turboquant_dequantize(torch.zeros(7, dtype=torch.uint8), torch.ones(2), q.rotation,
                               q.codebook.levels_tensor(), 2, torch.float32)
 

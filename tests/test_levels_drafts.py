@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from seqkv.errors import InvalidLevelError
 from seqkv.levels.drafts import Fallback, JacobiDraft, NoDraft, PromptLookup
 
 small_tokens = st.lists(st.integers(0, 5), min_size=1, max_size=30)
@@ -70,15 +71,15 @@ def test_policies_are_frozen() -> None:
 
 
 def test_negative_max_draft_raises() -> None:
-    with pytest.raises(ValueError, match="max_draft must be >= 0"):
+    with pytest.raises(InvalidLevelError, match="max_draft must be >= 0"):
         PromptLookup(max_draft=-1)
 
 
 def test_jacobi_negative_max_draft_raises() -> None:
-    with pytest.raises(ValueError, match="max_draft must be >= 0"):
+    with pytest.raises(InvalidLevelError, match="max_draft must be >= 0"):
         JacobiDraft(max_draft=-1)
 
 
 def test_ngram_bounds_raise() -> None:
-    with pytest.raises(ValueError, match="min_ngram <= max_ngram"):
+    with pytest.raises(InvalidLevelError, match="min_ngram <= max_ngram"):
         PromptLookup(max_ngram=2, min_ngram=3)

@@ -19,8 +19,9 @@ from seqkv.coding.frequencies import (
     table_and_log2p,
     uniform_cumulative,
 )
+from seqkv.errors import InvalidTensorError, InvalidTokensError
 from seqkv.mixing.dictionary import Dictionary, build_dictionary
-from seqkv.mixing.errors import DictionaryMismatchError
+from seqkv.mixing.errors import DictionaryMismatchError, MixerConfigError
 from seqkv.mixing.fixedpoint import FixedPoint
 from seqkv.mixing.match import DictionaryIndex
 from seqkv.mixing.mixer import MixerConfig, MixingPredictor, code_length_bits, mixed_tables
@@ -242,22 +243,22 @@ def _bad_table(vocab: int) -> npt.NDArray[np.int64]:
 
 
 def test_a_table_of_the_wrong_size() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidTensorError):
         MixingPredictor(None, 16).table(uniform_cumulative(17))
 
 
 def test_a_table_with_a_zero_count() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidTensorError):
         MixingPredictor(None, 16).table(_bad_table(16))
 
 
 def test_a_token_outside_the_vocabulary() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidTokensError):
         MixingPredictor(None, 16).update(16)
 
 
 def test_a_primed_token_outside_the_vocabulary() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidTokensError):
         MixingPredictor(None, 16).prime([3, -1])
 
 
@@ -268,12 +269,12 @@ def test_a_dictionary_for_another_vocabulary() -> None:
 
 def test_an_index_with_other_windows_than_the_config() -> None:
     index = DictionaryIndex(Dictionary([1, 2, 3], [3], 16), min_length=5)
-    with pytest.raises(ValueError):
+    with pytest.raises(MixerConfigError):
         MixingPredictor(index, 16, MixerConfig(min_match=3))
 
 
 def test_a_share_rate_without_a_ledger_cost() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(MixerConfigError):
         MixerConfig(share_shift=20)
 
 

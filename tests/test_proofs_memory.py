@@ -7,6 +7,7 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
+from seqkv.errors import ProofInputError
 from seqkv.proofs import (
     LLAMA_70B_GQA,
     PAPER_70B,
@@ -76,27 +77,27 @@ def test_implied_heads_inverts_bytes(kv_heads: int, context_tokens: int) -> None
 
 
 def test_rejects_zero_context() -> None:
-    with pytest.raises(ValueError, match="context_tokens"):
+    with pytest.raises(ProofInputError, match="context_tokens"):
         kv_cache_bytes(PAPER_70B, 0)
 
 
 def test_rejects_zero_bytes_per_component() -> None:
-    with pytest.raises(ValueError, match="bytes_per_component"):
+    with pytest.raises(ProofInputError, match="bytes_per_component"):
         kv_cache_bytes(PAPER_70B, 128_000, bytes_per_component=0)
 
 
 def test_rejects_tolerance_out_of_range() -> None:
-    with pytest.raises(ValueError, match="tolerance"):
+    with pytest.raises(ProofInputError, match="tolerance"):
         check_paper_memory_claim(tolerance=1.5)
 
 
 def test_rejects_non_positive_paper_figure() -> None:
-    with pytest.raises(ValueError, match="paper_gigabytes"):
+    with pytest.raises(ProofInputError, match="paper_gigabytes"):
         check_paper_memory_claim(paper_gigabytes=0)
 
 
 def test_relative_error_rejects_non_positive_paper_figure() -> None:
-    with pytest.raises(ValueError, match="paper_gigabytes"):
+    with pytest.raises(ProofInputError, match="paper_gigabytes"):
         kv_memory_figure(PAPER_70B, 128_000).relative_error(0)
 
 

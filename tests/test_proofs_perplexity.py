@@ -11,6 +11,7 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
+from seqkv.errors import ProofInputError
 from seqkv.proofs import (
     bits_per_token,
     bits_per_token_expr,
@@ -94,20 +95,20 @@ def test_gibbs_inequality(weights: tuple[list[int], list[int]]) -> None:
 
 
 def test_rejects_perplexity_below_one() -> None:
-    with pytest.raises(ValueError, match=">= 1"):
+    with pytest.raises(ProofInputError, match=">= 1"):
         bits_per_token(0.5)
 
 
 def test_rejects_nan_perplexity() -> None:
-    with pytest.raises(ValueError, match="finite"):
+    with pytest.raises(ProofInputError, match="finite"):
         bits_per_token(float("nan"))
 
 
 def test_rejects_negative_bits() -> None:
-    with pytest.raises(ValueError, match="bits"):
+    with pytest.raises(ProofInputError, match="bits"):
         perplexity_for_bits(-1)
 
 
 def test_cross_entropy_rejects_shape_mismatch() -> None:
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ProofInputError, match="shape"):
         cross_entropy_bits([1.0], [0.5, 0.5])

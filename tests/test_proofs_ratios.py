@@ -9,6 +9,12 @@ import sympy
 from hypothesis import given
 from hypothesis import strategies as st
 
+from seqkv.errors import (
+    InvalidArgumentTypeError,
+    InvalidKVError,
+    ProofInputError,
+    ProofInputTypeError,
+)
 from seqkv.proofs import (
     LLAMA_70B_GQA,
     PAPER_70B,
@@ -118,12 +124,12 @@ def test_fp16_is_16_bits_per_component(geometry: KVGeometry) -> None:
 @pytest.mark.parametrize("field", ["layers", "kv_heads", "head_dim"])
 def test_geometry_rejects_non_positive(field: str) -> None:
     values = {"layers": 1, "kv_heads": 1, "head_dim": 1, field: 0}
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(InvalidKVError, match=field):
         KVGeometry(**values)
 
 
 def test_geometry_rejects_bool() -> None:
-    with pytest.raises(TypeError, match="layers"):
+    with pytest.raises(InvalidArgumentTypeError, match="layers"):
         KVGeometry(layers=True, kv_heads=1, head_dim=1)
 
 
@@ -134,20 +140,20 @@ def test_geometry_is_frozen_and_slotted() -> None:
 
 
 def test_ratio_rejects_zero_sequential_bits() -> None:
-    with pytest.raises(ValueError, match="sequential_bits"):
+    with pytest.raises(ProofInputError, match="sequential_bits"):
         ratio(3_932_160, 0)
 
 
 def test_ratio_rejects_negative_overhead() -> None:
-    with pytest.raises(ValueError, match="overhead"):
+    with pytest.raises(ProofInputError, match="overhead"):
         ratio(3_932_160, 4.3, overhead=-1)
 
 
 def test_bits_per_component_rejects_nan() -> None:
-    with pytest.raises(ValueError, match="finite"):
+    with pytest.raises(ProofInputError, match="finite"):
         per_vector_bits_per_token(PAPER_70B, float("nan"))
 
 
 def test_bits_per_component_rejects_bool() -> None:
-    with pytest.raises(TypeError, match="bool"):
+    with pytest.raises(ProofInputTypeError, match="bool"):
         per_vector_bits_per_token(PAPER_70B, True)

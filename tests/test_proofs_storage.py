@@ -9,6 +9,7 @@ import sympy
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from seqkv.errors import ProofInputError
 from seqkv.proofs import (
     derive_relative_storage,
     relative_storage,
@@ -95,40 +96,40 @@ def test_prefix_variant_without_clusters_equals_paper() -> None:
 
 
 def test_rejects_fraction_above_one() -> None:
-    with pytest.raises(ValueError, match="clustered_fraction"):
+    with pytest.raises(ProofInputError, match="clustered_fraction"):
         relative_storage(1.5, 10, 100)
 
 
 def test_rejects_negative_fraction() -> None:
-    with pytest.raises(ValueError, match="clustered_fraction"):
+    with pytest.raises(ProofInputError, match="clustered_fraction"):
         relative_storage(-0.1, 10, 100)
 
 
 def test_rejects_tail_longer_than_sequence() -> None:
-    with pytest.raises(ValueError, match="tail_length"):
+    with pytest.raises(ProofInputError, match="tail_length"):
         relative_storage(0.5, 200, 100)
 
 
 def test_rejects_zero_sequence_length() -> None:
-    with pytest.raises(ValueError, match="sequence_length"):
+    with pytest.raises(ProofInputError, match="sequence_length"):
         relative_storage(0.5, 0, 0)
 
 
 def test_rejects_more_clusters_than_sessions() -> None:
-    with pytest.raises(ValueError, match="exceeds"):
+    with pytest.raises(ProofInputError, match="exceeds"):
         relative_storage_with_prefix(0.5, 10, 100, clusters=6, prefix_length=90, sessions=10)
 
 
 def test_rejects_clustered_sessions_without_clusters() -> None:
-    with pytest.raises(ValueError, match="clusters >= 1"):
+    with pytest.raises(ProofInputError, match="clusters >= 1"):
         relative_storage_with_prefix(0.5, 10, 100, clusters=0, prefix_length=90, sessions=10)
 
 
 def test_rejects_prefix_longer_than_sequence() -> None:
-    with pytest.raises(ValueError, match="prefix_length"):
+    with pytest.raises(ProofInputError, match="prefix_length"):
         relative_storage_with_prefix(0.5, 10, 100, clusters=1, prefix_length=101, sessions=10)
 
 
 def test_rejects_zero_sessions() -> None:
-    with pytest.raises(ValueError, match="sessions"):
+    with pytest.raises(ProofInputError, match="sessions"):
         relative_storage_with_prefix(0.5, 10, 100, clusters=1, prefix_length=90, sessions=0)

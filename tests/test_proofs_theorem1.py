@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from seqkv.errors import ProofInputError
 from seqkv.proofs import (
     Premise,
     Relation,
@@ -169,30 +170,30 @@ def test_push_forward_conserves_mass() -> None:
 
 
 def test_rejects_joint_not_summing_to_one() -> None:
-    with pytest.raises(ValueError, match="sum to 1"):
+    with pytest.raises(ProofInputError, match="sum to 1"):
         check_data_processing([[0.5, 0.6]], [0, 1])
 
 
 def test_rejects_negative_joint() -> None:
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ProofInputError, match="negative"):
         check_data_processing([[1.5, -0.5]], [0, 1])
 
 
 def test_rejects_one_dimensional_joint() -> None:
-    with pytest.raises(ValueError, match="2 axes"):
+    with pytest.raises(ProofInputError, match="2 axes"):
         check_data_processing([0.5, 0.5], [0, 1])
 
 
 def test_rejects_wrong_map_shape() -> None:
-    with pytest.raises(ValueError, match="cell_map"):
+    with pytest.raises(ProofInputError, match="cell_map"):
         check_data_processing([[0.5, 0.5]], [0, 1, 2])
 
 
 def test_rejects_wrong_prior_map_shape() -> None:
-    with pytest.raises(ValueError, match="row_map"):
+    with pytest.raises(ProofInputError, match="row_map"):
         check_theorem1([[0.5, 0.5]], prior_map=[0, 1], next_map=[0, 1])
 
 
 def test_rejects_float_labels() -> None:
-    with pytest.raises(ValueError, match="integer labels"):
+    with pytest.raises(ProofInputError, match="integer labels"):
         check_data_processing([[0.5, 0.5]], [0.0, 1.0])

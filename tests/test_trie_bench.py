@@ -7,6 +7,7 @@ import json
 import pytest
 
 from seqkv.trie import TrieBenchResult, WorkloadSpec, generate_workload, run_trie_bench
+from seqkv.trie.errors import TrieConfigError
 
 REQUIRED = {
     "sessions", "tokens", "bytes_naive", "bytes_trie", "bytes_hashed_blocks", "hit_rate",
@@ -61,10 +62,10 @@ def test_shared_prefixes_carry_equal_log_probs() -> None:
 
 
 def test_bad_spec() -> None:
-    with pytest.raises(ValueError, match="budget_fraction"):
+    with pytest.raises(TrieConfigError, match="budget_fraction"):
         WorkloadSpec(budget_fraction=0.0)
 
 
 def test_bad_length_range() -> None:
-    with pytest.raises(ValueError, match="length range"):
+    with pytest.raises(TrieConfigError, match="length range"):
         WorkloadSpec(tail_tokens=(10, 5))

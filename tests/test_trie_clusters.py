@@ -17,6 +17,7 @@ from seqkv.trie import (
     cluster_trie_sessions,
     trie_distance,
 )
+from seqkv.trie.errors import TrieConfigError
 
 tokens = st.lists(st.integers(0, 2), min_size=1, max_size=6).map(tuple)
 thresholds = st.sampled_from([0.0, 0.5, 1.0, 2.5, 4.0, 100.0])
@@ -120,7 +121,7 @@ def test_empty_input() -> None:
 
 @pytest.mark.parametrize("threshold", [-1.0, math.nan, math.inf])
 def test_bad_threshold(threshold: float) -> None:
-    with pytest.raises(ValueError, match="threshold_bits"):
+    with pytest.raises(TrieConfigError, match="threshold_bits"):
         cluster_sessions([scored((1,))], threshold)
 
 

@@ -13,6 +13,7 @@ from seqkv.trie import (
     ProbabilityWeightedPolicy,
     make_policy,
 )
+from seqkv.trie.errors import TrieConfigError
 from seqkv.trie.node import TrieNode
 
 
@@ -122,5 +123,5 @@ def test_the_queue_stays_bounded_under_many_touches() -> None:
 
 
 def test_unknown_policy_name() -> None:
-    with pytest.raises(ValueError, match="unknown eviction policy"):
+    with pytest.raises(TrieConfigError, match="unknown eviction policy"):
         make_policy("mru")  # type: ignore[arg-type]

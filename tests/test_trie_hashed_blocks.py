@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from seqkv.trie import HashedBlockCache, Namespace, UnknownSessionError
+from seqkv.trie.errors import TrieConfigError
 from seqkv.trie.hashed_blocks import Block, BlockId, BlockSessionId, block_hashes
 
 
@@ -86,5 +87,5 @@ def test_release_of_an_unknown_session() -> None:
 
 
 def test_bad_block_size() -> None:
-    with pytest.raises(ValueError, match="block_size"):
+    with pytest.raises(TrieConfigError, match="block_size"):
         HashedBlockCache(block_size=0, bytes_per_token=1)

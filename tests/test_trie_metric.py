@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqkv.trie import Namespace, PrefixTrie, prefix_probability, trie_distance
+from seqkv.trie.errors import TrieConfigError
 
 sequences = st.lists(st.integers(0, 3), min_size=0, max_size=7).map(tuple)
 nonempty = st.lists(st.integers(0, 3), min_size=1, max_size=7).map(tuple)
@@ -114,5 +115,5 @@ def test_nearest_sessions_stay_in_their_namespace() -> None:
 
 
 def test_nearest_with_negative_k() -> None:
-    with pytest.raises(ValueError, match="k must be"):
+    with pytest.raises(TrieConfigError, match="k must be"):
         PrefixTrie().nearest_sessions([1], k=-1)

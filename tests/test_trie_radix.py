@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from seqkv.errors import EmptyInputError, InvalidKVError, InvalidTokensError
+from seqkv.errors import (
+    EmptyInputError,
+    InvalidArgumentTypeError,
+    InvalidKVError,
+    InvalidTokensError,
+)
 from seqkv.trie import (
     DEFAULT_NAMESPACE,
     InvalidLogProbsError,
@@ -20,6 +25,7 @@ from seqkv.trie import (
     UnknownSessionError,
     prefix_hash,
 )
+from seqkv.trie.errors import TrieConfigError
 from seqkv.trie.node import TrieNode
 
 
@@ -326,20 +332,20 @@ def test_release_twice() -> None:
 
 
 def test_negative_budget() -> None:
-    with pytest.raises(ValueError, match="budget_bytes"):
+    with pytest.raises(TrieConfigError, match="budget_bytes"):
         PrefixTrie(budget_bytes=-1)
 
 
 def test_negative_nominal_bytes() -> None:
-    with pytest.raises(ValueError, match="nominal_kv_bytes_per_token"):
+    with pytest.raises(TrieConfigError, match="nominal_kv_bytes_per_token"):
         PrefixTrie(nominal_kv_bytes_per_token=-1)
 
 
 def test_negative_eviction() -> None:
-    with pytest.raises(ValueError, match="num_bytes"):
+    with pytest.raises(TrieConfigError, match="num_bytes"):
         PrefixTrie().evict(-1)
 
 
 def test_namespace_of_another_type() -> None:
-    with pytest.raises(TypeError, match="namespace is a str"):
+    with pytest.raises(InvalidArgumentTypeError, match="namespace is a str"):
         PrefixTrie().insert([1], probs(1), namespace=3)  # type: ignore[arg-type]

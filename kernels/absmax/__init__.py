@@ -7,7 +7,7 @@ path and the kernels (``triton.py``) their GPU path.
 Invariants:
 1. Both backends return identical codes and scales, and identical decoded values (checked:
    ``tests/test_kernels_absmax.py`` on Triton's interpreter, ``scripts/gpu_check.sh`` on a GPU).
-2. A scale beyond the fp16 range raises ``ValueError`` on both backends (enforced).
+2. A scale beyond the fp16 range raises ``InvalidTensorError`` on both backends (enforced).
 3. Vectors longer than 4,096 components run the reference under ``"auto"`` and raise
    :class:`~seqkv.kernels.dispatch.UnsupportedKernelInputError` when Triton is forced (enforced).
 """
@@ -15,6 +15,8 @@ Invariants:
 from __future__ import annotations
 
 import torch
+
+from seqkv.errors import InvalidTensorError, QuantizerConfigError
 
 from ..dispatch import KernelBackend, resolve_backend
 from . import naive
@@ -34,7 +36,7 @@ def _kernel_unsupported(dim: int) -> str | None:
 
 def _check_format(fmt: AbsmaxFormat) -> None:
     if fmt not in _FORMATS:
-        raise ValueError(f"fmt must be one of {', '.join(_FORMATS)}, got {fmt!r}")
+        raise QuantizerConfigError(f"fmt must be one of {', '.join(_FORMATS)}, got {fmt!r}")
 
 
 def absmax_quantize(
@@ -48,7 +50,9 @@ def absmax_quantize(
     """
     _check_format(fmt)
     if x.dim() != 2 or not x.dtype.is_floating_point:
-        raise ValueError(f"expected floating-point rows [N, D], got {x.dtype} {tuple(x.shape)}")
+        raise InvalidTensorError(
+            f"expected floating-point rows [N, D], got {x.dtype} {tuple(x.shape)}"
+        )
     chosen = resolve_backend(backend, x, unsupported=_kernel_unsupported(x.shape[1]))
     if chosen == "triton":
         # NOTE: imported here, after dispatch chose Triton: importing seqkv.kernels must not
@@ -71,7 +75,7 @@ def absmax_dequantize(
     """Codes ``[N * D]`` and scales ``[N]`` back to rows ``[N, D]`` of ``dtype``."""
     _check_format(fmt)
     if scales.dim() != 1 or codes.dtype != torch.uint8 or codes.shape != (scales.shape[0] * dim,):
-        raise ValueError(
+        raise InvalidTensorError(
             f"{scales.shape[0]} vectors of {dim} components need uint8 codes of shape "
             f"({scales.shape[0] * dim},) and 1-D scales; got {codes.dtype} "
             f"{tuple(codes.shape)} and {tuple(scales.shape)}"

@@ -17,7 +17,7 @@ Invariants:
    exactly: exact max, IEEE division (``div_rn``), exact directed fp16 rounding, ties to even,
    no FMA contraction (enforced by construction; checked: ``tests/test_kernels_absmax.py``).
 2. A scale beyond the fp16 range comes out of the kernel as ``inf`` and :func:`quantize` raises
-   the reference's ``ValueError`` (enforced).
+   the reference's ``InvalidTensorError`` (enforced).
 3. ``D <= 4096`` (a tile holds whole vectors; checked by the op function, which falls back to
    the reference under ``"auto"``).
 """

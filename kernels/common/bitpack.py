@@ -18,21 +18,24 @@ Invariants:
    ``tests/test_quantizers_bitpack.py``, hypothesis over bits and odd lengths).
 2. ``pack_bits`` output has exactly ``packed_nbytes(count, bits)`` bytes (enforced by
    construction; checked by the same tests and by ``PackedCodes.__post_init__``).
-3. Codes outside ``[0, 2**b)`` are rejected, never silently truncated (enforced: ValueError).
+3. Codes outside ``[0, 2**b)`` are rejected, never silently truncated (enforced:
+   ``InvalidTensorError``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from seqkv.errors import InvalidTensorDtypeError, InvalidTensorError, QuantizerConfigError
+
 MIN_BITS = 1
 MAX_BITS = 8
 
 
 def check_bits(bits: int) -> None:
-    """Raise ``ValueError`` unless ``bits`` is a supported code width (1..8)."""
+    """Raise ``QuantizerConfigError`` unless ``bits`` is a supported code width (1..8)."""
     if not MIN_BITS <= bits <= MAX_BITS:
-        raise ValueError(
+        raise QuantizerConfigError(
             f"bits must be an integer in {MIN_BITS}..{MAX_BITS}, got {bits}; "
             "wider codes do not fit one byte"
         )
@@ -48,7 +51,7 @@ def packed_nbytes(count: int, bits: int) -> int:
     """
     check_bits(bits)
     if count < 0:
-        raise ValueError(f"count must be non-negative, got {count}")
+        raise InvalidTensorError(f"count must be non-negative, got {count}")
     return (count * bits + 7) // 8
 
 
@@ -72,13 +75,13 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """
     check_bits(bits)
     if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
-        raise TypeError(f"codes must be an integer tensor, got dtype {codes.dtype}")
+        raise InvalidTensorDtypeError(f"codes must be an integer tensor, got dtype {codes.dtype}")
     flat = codes.reshape(-1)  # [N]
     count = flat.numel()
     if count > 0:
         lo, hi = int(flat.min()), int(flat.max())
         if lo < 0 or hi >= 1 << bits:
-            raise ValueError(
+            raise InvalidTensorError(
                 f"codes must lie in [0, {1 << bits}) for bits={bits}, got range [{lo}, {hi}]"
             )
     if bits == MAX_BITS:
@@ -103,12 +106,12 @@ def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """
     check_bits(bits)
     if packed.dtype != torch.uint8 or packed.dim() != 1:
-        raise TypeError(
+        raise InvalidTensorDtypeError(
             f"packed must be a 1-D uint8 tensor, got dtype {packed.dtype} with {packed.dim()} dims"
         )
     need = packed_nbytes(count, bits)
     if packed.numel() != need:
-        raise ValueError(
+        raise InvalidTensorError(
             f"{count} codes of {bits} bits need exactly {need} bytes, got {packed.numel()}"
         )
     if bits == MAX_BITS:

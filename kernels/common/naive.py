@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from seqkv.errors import InvalidTensorError
+
 FP16_MAX = float(torch.finfo(torch.float16).max)
 """Largest finite float16 (65504): side information beyond it cannot be stored."""
 
@@ -103,9 +105,9 @@ def vector_norms(rows: torch.Tensor) -> torch.Tensor:
 
 
 def check_fp16_range(values: torch.Tensor, what: str) -> None:
-    """Raise ``ValueError`` unless every value is finite and within float16's range."""
+    """Raise ``InvalidTensorError`` unless every value is finite and within float16's range."""
     if values.numel() and not float(values.abs().max()) <= FP16_MAX:
-        raise ValueError(
+        raise InvalidTensorError(
             f"{what} exceeds the float16 range ({FP16_MAX}); rescale the input before quantizing"
         )
 

@@ -10,7 +10,8 @@ Invariants:
 1. Both backends return identical codes, scales and zero-points, and identical decoded values
    (checked: ``tests/test_kernels_kivi.py`` on Triton's interpreter, ``scripts/gpu_check.sh``
    on a GPU).
-2. A scale or zero-point beyond the fp16 range raises ``ValueError`` on both backends (enforced).
+2. A scale or zero-point beyond the fp16 range raises ``InvalidTensorError`` on both backends
+   (enforced).
 3. Groups longer than a kernel tile (4,096) run the reference under ``"auto"`` and raise
    :class:`~seqkv.kernels.dispatch.UnsupportedKernelInputError` when Triton is forced (enforced).
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from seqkv.errors import InvalidTensorError, QuantizerConfigError
 
 from ..common.bitpack import check_bits, packed_nbytes
 from ..dispatch import KernelBackend, resolve_backend
@@ -43,9 +46,9 @@ def _kernel_unsupported(group_size: int) -> str | None:
 def _check_config(axis: GroupAxis, group_size: int, bits: int) -> None:
     check_bits(bits)
     if axis not in _AXES:
-        raise ValueError(f"axis must be 'tokens' or 'channels', got {axis!r}")
+        raise QuantizerConfigError(f"axis must be 'tokens' or 'channels', got {axis!r}")
     if group_size < 1:
-        raise ValueError(f"group_size must be positive, got {group_size}")
+        raise QuantizerConfigError(f"group_size must be positive, got {group_size}")
 
 
 def kivi_quantize(
@@ -65,8 +68,8 @@ def kivi_quantize(
     """
     _check_config(axis, group_size, bits)
     if head.dim() != 3 or not head.dtype.is_floating_point:
-        raise ValueError(f"expected a floating-point head [L, T, D], got {head.dtype} "
-                         f"{tuple(head.shape)}")
+        raise InvalidTensorError(f"expected a floating-point head [L, T, D], got {head.dtype} "
+                                 f"{tuple(head.shape)}")
     chosen = resolve_backend(backend, head, unsupported=_kernel_unsupported(group_size))
     if chosen == "triton":
         # NOTE: imported here, after dispatch chose Triton: importing seqkv.kernels must not
@@ -93,14 +96,14 @@ def kivi_dequantize(
     _check_config(axis, group_size, bits)
     sides = side_shape(shape, axis, group_size)
     if tuple(scales.shape) != sides or tuple(zeros.shape) != sides:
-        raise ValueError(
+        raise InvalidTensorError(
             f"scales and zero-points of a {shape} head grouped along {axis} by {group_size} "
             f"must have shape {sides}, got {tuple(scales.shape)} and {tuple(zeros.shape)}"
         )
     need = packed_nbytes(math.prod(shape), bits)
     if packed.dtype != torch.uint8 or packed.shape != (need,):
-        raise ValueError(f"{math.prod(shape)} {bits}-bit codes need {need} packed bytes "
-                         f"(uint8), got {packed.dtype} {tuple(packed.shape)}")
+        raise InvalidTensorError(f"{math.prod(shape)} {bits}-bit codes need {need} packed bytes "
+                                 f"(uint8), got {packed.dtype} {tuple(packed.shape)}")
     chosen = resolve_backend(backend, packed, unsupported=_kernel_unsupported(group_size))
     if chosen == "triton":
         from . import triton as kernel

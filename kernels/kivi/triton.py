@@ -20,7 +20,8 @@ Invariants:
    division (``div_rn``), exact directed rounding, ties to even (enforced by construction;
    checked: ``tests/test_kernels_kivi.py``).
 2. A scale or zero-point outside the fp16 range comes out of the statistics kernel as ``inf``,
-   and :func:`quantize_head` raises the reference's ``ValueError`` before encoding (enforced).
+   and :func:`quantize_head` raises the reference's ``InvalidTensorError`` before encoding
+   (enforced).
 3. Indices are int64, so tensors beyond 2**31 elements are addressed correctly (enforced).
 """
 

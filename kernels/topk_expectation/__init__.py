@@ -10,7 +10,8 @@ candidates once. The signature fits the predictor's data as it is: one probabili
 
 Invariants:
 1. ``probs`` must be finite, non-negative, with a positive sum per row, and broadcastable to
-   ``candidates.shape[:-1]`` (enforced: ``ValueError``, one device synchronisation per call).
+   ``candidates.shape[:-1]`` (enforced: ``InvalidTensorError``, one device synchronisation per
+   call).
 2. The reference is the predictor's own arithmetic bit for bit (``naive.py``, invariant 1); the
    kernel agrees with it to float32 rounding of a ``k``-term sum (checked:
    ``tests/test_kernels_topk_expectation.py``).
@@ -19,6 +20,8 @@ Invariants:
 from __future__ import annotations
 
 import torch
+
+from seqkv.errors import InvalidTensorDtypeError, InvalidTensorError
 
 from ..dispatch import KernelBackend, resolve_backend
 from . import naive
@@ -49,25 +52,27 @@ def topk_expectation(
     tensor([[0.7500, 1.0000]])
     """
     if candidates.dim() < 2 or probs.dim() < 1 or probs.shape[-1] != candidates.shape[-2]:
-        raise ValueError(
+        raise InvalidTensorError(
             f"probs must be [..., k] and candidates [..., k, D] with the same k; got "
             f"{tuple(probs.shape)} and {tuple(candidates.shape)}"
         )
     lead = candidates.shape[:-1]  # [..., k]
     if not _broadcasts_to(probs.shape, lead):
-        raise ValueError(
+        raise InvalidTensorError(
             f"probs {tuple(probs.shape)} do not broadcast to the candidates' {tuple(lead)}"
         )
     if not (probs.dtype.is_floating_point and candidates.dtype.is_floating_point):
-        raise TypeError(f"expected floating-point tensors, got {probs.dtype}, {candidates.dtype}")
+        raise InvalidTensorDtypeError(
+            f"expected floating-point tensors, got {probs.dtype}, {candidates.dtype}"
+        )
     k, dim = candidates.shape[-2], candidates.shape[-1]
     if k < 1:
-        raise ValueError("need at least one candidate per position (k >= 1)")
+        raise InvalidTensorError("need at least one candidate per position (k >= 1)")
     probs = probs.to(candidates.device)
     if probs.numel():
         p = probs.to(torch.float64)
         if not bool((torch.isfinite(p) & (p >= 0)).all() & (p.sum(dim=-1) > 0).all()):
-            raise ValueError(
+            raise InvalidTensorError(
                 "probs must be finite and non-negative with a positive sum for every position"
             )
     unsupported = None if k <= _KERNEL_MAX_K else f"k={k} exceeds {_KERNEL_MAX_K} candidates"

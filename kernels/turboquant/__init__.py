@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from seqkv.errors import InvalidTensorError, QuantizerConfigError
+
 from ..common.bitpack import check_bits, packed_nbytes
 from ..dispatch import KernelBackend, resolve_backend
 from . import naive
@@ -48,18 +50,18 @@ def _kernel_unsupported(rotation: RotationOperand, dim: int) -> str | None:
 
 def _check_rotation(rotation: RotationOperand) -> int:
     if (rotation.matrix is None) == (rotation.signs is None):
-        raise ValueError("a TurboQuant rotation holds exactly one of signs and matrix")
+        raise QuantizerConfigError("a TurboQuant rotation holds exactly one of signs and matrix")
     dim = rotation_dim(rotation)
     if rotation.signs is not None and dim & (dim - 1):
-        raise ValueError(f"the Hadamard rotation needs a power-of-two dim, got {dim}")
+        raise QuantizerConfigError(f"the Hadamard rotation needs a power-of-two dim, got {dim}")
     return dim
 
 
 def _check_codebook(table: torch.Tensor, bits: int, size: int, what: str) -> None:
     check_bits(bits)
     if table.shape != (size,):
-        raise ValueError(f"{what} for {bits}-bit codes must have shape ({size},), got "
-                         f"{tuple(table.shape)}")
+        raise QuantizerConfigError(f"{what} for {bits}-bit codes must have shape ({size},), got "
+                                   f"{tuple(table.shape)}")
 
 
 def turboquant_quantize(
@@ -84,8 +86,8 @@ def turboquant_quantize(
     """
     dim = _check_rotation(rotation)
     if x.dim() != 2 or x.shape[1] != dim or not x.dtype.is_floating_point:
-        raise ValueError(f"expected floating-point rows [N, {dim}], got {x.dtype} "
-                         f"{tuple(x.shape)}")
+        raise InvalidTensorError(f"expected floating-point rows [N, {dim}], got {x.dtype} "
+                                 f"{tuple(x.shape)}")
     _check_codebook(thresholds, bits, (1 << bits) - 1, "thresholds")
     chosen = resolve_backend(backend, x, unsupported=_kernel_unsupported(rotation, dim))
     if chosen == "triton":
@@ -113,11 +115,11 @@ def turboquant_dequantize(
     dim = _check_rotation(rotation)
     _check_codebook(levels, bits, 1 << bits, "levels")
     if norms.dim() != 1:
-        raise ValueError(f"norms must be 1-D [N], got shape {tuple(norms.shape)}")
+        raise InvalidTensorError(f"norms must be 1-D [N], got shape {tuple(norms.shape)}")
     need = packed_nbytes(norms.shape[0] * dim, bits)
     if packed.dtype != torch.uint8 or packed.shape != (need,):
-        raise ValueError(f"{norms.shape[0]} vectors of {dim} {bits}-bit codes need {need} "
-                         f"packed bytes (uint8), got {packed.dtype} {tuple(packed.shape)}")
+        raise InvalidTensorError(f"{norms.shape[0]} vectors of {dim} {bits}-bit codes need {need} "
+                                 f"packed bytes (uint8), got {packed.dtype} {tuple(packed.shape)}")
     chosen = resolve_backend(backend, packed, unsupported=_kernel_unsupported(rotation, dim))
     if chosen == "triton":
         from . import triton as kernel

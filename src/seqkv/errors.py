@@ -95,3 +95,63 @@ class UsageError(SeqKVError, ValueError):
 class OutputError(SeqKVError):
     """An output file that cannot be written where asked (missing or read-only folder, a
     directory in the way, a name too long, a full disk); nothing was changed."""
+
+
+class InvalidArgumentTypeError(SeqKVError, TypeError):
+    """An argument of the wrong Python type (a bool or str where a number or a name is needed).
+
+    Also a ``TypeError``, which is what Python code reasonably catches for a wrong type.
+    """
+
+
+class InvalidTensorError(SeqKVError, ValueError):
+    """A tensor argument whose shape or values do not fit the operation (codes outside their
+    range, non-finite rows, a probability row summing to zero, mismatched sizes)."""
+
+
+class InvalidTensorDtypeError(InvalidTensorError, TypeError):
+    """A tensor argument of the wrong dtype (floats where integer codes are needed, or the
+    reverse); also a ``TypeError``, as a wrong type is in Python."""
+
+
+class InvalidConfigError(SeqKVError, ValueError):
+    """A component's parameter that is unknown or out of range; the subclasses name the
+    component."""
+
+
+class QuantizerConfigError(InvalidConfigError):
+    """A quantizer or quantization kernel parameter (dim, bits, group size, role, window,
+    rotation, format, codebook) that is unknown or out of range."""
+
+
+class KernelBackendError(InvalidConfigError):
+    """A kernel backend name (argument or ``$SEQKV_KERNELS``) that is not one of the backends."""
+
+
+class QuantizedDataMismatchError(SeqKVError, ValueError):
+    """A quantized tensor or its packed codes handed to a quantizer configured differently from
+    the one that produced them (another method, bit width, dim, group size or role)."""
+
+
+class DeltaConfigError(InvalidConfigError):
+    """A delta-coding parameter (predictor, residual quantizer budget, bit allocation,
+    surprisal) that is unknown, out of range, inconsistent or missing."""
+
+
+class CorruptCodeError(SeqKVError, ValueError):
+    """A coded payload held in memory (a delta code, its symbol tables) whose parts do not fit
+    together: it was damaged or assembled by hand."""
+
+
+class InsufficientSamplesError(SeqKVError, ValueError):
+    """Too few samples, sequences, tokens or positions for the estimate or measurement asked
+    for, or a sample argument out of range."""
+
+
+class ProofInputError(SeqKVError, ValueError):
+    """A value given to a symbolic proof or paper-figure check that is out of its domain
+    (negative, non-finite, not a distribution, wrong shape)."""
+
+
+class ProofInputTypeError(ProofInputError, TypeError):
+    """A value given to a symbolic proof of a type it cannot take exactly (a bool, a str)."""

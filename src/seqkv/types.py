@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal, NewType
 
+from seqkv.errors import InvalidArgumentTypeError, InvalidKVError
+
 Sha256Hex = NewType("Sha256Hex", str)
 """64 lowercase hexadecimal digits: a SHA-256 digest."""
 
@@ -58,9 +60,9 @@ class KVGeometry:
         for name in ("layers", "kv_heads", "head_dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"KVGeometry.{name} must be an int, got {value!r}")
+                raise InvalidArgumentTypeError(f"KVGeometry.{name} must be an int, got {value!r}")
             if value <= 0:
-                raise ValueError(f"KVGeometry.{name} must be positive, got {value}")
+                raise InvalidKVError(f"KVGeometry.{name} must be positive, got {value}")
 
     @property
     def components_per_token(self) -> int:

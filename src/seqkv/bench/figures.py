@@ -134,26 +134,14 @@ def measure_figures(model: CausalLM, cases: Sequence[GateCase] = GATE_CASES,
 def profile_key(model: CausalLM) -> str:
     """A file-name-safe key of everything the model-coded figures depend on besides the code.
 
-    The CPU's vendor, family and model (its kernels' code paths), the CPU capability torch
-    dispatches to, the row-invariant forward's calibrated row block, and the torch and
-    transformers versions.
+    The CPU's vendor, family and model (its kernels' code paths; the profile's
+    ``seqkv.schedule.cpu_model``), the CPU capability torch dispatches to, the row-invariant
+    forward's calibrated row block, and the torch and transformers versions.
     """
     profile = model.profile("rows")
-    parts = [_cpu_model(), profile.cpu_capability, f"block{row_forward(model).row_block}",
+    parts = [profile.cpu_model, profile.cpu_capability, f"block{row_forward(model).row_block}",
              f"torch{profile.torch_version}", f"transformers{profile.transformers_version}"]
     return re.sub(r"[^A-Za-z0-9.]+", "-", "_".join(parts)).strip("-").lower()
-
-
-def _cpu_model() -> str:
-    """Vendor, family and model number of the CPU (Linux), or the platform's machine name."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        import platform
-
-        return platform.machine() or "unknown-cpu"
-    values = dict(re.findall(r"^(vendor_id|cpu family|model)\s*:\s*(.+)$", info, re.M))
-    return "-".join(values.get(k, "?").strip() for k in ("vendor_id", "cpu family", "model"))
 
 
 def baseline_path(key: str, root: Path = BASELINE_DIR) -> Path:

@@ -22,6 +22,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special, stats
 
+from seqkv.errors import InsufficientSamplesError
+
 FloatArray = npt.NDArray[np.float64]
 
 # NOTE: a single Dirichlet prior is miscalibrated for sources whose mass sits on a few of many
@@ -56,7 +58,7 @@ def mean_interval(samples: FloatArray, confidence: float = 0.95, batches: int = 
     """Mean of ``samples`` with a batch-means t-interval (``batches`` consecutive batches)."""
     x = np.asarray(samples, dtype=np.float64)
     if x.size < 2:
-        raise ValueError("a confidence interval needs at least 2 samples")
+        raise InsufficientSamplesError("a confidence interval needs at least 2 samples")
     count = min(batches, x.size)
     means = np.array([batch.mean() for batch in np.array_split(x, count)])
     estimate = float(x.mean())
@@ -87,13 +89,13 @@ def dirichlet_entropy(
     """
     values = np.asarray(symbols).reshape(-1)
     if values.size < 2:
-        raise ValueError("an entropy estimate needs at least 2 symbols")
+        raise InsufficientSamplesError("an entropy estimate needs at least 2 symbols")
     if alphabet_size < 2:
-        raise ValueError(f"an alphabet needs at least 2 symbols, not {alphabet_size}")
+        raise InsufficientSamplesError(f"an alphabet needs at least 2 symbols, not {alphabet_size}")
     if values.min() < 0 or values.max() >= alphabet_size:
-        raise ValueError(f"symbols must lie in [0, {alphabet_size})")
+        raise InsufficientSamplesError(f"symbols must lie in [0, {alphabet_size})")
     if not (draws >= 100 and 0 < confidence < 1):
-        raise ValueError("need draws >= 100 and 0 < confidence < 1")
+        raise InsufficientSamplesError("need draws >= 100 and 0 < confidence < 1")
     counts = np.bincount(values, minlength=alphabet_size).astype(np.float64)
     k, n = float(alphabet_size), float(values.size)
     grid = _ALPHA_GRID
@@ -158,7 +160,7 @@ def trend(series: FloatArray) -> Trend:
     """Does ``series`` (e.g. code length per position) fall as position grows?"""
     x = np.asarray(series, dtype=np.float64)
     if x.size < 4:
-        raise ValueError("a trend test needs at least 4 positions")
+        raise InsufficientSamplesError("a trend test needs at least 4 positions")
     result = stats.kendalltau(np.arange(x.size), x)
     half = x.size // 2
     return Trend(float(result.statistic), float(result.pvalue), float(x[:half].mean()),
@@ -169,7 +171,7 @@ def percentile_interval(samples: FloatArray, confidence: float = 0.9) -> Interva
     """Median and central ``confidence`` range of a Monte-Carlo sample (not a CI of the mean)."""
     x = np.asarray(samples, dtype=np.float64)
     if x.size < 2:
-        raise ValueError("a percentile range needs at least 2 samples")
+        raise InsufficientSamplesError("a percentile range needs at least 2 samples")
     tail = 100 * (1 - confidence) / 2
     low, median, high = np.percentile(x, [tail, 50, 100 - tail])
     return Interval(float(median), float(low), float(high), confidence,

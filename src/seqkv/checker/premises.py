@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from seqkv.errors import InvalidTokensError
+from seqkv.errors import InsufficientSamplesError, InvalidTokensError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.backbones import backbone_for
 from seqkv.schedule import pinned_threads
@@ -111,7 +111,7 @@ def first_layer_kv(model: CausalLM) -> torch.Tensor:
 def min_pairwise_distance(rows: torch.Tensor, chunk: int = 2048) -> tuple[float, tuple[int, int]]:
     """Smallest Euclidean distance between two distinct rows, and the pair that has it."""
     if rows.shape[0] < 2:
-        raise ValueError("a pairwise distance needs at least 2 rows")
+        raise InsufficientSamplesError("a pairwise distance needs at least 2 rows")
     squared = (rows * rows).sum(dim=1)  # [N]
     candidates: list[tuple[float, int, int]] = []
     for start in range(0, rows.shape[0], chunk):

@@ -31,6 +31,7 @@ from scipy import stats
 from transformers import DynamicCache
 
 from seqkv.checker.estimators import FloatArray, Interval
+from seqkv.errors import InsufficientSamplesError
 from seqkv.kvcache import cache_from_tensor
 from seqkv.models.adapter import CausalLM
 
@@ -89,7 +90,10 @@ def estimate_entropy_rate(
 ) -> EntropyRateEstimate:
     """Sample ``sequences`` sequences of ``length`` tokens and estimate the entropy rate."""
     if sequences < 2 or length < 1:
-        raise ValueError("need at least 2 sequences of at least 1 token")
+        raise InsufficientSamplesError(
+            f"need at least 2 sequences of at least 1 token, got sequences={sequences}, "
+            f"length={length}: raise them"
+        )
     generator = torch.Generator().manual_seed(seed)
     log_probs = source.start(sequences)  # [B, V], natural log
     entropy = torch.zeros(sequences, dtype=torch.float64)
@@ -152,7 +156,7 @@ def estimate_entropy_rate_from_data(
     """The model's entropy rate after ``contexts`` prefixes drawn from ``tokens`` (seeded):
     ``sequences`` continuations of ``length`` tokens each; the interval is over the contexts."""
     if contexts < 2 or len(tokens) < 2:
-        raise ValueError("need at least 2 contexts and 2 tokens")
+        raise InsufficientSamplesError("need at least 2 contexts and 2 tokens")
     cache = DynamicCache()
     ids = torch.tensor([tokens], device=model.device)  # [1, T]
     logits = model.model(input_ids=ids, cache=cache, use_cache=True).logits[0]  # [T, V]

@@ -35,6 +35,7 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.errors import DeltaConfigError
 from seqkv.quantizers.bitpack import MAX_BITS, MIN_BITS
 
 WIDTH_FIELD_BITS = 3
@@ -60,16 +61,18 @@ class AllocationMode(Enum):
 
 def _check(surprisal: FloatArray, b0: int, max_bits: int) -> None:
     if not MIN_BITS <= max_bits <= MAX_BITS:
-        raise ValueError(f"max_bits must be in {MIN_BITS}..{MAX_BITS}, got {max_bits}")
+        raise DeltaConfigError(f"max_bits must be in {MIN_BITS}..{MAX_BITS}, got {max_bits}")
     if not MIN_BITS <= b0 <= max_bits:
-        raise ValueError(f"the budget b0 must be an integer in {MIN_BITS}..{max_bits}, got {b0}")
+        raise DeltaConfigError(
+            f"the budget b0 must be an integer in {MIN_BITS}..{max_bits}, got {b0}"
+        )
     if surprisal.ndim != 1 or surprisal.size == 0:
-        raise ValueError(
+        raise DeltaConfigError(
             f"surprisal must be a non-empty 1-D array (one value per token), got shape "
             f"{surprisal.shape}"
         )
     if not bool(np.isfinite(surprisal).all()) or bool((surprisal < 0).any()):
-        raise ValueError("surprisal must be finite and >= 0 (bits of -log2 P(t_i | t_<i))")
+        raise DeltaConfigError("surprisal must be finite and >= 0 (bits of -log2 P(t_i | t_<i))")
 
 
 def surprisal_rule(surprisal: FloatArray, b0: int, max_bits: int = MAX_BITS) -> IntArray:
@@ -150,17 +153,17 @@ def allocate_bits(
     [3, 3, 3, 3]
     """
     if num_tokens < 1:
-        raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+        raise DeltaConfigError(f"num_tokens must be positive, got {num_tokens}")
     if mode is AllocationMode.UNIFORM:
         _check(np.zeros(num_tokens), b0, max_bits)
         return np.full(num_tokens, b0, dtype=np.int64)
     if surprisal is None:
-        raise ValueError(
+        raise DeltaConfigError(
             f"allocation {mode.value!r} needs the per-token surprisal; pass surprisal= "
             "(e.g. seqkv.delta.delta_codec.surprisal_bits(model, tokens))"
         )
     if len(surprisal) != num_tokens:
-        raise ValueError(f"got {len(surprisal)} surprisal values for {num_tokens} tokens")
+        raise DeltaConfigError(f"got {len(surprisal)} surprisal values for {num_tokens} tokens")
     if mode is AllocationMode.SURPRISAL:
         return surprisal_rule(surprisal, b0, max_bits)
     return fixed_budget(surprisal, b0, max_bits)

@@ -56,7 +56,7 @@ from seqkv.delta.residual_coder import (
     split_codes,
     supported_bits,
 )
-from seqkv.errors import InvalidKVError, InvalidTokensError
+from seqkv.errors import CorruptCodeError, DeltaConfigError, InvalidKVError, InvalidTokensError
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models.adapter import CausalLM
 from seqkv.quantizers import QuantizedTensor, QuantizerName
@@ -82,11 +82,11 @@ class DeltaConfig:
     def __post_init__(self) -> None:
         allowed = supported_bits(self.quantizer)
         if self.budget_bits not in allowed:
-            raise ValueError(
+            raise DeltaConfigError(
                 f"quantizer {self.quantizer!r} supports budgets {allowed}, got {self.budget_bits}"
             )
         if self.quantizer in FIXED_WIDTHS and self.allocation is not AllocationMode.UNIFORM:
-            raise ValueError(
+            raise DeltaConfigError(
                 f"quantizer {self.quantizer!r} has one width only; use AllocationMode.UNIFORM"
             )
 
@@ -285,7 +285,9 @@ def encode_delta(
         if surprisal is None:
             surprisal = surprisal_bits(model, token_list)
         elif surprisal.bits.shape != (num_tokens,):
-            raise ValueError(f"surprisal has shape {surprisal.bits.shape}, not ({num_tokens},)")
+            raise DeltaConfigError(
+                f"surprisal has shape {surprisal.bits.shape}, not ({num_tokens},)"
+            )
         cost += surprisal.cost
         extra_seconds += surprisal.seconds
     widths = allocate_bits(config.allocation, config.budget_bits, num_tokens,
@@ -358,7 +360,10 @@ def decode_delta(
             "cannot have produced: decode with the model that coded it"
         )
     if len(code.widths) != num_tokens or len(code.sides) != num_tokens:
-        raise ValueError("the delta code's widths or side information do not match its shape")
+        raise CorruptCodeError(
+            "the delta code's widths or side information do not match its shape: it was "
+            "damaged; encode the KV again"
+        )
     cost = ForwardCost()
     token_list: list[int] | None = None
     predictor = code.config.predictor
@@ -369,7 +374,10 @@ def decode_delta(
             token_list = decompress(model, code.tokens.data).tokens
             cost += code.tokens.cost
         else:
-            raise ValueError("the delta code stores no tokens, and none were passed")
+            raise InvalidTokensError(
+                "the delta code stores no tokens, and none were passed: pass tokens= (the "
+                "sequence the code was made from)"
+            )
         if len(token_list) != num_tokens:
             raise InvalidTokensError(f"got {len(token_list)} tokens for {num_tokens} positions")
     bank = ResidualQuantizerBank(code.config.quantizer, head_dim, code.config.seed)

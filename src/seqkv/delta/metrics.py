@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seqkv.errors import InvalidKVError, UnsupportedModelError
+from seqkv.errors import InsufficientSamplesError, InvalidKVError, UnsupportedModelError
 from seqkv.kvcache import cache_from_tensor
 from seqkv.models.adapter import CausalLM
 from seqkv.models.backbones import Backbone, backbone_for
@@ -139,7 +139,7 @@ def build_reference(model: CausalLM, original: torch.Tensor,
     tokens = [int(t) for t in continuation]
     model.check_tokens(tokens)
     if len(tokens) < 2:
-        raise ValueError("the continuation needs at least 2 tokens for a perplexity")
+        raise InsufficientSamplesError("the continuation needs at least 2 tokens for a perplexity")
     original = original.detach().to("cpu", torch.float32)
     backbone = backbone_for(model)
     geometry = backbone.geometry

@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from seqkv.errors import CorruptCodeError, DeltaConfigError
 from seqkv.quantizers import KIVI, PackedCodes, QuantizedTensor, Quantizer, QuantizerName
 from seqkv.quantizers import make_quantizer as _make_quantizer
 from seqkv.quantizers.bitpack import MAX_BITS, MIN_BITS
@@ -74,7 +75,7 @@ def make_residual_quantizer(name: QuantizerName, dim: int, bits: int, seed: int 
     """The quantizer the delta coder uses for ``name`` at ``bits`` (KIVI: value layout, no
     window; see invariant 4)."""
     if bits not in supported_bits(name):
-        raise ValueError(
+        raise DeltaConfigError(
             f"quantizer {name!r} cannot code a residual at {bits} bits; it supports "
             f"{supported_bits(name)}"
         )
@@ -183,7 +184,7 @@ def fit_table(layer: int, kv: int, bits: int, symbols: npt.NDArray[np.int64]) ->
     size = 1 << bits
     counts = np.bincount(symbols, minlength=size).astype(np.float64)
     if counts.size != size:
-        raise ValueError(f"a code exceeds {bits} bits: max {int(symbols.max())}")
+        raise CorruptCodeError(f"a code exceeds {bits} bits: max {int(symbols.max())}")
     peak = counts.max()
     freq = np.where(counts > 0, np.maximum(1.0, np.round(counts * _MAX_FREQUENCY / peak)), 0.0)
     probs = freq / freq.sum()
@@ -204,11 +205,11 @@ def encode_symbols(codes: Sequence[torch.Tensor | None],
                    code_bits: Sequence[int | None]) -> SymbolCode:
     """Range-code the codes of every position (each ``[layers, 2, ...]``, or ``None``)."""
     if len(codes) != len(code_bits):
-        raise ValueError(f"{len(codes)} code arrays for {len(code_bits)} widths")
+        raise CorruptCodeError(f"{len(codes)} code arrays for {len(code_bits)} widths")
     present = [i for i, c in enumerate(codes) if c is not None]
     for i in present:
         if code_bits[i] is None:
-            raise ValueError(f"position {i} has codes but no width")
+            raise CorruptCodeError(f"position {i} has codes but no width")
     if not present:
         return SymbolCode(b"", (), 0, 0)
     first = codes[present[0]]
@@ -243,7 +244,9 @@ def decode_symbols(code: SymbolCode, code_bits: Sequence[int | None],
     per_group = int(np.prod(position_shape[2:]))
     groups = _groups(num_layers, code_bits)
     if [(t.layer, t.kv, t.bits) for t in code.tables] != groups:
-        raise ValueError("the symbol tables do not match the stored widths: the code is corrupt")
+        raise CorruptCodeError(
+            "the symbol tables do not match the stored widths: the code is corrupt"
+        )
     widths = np.array([-1 if b is None else b for b in code_bits])
     stacked = np.zeros((len(code_bits), num_layers, 2, per_group), dtype=np.int64)
     decoder = constriction.stream.queue.RangeDecoder(

@@ -61,7 +61,7 @@ from seqkv.delta.predictors import (
     TopKExpectation,
 )
 from seqkv.delta.residual_coder import FIXED_WIDTHS
-from seqkv.errors import DecodeVerificationError
+from seqkv.errors import DecodeVerificationError, InsufficientSamplesError
 from seqkv.models.adapter import CausalLM
 from seqkv.quantizers import QuantizerName
 
@@ -502,9 +502,9 @@ def sample_inputs(model: CausalLM, prefix_tokens: int = DEFAULT_PREFIX_TOKENS,
     text = (importlib.resources.files("seqkv") / "data" / "sample.txt").read_text("utf-8")
     ids = model.encode_text(text)
     if prefix_tokens < 1 or continuation_tokens < 2:
-        raise ValueError("need prefix_tokens >= 1 and continuation_tokens >= 2")
+        raise InsufficientSamplesError("need prefix_tokens >= 1 and continuation_tokens >= 2")
     if prefix_tokens + continuation_tokens > len(ids):
-        raise ValueError(
+        raise InsufficientSamplesError(
             f"the sample text has {len(ids)} tokens, fewer than {prefix_tokens} + "
             f"{continuation_tokens}"
         )

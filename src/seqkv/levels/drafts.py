@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from seqkv.errors import InvalidLevelError
+
 
 class DraftPolicy(Protocol):
     """Guesses the tokens after ``context``; see the module invariants."""
@@ -38,7 +40,7 @@ class DraftPolicy(Protocol):
 
 def _check_max_draft(max_draft: int) -> None:
     if max_draft < 0:
-        raise ValueError(f"max_draft must be >= 0 (0 drafts nothing), got {max_draft}")
+        raise InvalidLevelError(f"max_draft must be >= 0 (0 drafts nothing), got {max_draft}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class PromptLookup:
     def __post_init__(self) -> None:
         _check_max_draft(self.max_draft)
         if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ValueError(
+            raise InvalidLevelError(
                 f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}"
             )
 

@@ -1,8 +1,9 @@
-"""The errors of ``seqkv.mixing``: dictionaries that cannot be built, read or used."""
+"""The errors of ``seqkv.mixing``: dictionaries that cannot be built, read or used, and mixer
+settings out of range."""
 
 from __future__ import annotations
 
-from seqkv.errors import SeqKVError
+from seqkv.errors import InvalidConfigError, SeqKVError
 
 
 class DictionaryError(SeqKVError):
@@ -35,3 +36,8 @@ class DictionaryMismatchError(DictionaryError):
 
 class DictionaryUnavailableError(DictionaryError):
     """The coded data references a dictionary that was not given."""
+
+
+class MixerConfigError(InvalidConfigError):
+    """A mixer setting (match lengths, share shift, initial weights) out of range, or a
+    dictionary index built for other settings than the mixer's."""

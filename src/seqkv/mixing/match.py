@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from seqkv.mixing.dictionary import Dictionary
+from seqkv.mixing.errors import MixerConfigError
 from seqkv.mixing.fixedpoint import TOTAL
 
 _HASH_MULTIPLIER = 0x9E3779B97F4A7C15
@@ -96,7 +97,7 @@ class DictionaryIndex:
 
     def __init__(self, dictionary: Dictionary, min_length: int = 3) -> None:
         if min_length < 1:
-            raise ValueError(f"min_length must be at least 1, not {min_length}")
+            raise MixerConfigError(f"min_length must be at least 1, not {min_length}")
         self.dictionary = dictionary
         self.min_length = min_length
         self._content: list[int] = dictionary.tokens.tolist()

@@ -49,8 +49,9 @@ import numpy as np
 import numpy.typing as npt
 
 from seqkv.coding.frequencies import CumulativeTable
+from seqkv.errors import InvalidTensorError, InvalidTokensError
 from seqkv.mixing.dictionary import Dictionary
-from seqkv.mixing.errors import DictionaryMismatchError
+from seqkv.mixing.errors import DictionaryMismatchError, MixerConfigError
 from seqkv.mixing.fixedpoint import ONE, STRETCH_LIMIT, TOTAL, FixedPoint
 from seqkv.mixing.match import (
     Confidence,
@@ -138,11 +139,11 @@ class MixerConfig:
 
     def __post_init__(self) -> None:
         if self.share_shift not in SHARE_COST:
-            raise ValueError(f"share_shift must be one of {sorted(SHARE_COST)}")
+            raise MixerConfigError(f"share_shift must be one of {sorted(SHARE_COST)}")
         if self.min_match < 1 or self.session_min_match < 1:
-            raise ValueError("match lengths must be at least 1 token")
+            raise MixerConfigError("match lengths must be at least 1 token")
         if len(self.initial_weights) != _INPUTS:
-            raise ValueError(f"initial_weights needs {_INPUTS} entries")
+            raise MixerConfigError(f"initial_weights needs {_INPUTS} entries")
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +269,7 @@ class MixingPredictor:
                     f"the dictionary is for a vocabulary of {dictionary.dictionary.vocab_size} "
                     f"tokens, the base model has {vocab_size}: use the model's dictionary")
             if dictionary.min_length != config.min_match:
-                raise ValueError(
+                raise MixerConfigError(
                     f"the dictionary index uses {dictionary.min_length}-token windows, the "
                     f"config {config.min_match}: build the index with the config's min_match")
         self.index = dictionary
@@ -304,12 +305,14 @@ class MixingPredictor:
     def table(self, base: CumulativeTable) -> CumulativeTable:
         """The mixed cumulative table for the next token, given the base's table."""
         if base.shape != (self.vocab_size + 1,) or base[0] != 0 or base[-1] != TOTAL:
-            raise ValueError(
+            raise InvalidTensorError(
                 f"expected a cumulative table of {self.vocab_size + 1} entries from 0 to 2**32, "
                 f"got shape {base.shape}")
         counts = np.diff(base)
         if int(counts.min()) < 1:
-            raise ValueError("the base table gives a token a count of 0: every count must be >= 1")
+            raise InvalidTensorError(
+                "the base table gives a token a count of 0: every count must be >= 1"
+            )
         candidates, predictions = self._candidates(counts)
         if not candidates:
             self._pending = _Pending(counts, None, [], predictions)
@@ -331,7 +334,10 @@ class MixingPredictor:
 
     def _check_token(self, token: int) -> None:
         if not 0 <= token < self.vocab_size:
-            raise ValueError(f"token {token} is outside the vocabulary of {self.vocab_size}")
+            raise InvalidTokensError(
+                f"token {token} is outside the vocabulary of {self.vocab_size}: pass ids of the "
+                "tokenizer the mixer was built for"
+            )
 
     def _advance(self, token: int) -> None:
         self._session.append(token)

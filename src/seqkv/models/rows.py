@@ -53,6 +53,13 @@ import torch.nn.functional as F
 from seqkv.errors import InvalidTokensError, UnsupportedModelError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.backbones import BackboneGeometry, backbone_for
+from seqkv.models.pools import (
+    PoolWrites,
+    finish_call,
+    grown,
+    pool_writes,
+    require_distinct,
+)
 
 # NOTE: the largest row block the calibration accepts: a forward pads every product to at least
 # this many rows, so a larger block would make single-row decoding too slow to be worth it.
@@ -86,17 +93,7 @@ class KVPool:
 
     def grow(self, length: int) -> None:
         """Make room for ``length`` positions in every slot, keeping what is held."""
-        capacity = self.capacity
-        if length <= capacity:
-            return
-        while capacity < length:
-            capacity *= 2
-        shape = list(self.buffer.shape)
-        old = shape[4]
-        shape[4] = capacity
-        grown = self.buffer.new_zeros(shape)
-        grown[:, :, :, :, :old] = self.buffer
-        self.buffer = grown
+        self.buffer = grown(self.buffer, 4, length)
 
 
 class RowSequence:
@@ -140,30 +137,11 @@ def gather(sequences: Sequence[RowSequence], capacity: int) -> list[RowSequence]
     return copies
 
 
-@dataclass(frozen=True)
-class _PoolWrites:
-    """Where one pool's rows of a forward go: rows of the call, slots, positions."""
-
-    pool: KVPool
-    rows: torch.Tensor  # [R] long
-    slots: torch.Tensor  # [R] long
-    positions: torch.Tensor  # [R] long
-
-
 def _pool_writes(spans: list[_Span], sequences: list[RowSequence],
-                 device: torch.device) -> list[_PoolWrites]:
-    grouped: dict[int, tuple[KVPool, list[int], list[int], list[int]]] = {}
-    for span in spans:
-        sequence = sequences[span.sequence]
-        _, rows, slots, positions = grouped.setdefault(id(sequence.pool),
-                                                       (sequence.pool, [], [], []))
-        count = span.rows.stop - span.rows.start
-        rows.extend(range(span.rows.start, span.rows.stop))
-        slots.extend([sequence.slot] * count)
-        positions.extend(range(span.position, span.position + count))
-    return [_PoolWrites(pool, *(torch.tensor(v, dtype=torch.long, device=device)
-                                for v in (rows, slots, positions)))
-            for pool, rows, slots, positions in grouped.values()]
+                 device: torch.device) -> list[PoolWrites[KVPool]]:
+    entries = ((sequences[span.sequence].pool, sequences[span.sequence].slot, span.rows.start,
+                span.rows.stop - span.rows.start, span.position) for span in spans)
+    return pool_writes(entries, device)
 
 
 @dataclass(frozen=True)
@@ -221,7 +199,7 @@ class _RowAttention:
     then attends each row on its own against its sequence's keys up to its position."""
 
     def __init__(self, geometry: BackboneGeometry, spans: list[_Span],
-                 sequences: list[RowSequence], pools: list[_PoolWrites]) -> None:
+                 sequences: list[RowSequence], pools: list[PoolWrites[KVPool]]) -> None:
         self._geometry = geometry
         self._spans = spans
         self._sequences = sequences
@@ -334,8 +312,7 @@ class RowForward:
         spans: list[_Span] = []
         ids: list[int] = []
         positions_list: list[int] = []
-        if len({id(sequence) for sequence, _ in calls}) != len(calls):
-            raise ValueError("a sequence may appear only once in a forward")
+        require_distinct(sequence for sequence, _ in calls)
         for index, (sequence, chunk) in enumerate(calls):
             if not chunk:
                 continue
@@ -366,15 +343,8 @@ class RowForward:
         cos, sin = self._cos[positions], self._sin[positions]  # [N, rotary_dim]
         for index in range(self.geometry.layers):
             hidden = backbone.block(index, hidden, cos, sin, attend)
-        logits = backbone.head(hidden)[:count].float().cpu().numpy()
-        for sequence, chunk in calls:
-            sequence.length += len(chunk)
-        result: list[npt.NDArray[np.float32]] = []
-        offset = 0
-        for _, chunk in calls:
-            result.append(logits[offset : offset + len(chunk)])
-            offset += len(chunk)
-        return result
+        logits: npt.NDArray[np.float32] = backbone.head(hidden)[:count].float().cpu().numpy()
+        return finish_call(calls, logits)
 
 
 def row_forward(model: CausalLM) -> RowForward:

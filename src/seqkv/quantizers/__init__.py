@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Literal, overload
 
+from seqkv.errors import QuantizerConfigError
 from seqkv.quantizers.base import PackedCodes, QuantizedTensor, Quantizer, QuantizerName
 from seqkv.quantizers.bitpack import pack_bits, packed_nbytes, unpack_bits
 from seqkv.quantizers.kivi import (
@@ -147,9 +148,11 @@ def make_quantizer(
         )
     if name in ("int8", "fp8"):
         if bits != 8:
-            raise ValueError(f"{name!r} stores 8 bits per component; pass bits=8, got {bits}")
+            raise QuantizerConfigError(
+                f"{name!r} stores 8 bits per component; pass bits=8, got {bits}"
+            )
         return Int8Absmax(dim) if name == "int8" else FP8E4M3(dim)
-    raise ValueError(
+    raise QuantizerConfigError(
         f"unknown quantizer {name!r}; expected one of turboquant_mse, turboquant_prod, kivi, "
         "int8, fp8"
     )

@@ -27,8 +27,8 @@ Invariants:
 5. ``QuantizedTensor`` is immutable (enforced: frozen dataclass; the tensors it holds are not
    copied, so callers must not write into them; assumed).
 6. ``dequantize`` is called on the quantizer configuration that produced the tensor. The method
-   name, ``dim`` and code widths are checked (ValueError); a different TurboQuant ``seed`` or
-   ``rotation`` cannot be detected and decodes to garbage (assumed).
+   name, ``dim`` and code widths are checked (``QuantizedDataMismatchError``); a different
+   TurboQuant ``seed`` or ``rotation`` cannot be detected and decodes to garbage (assumed).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from seqkv.errors import InvalidTensorDtypeError, InvalidTensorError, QuantizedDataMismatchError
 from seqkv.kernels.common.bitpack import check_bits, pack_bits, packed_nbytes, unpack_bits
 
 QuantizerName = Literal["turboquant_mse", "turboquant_prod", "kivi", "int8", "fp8"]
@@ -61,9 +62,9 @@ class PackedCodes:
     def __post_init__(self) -> None:
         check_bits(self.bits)
         if self.data.dtype != torch.uint8 or self.data.dim() != 1:
-            raise TypeError(f"data must be a 1-D uint8 tensor, got {self.data.dtype}")
+            raise InvalidTensorDtypeError(f"data must be a 1-D uint8 tensor, got {self.data.dtype}")
         if self.data.numel() != packed_nbytes(self.count, self.bits):
-            raise ValueError(
+            raise InvalidTensorError(
                 f"{self.count} codes of {self.bits} bits need "
                 f"{packed_nbytes(self.count, self.bits)} bytes, got {self.data.numel()}"
             )
@@ -186,34 +187,45 @@ class Quantizer(Protocol):
 def check_input(x: torch.Tensor, dim: int, min_ndim: int = 1) -> None:
     """Preconditions shared by every quantizer; raise a specific error saying what to fix."""
     if not x.dtype.is_floating_point:
-        raise TypeError(f"expected a floating-point tensor, got dtype {x.dtype}")
+        raise InvalidTensorDtypeError(f"expected a floating-point tensor, got dtype {x.dtype}")
     if x.dim() < min_ndim:
-        raise ValueError(
+        raise InvalidTensorError(
             f"expected a tensor with at least {min_ndim} dims ([..., T, D]), got shape "
             f"{tuple(x.shape)}"
         )
     if x.shape[-1] != dim:
-        raise ValueError(
+        raise InvalidTensorError(
             f"last dimension must equal the quantizer's dim={dim}, got shape {tuple(x.shape)}; "
             "build the quantizer for this head dimension"
         )
     if x.numel() and not bool(torch.isfinite(x).all()):
-        raise ValueError("input contains NaN or inf; quantizers need finite values")
+        raise InvalidTensorError(
+            "input contains NaN or inf; quantizers need finite values: replace or drop the "
+            "non-finite entries first"
+        )
 
 
 def check_owner(q: QuantizedTensor, method: QuantizerName, dim: int) -> None:
-    """Raise ``ValueError`` when ``q`` was not produced by a quantizer of this kind and dim."""
+    """Raise ``QuantizedDataMismatchError`` when ``q`` was not produced by a quantizer of this
+    kind and dim."""
     if q.method != method:
-        raise ValueError(f"cannot dequantize a {q.method!r} tensor with a {method!r} quantizer")
+        raise QuantizedDataMismatchError(
+            f"cannot dequantize a {q.method!r} tensor with a {method!r} quantizer; dequantize "
+            "with the quantizer that produced it"
+        )
     if not q.shape or q.shape[-1] != dim:
-        raise ValueError(f"tensor of shape {q.shape} was not quantized with dim={dim}")
+        raise QuantizedDataMismatchError(
+            f"tensor of shape {q.shape} was not quantized with dim={dim}; dequantize with a "
+            "quantizer built for its head dimension"
+        )
 
 
 def check_code_bits(codes: PackedCodes | None, bits: int | None, what: str) -> None:
-    """Raise ``ValueError`` unless ``codes`` holds ``bits``-bit codes (``None``: no stream)."""
+    """Raise ``QuantizedDataMismatchError`` unless ``codes`` holds ``bits``-bit codes
+    (``None``: no stream)."""
     got = None if codes is None else codes.bits
     if got != bits:
-        raise ValueError(
+        raise QuantizedDataMismatchError(
             f"{what} holds {got}-bit codes but this quantizer expects {bits}; "
             "dequantize with the quantizer configuration that produced it"
         )

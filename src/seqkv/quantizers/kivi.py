@@ -57,6 +57,7 @@ from typing import Literal
 
 import torch
 
+from seqkv.errors import InvalidTensorError, QuantizedDataMismatchError, QuantizerConfigError
 from seqkv.kernels import GroupAxis, kivi_dequantize, kivi_quantize
 from seqkv.kernels.common.bitpack import check_bits, packed_nbytes
 from seqkv.quantizers.base import (
@@ -107,17 +108,19 @@ class KIVI:
     ) -> None:
         check_bits(bits)
         if dim < 1:
-            raise ValueError(f"dim must be positive, got {dim}")
+            raise QuantizerConfigError(f"dim must be positive, got {dim}")
         if role not in ("key", "value"):
-            raise ValueError(f"role must be 'key' or 'value', got {role!r}")
+            raise QuantizerConfigError(f"role must be 'key' or 'value', got {role!r}")
         if window not in ("recent", "streaming"):
-            raise ValueError(f"window must be 'recent' or 'streaming', got {window!r}")
+            raise QuantizerConfigError(f"window must be 'recent' or 'streaming', got {window!r}")
         if group_size < 1:
-            raise ValueError(f"group_size must be positive, got {group_size}")
+            raise QuantizerConfigError(f"group_size must be positive, got {group_size}")
         if residual_length < 0:
-            raise ValueError(f"residual_length must be non-negative, got {residual_length}")
+            raise QuantizerConfigError(
+                f"residual_length must be non-negative, got {residual_length}"
+            )
         if window == "streaming" and (residual_length < 1 or residual_length % group_size):
-            raise ValueError(
+            raise QuantizerConfigError(
                 f"window='streaming' quantizes keys in blocks of residual_length, which must be "
                 f"a positive multiple of group_size={group_size}; got {residual_length}"
             )
@@ -202,7 +205,7 @@ class KIVI:
         if q.shape[-2] - n_quant != self.dense_tokens(q.shape[-2]) or tuple(q.scales.shape) != (
             self.side_shape(q.codes.shape)
         ):
-            raise ValueError(
+            raise QuantizedDataMismatchError(
                 f"tensor was quantized with another KIVI role, group_size, residual_length or "
                 f"window (scales {tuple(q.scales.shape)}, {q.shape[-2] - n_quant} dense tokens)"
             )
@@ -216,7 +219,7 @@ class KIVI:
 
     def num_bits_for(self, shape: tuple[int, ...]) -> int:
         if len(shape) < 2:
-            raise ValueError(f"KIVI needs [..., T, D] shapes, got {shape}")
+            raise InvalidTensorError(f"KIVI needs [..., T, D] shapes, got {shape}")
         lead = math.prod(shape[:-2])
         num_tokens, dim = shape[-2], shape[-1]
         n_dense = self.dense_tokens(num_tokens)

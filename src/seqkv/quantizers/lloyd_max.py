@@ -52,6 +52,7 @@ import numpy.typing as npt
 import torch
 from scipy import linalg, special
 
+from seqkv.errors import QuantizerConfigError
 from seqkv.quantizers.bitpack import check_bits
 
 CoordinateLaw = Literal["sphere", "gaussian"]
@@ -224,9 +225,11 @@ def lloyd_max_codebook(dim: int, bits: int, law: CoordinateLaw = "sphere") -> Sc
     """
     check_bits(bits)
     if dim < 2:
-        raise ValueError(f"dim must be at least 2 (a unit vector in R^1 is +-1), got {dim}")
+        raise QuantizerConfigError(
+            f"dim must be at least 2 (a unit vector in R^1 is +-1), got {dim}"
+        )
     if law not in ("sphere", "gaussian"):
-        raise ValueError(f"law must be 'sphere' or 'gaussian', got {law!r}")
+        raise QuantizerConfigError(f"law must be 'sphere' or 'gaussian', got {law!r}")
     spec = _Law(law=law, dim=dim)
     n = 1 << bits
     # Start from the high-resolution optimum (Panter-Dite companding): level density

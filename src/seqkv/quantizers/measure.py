@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from seqkv.errors import InsufficientSamplesError
 from seqkv.quantizers.rotation import RotationKind
 from seqkv.quantizers.turboquant import TurboQuantMSE, TurboQuantProd
 
@@ -45,7 +46,7 @@ def turboquant_mse_table(
     True
     """
     if n_vectors < 1:
-        raise ValueError(f"n_vectors must be positive, got {n_vectors}")
+        raise InsufficientSamplesError(f"n_vectors must be positive, got {n_vectors}")
     table: DistortionTable = {}
     for dim in dims:
         x = random_unit_vectors(n_vectors, dim, torch.Generator().manual_seed(seed))
@@ -75,7 +76,7 @@ def turboquant_prod_ip_table(
     (seeds ``seed``, ``seed + 1``, ...).
     """
     if n_vectors < 1 or not 1 <= n_seeds <= n_vectors:
-        raise ValueError(
+        raise InsufficientSamplesError(
             f"need n_vectors >= n_seeds >= 1, got n_vectors={n_vectors}, n_seeds={n_seeds}"
         )
     table: DistortionTable = {}

@@ -36,6 +36,7 @@ from typing import Literal
 
 import torch
 
+from seqkv.errors import QuantizerConfigError
 from seqkv.kernels.turboquant.naive import rotate, unrotate
 
 RotationKind = Literal["orthogonal", "hadamard"]
@@ -73,13 +74,13 @@ class Rotation:
             return cls(kind=kind, dim=dim, matrix=(q * d).to(torch.float32), signs=None)
         if kind == "hadamard":
             if not is_power_of_two(dim):
-                raise ValueError(
+                raise QuantizerConfigError(
                     f"rotation='hadamard' needs a power-of-two dim, got {dim}; "
                     "use rotation='orthogonal' for this head dimension"
                 )
             bits = torch.randint(0, 2, (dim,), generator=generator)
             return cls(kind=kind, dim=dim, matrix=None, signs=(2 * bits - 1).to(torch.float32))
-        raise ValueError(f"rotation must be 'orthogonal' or 'hadamard', got {kind!r}")
+        raise QuantizerConfigError(f"rotation must be 'orthogonal' or 'hadamard', got {kind!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``y = R x`` for each vector ``x`` along the last dim (float32)."""

@@ -71,6 +71,7 @@ import math
 
 import torch
 
+from seqkv.errors import InvalidTensorError, QuantizerConfigError
 from seqkv.kernels import turboquant_dequantize, turboquant_quantize
 from seqkv.kernels.common.bitpack import check_bits, packed_nbytes
 from seqkv.kernels.common.naive import to_fp16, vector_norms
@@ -89,7 +90,7 @@ from seqkv.quantizers.rotation import Rotation, RotationKind
 
 def _check_dim(dim: int) -> None:
     if dim < 2:
-        raise ValueError(f"dim must be at least 2, got {dim}")
+        raise QuantizerConfigError(f"dim must be at least 2, got {dim}")
 
 
 def _encode(rows: torch.Tensor, rotation: Rotation, codebook: ScalarCodebook
@@ -271,7 +272,7 @@ class TurboQuantProd:
         """
         check_input(query, self._dim, min_ndim=2)
         if len(q.shape) < 2:
-            raise ValueError(f"q must hold a [..., T, D] tensor, got shape {q.shape}")
+            raise InvalidTensorError(f"q must hold a [..., T, D] tensor, got shape {q.shape}")
         mse, signs, coef = self._unpack(q)
         keys_shape = q.shape
         mse = mse.reshape(keys_shape)  # [..., T, D]

@@ -37,6 +37,7 @@ import math
 
 import torch
 
+from seqkv.errors import QuantizerConfigError
 from seqkv.kernels import AbsmaxFormat, absmax_dequantize, absmax_quantize
 from seqkv.kernels.absmax.naive import FP8_E4M3_MAX, INT8_MAX
 from seqkv.kernels.common.bitpack import packed_nbytes
@@ -59,7 +60,7 @@ class _AbsmaxQuantizer:
 
     def __init__(self, dim: int) -> None:
         if dim < 1:
-            raise ValueError(f"dim must be positive, got {dim}")
+            raise QuantizerConfigError(f"dim must be positive, got {dim}")
         self._dim = dim
 
     @property

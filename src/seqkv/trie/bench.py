@@ -51,6 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from seqkv.trie.clusters import cluster_sessions
+from seqkv.trie.errors import TrieConfigError
 from seqkv.trie.eviction import EvictionPolicyName
 from seqkv.trie.hashed_blocks import VLLM_BLOCK_SIZE, BlockSessionId, HashedBlockCache
 from seqkv.trie.keys import SessionId
@@ -94,9 +95,9 @@ class WorkloadSpec:
         ranges = (self.system_prompt_tokens, self.few_shot_tokens, self.document_tokens,
                   self.tail_tokens)
         if self.sessions < 1 or any(not 1 <= low <= high for low, high in ranges):
-            raise ValueError("sessions must be >= 1 and every length range 1 <= low <= high")
+            raise TrieConfigError("sessions must be >= 1 and every length range 1 <= low <= high")
         if not 0 < self.budget_fraction <= 1:
-            raise ValueError(f"budget_fraction must lie in (0, 1], got {self.budget_fraction}")
+            raise TrieConfigError(f"budget_fraction must lie in (0, 1], got {self.budget_fraction}")
 
 
 @dataclass(frozen=True)

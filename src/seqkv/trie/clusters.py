@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqkv.errors import EmptyInputError
+from seqkv.trie.errors import TrieConfigError
 from seqkv.trie.keys import DEFAULT_NAMESPACE, Namespace
 from seqkv.trie.metric import common_prefix_length
 from seqkv.trie.radix import PrefixTrie
@@ -144,7 +145,7 @@ def cluster_sessions(sequences: Sequence[ScoredSequence], threshold_bits: float)
     if not sequences or not any(len(s) for s in sequences):
         raise EmptyInputError("cluster_sessions needs at least one session holding tokens")
     if not (math.isfinite(threshold_bits) and threshold_bits >= 0):
-        raise ValueError(f"threshold_bits must be finite and >= 0, got {threshold_bits!r}")
+        raise TrieConfigError(f"threshold_bits must be finite and >= 0, got {threshold_bits!r}")
     groups: dict[bytes, list[int]] = {}
     cuts: dict[bytes, int] = {}
     for index, sequence in enumerate(sequences):

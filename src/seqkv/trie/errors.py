@@ -7,11 +7,16 @@ one-line error handling covers them. Bad tokens, log-probabilities or KV tensors
 
 from __future__ import annotations
 
-from seqkv.errors import SeqKVError
+from seqkv.errors import InvalidConfigError, SeqKVError
 
 
 class TrieError(SeqKVError):
     """Base class of the prefix trie's errors."""
+
+
+class TrieConfigError(TrieError, InvalidConfigError):
+    """A prefix trie or block cache parameter (budget, block size, eviction policy, threshold,
+    ``k``, benchmark workload) that is unknown or out of range."""
 
 
 class InvalidLogProbsError(TrieError, ValueError):

@@ -24,6 +24,7 @@ import heapq
 import math
 from typing import Literal, Protocol, runtime_checkable
 
+from seqkv.trie.errors import TrieConfigError
 from seqkv.trie.node import TrieNode
 
 EvictionPolicyName = Literal["lru", "probability"]
@@ -81,7 +82,7 @@ def make_policy(name: EvictionPolicyName) -> EvictionPolicy:
         return LRUPolicy()
     if name == "probability":
         return ProbabilityWeightedPolicy()
-    raise ValueError(f"unknown eviction policy {name!r}: use 'lru' or 'probability'")
+    raise TrieConfigError(f"unknown eviction policy {name!r}: use 'lru' or 'probability'")
 
 
 class EvictionQueue:

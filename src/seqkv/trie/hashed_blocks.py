@@ -40,7 +40,7 @@ from typing import NewType
 import numpy as np
 import numpy.typing as npt
 
-from seqkv.trie.errors import UnknownSessionError
+from seqkv.trie.errors import TrieConfigError, UnknownSessionError
 from seqkv.trie.inputs import as_token_array
 from seqkv.trie.keys import DEFAULT_NAMESPACE, Namespace
 
@@ -116,11 +116,11 @@ class HashedBlockCache:
         bytes_per_token: int,
     ) -> None:
         if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+            raise TrieConfigError(f"block_size must be >= 1, got {block_size}")
         if capacity_blocks is not None and capacity_blocks < 0:
-            raise ValueError(f"capacity_blocks must be None or >= 0, got {capacity_blocks}")
+            raise TrieConfigError(f"capacity_blocks must be None or >= 0, got {capacity_blocks}")
         if bytes_per_token < 0:
-            raise ValueError(f"bytes_per_token must be >= 0, got {bytes_per_token}")
+            raise TrieConfigError(f"bytes_per_token must be >= 0, got {bytes_per_token}")
         self._block_size = block_size
         self._capacity = capacity_blocks
         self._bytes_per_token = bytes_per_token

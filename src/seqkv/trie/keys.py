@@ -32,6 +32,7 @@ from typing import NewType
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.errors import InvalidArgumentTypeError
 from seqkv.trie.errors import InvalidPrefixHashError
 from seqkv.trie.inputs import as_token_array
 
@@ -88,7 +89,8 @@ def check_prefix_hash(value: str) -> PrefixHash:
 
 
 def check_namespace(value: str) -> Namespace:
-    """``value`` as a ``Namespace`` (any ``str``; a ``TypeError`` for anything else)."""
+    """``value`` as a ``Namespace`` (any ``str``; anything else raises
+    ``InvalidArgumentTypeError``, a ``TypeError``)."""
     if not isinstance(value, str):
-        raise TypeError(f"a namespace is a str, got {type(value).__name__}")
+        raise InvalidArgumentTypeError(f"a namespace is a str, got {type(value).__name__}")
     return Namespace(value)

@@ -59,7 +59,12 @@ import numpy.typing as npt
 import torch
 
 from seqkv.errors import InvalidKVError
-from seqkv.trie.errors import PrefixHashMismatchError, PrefixNotFoundError, UnknownSessionError
+from seqkv.trie.errors import (
+    PrefixHashMismatchError,
+    PrefixNotFoundError,
+    TrieConfigError,
+    UnknownSessionError,
+)
 from seqkv.trie.eviction import EvictionPolicy, EvictionPolicyName, EvictionQueue, make_policy
 from seqkv.trie.inputs import KVLayout, as_log2_probs, as_token_array, check_kv
 from seqkv.trie.keys import (
@@ -298,9 +303,9 @@ class PrefixTrie:
         tensors' bytes.
         """
         if budget_bytes is not None and (isinstance(budget_bytes, bool) or budget_bytes < 0):
-            raise ValueError(f"budget_bytes must be None or >= 0, got {budget_bytes!r}")
+            raise TrieConfigError(f"budget_bytes must be None or >= 0, got {budget_bytes!r}")
         if nominal_kv_bytes_per_token < 0:
-            raise ValueError(
+            raise TrieConfigError(
                 f"nominal_kv_bytes_per_token must be >= 0, got {nominal_kv_bytes_per_token}"
             )
         self._lock = threading.RLock()
@@ -498,7 +503,7 @@ class PrefixTrie:
         enough.
         """
         if isinstance(num_bytes, bool) or num_bytes < 0:
-            raise ValueError(f"num_bytes must be >= 0, got {num_bytes!r}")
+            raise TrieConfigError(f"num_bytes must be >= 0, got {num_bytes!r}")
         with self._lock:
             evicted, freed = self._evict(num_bytes)
             return EvictionResult(requested_bytes=num_bytes, freed_bytes=freed, evicted=evicted)
@@ -516,7 +521,7 @@ class PrefixTrie:
         """
         namespace = check_namespace(namespace)
         if k is not None and k < 0:
-            raise ValueError(f"k must be None or >= 0, got {k}")
+            raise TrieConfigError(f"k must be None or >= 0, got {k}")
         query = as_token_array(tokens, allow_empty=True)
         with self._lock:
             return rank_sessions(self._query_point(namespace, query), self._sessions, k)

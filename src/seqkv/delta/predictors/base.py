@@ -30,6 +30,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from seqkv.errors import InvalidTokensError
 from seqkv.models.adapter import CausalLM
 
 PredictorName = Literal["none", "previous_token", "topk_expectation", "exact_recompute"]
@@ -97,11 +98,11 @@ def zeros_like_position(model: CausalLM) -> torch.Tensor:
 
 
 def require_tokens(context: PredictorContext, who: str) -> Sequence[int]:
-    """The context's tokens, or a ValueError saying that ``who`` needs them."""
+    """The context's tokens, or an ``InvalidTokensError`` saying that ``who`` needs them."""
     if context.tokens is None:
-        raise ValueError(f"the {who} predictor needs the tokens: pass them to the codec")
+        raise InvalidTokensError(f"the {who} predictor needs the tokens: pass them to the codec")
     if len(context.tokens) != context.num_tokens:
-        raise ValueError(
+        raise InvalidTokensError(
             f"got {len(context.tokens)} tokens for a KV cache of {context.num_tokens} positions"
         )
     return context.tokens

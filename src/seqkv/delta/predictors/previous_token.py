@@ -35,6 +35,7 @@ from seqkv.delta.predictors.base import (
     SequentialCheck,
     zeros_like_position,
 )
+from seqkv.errors import DeltaConfigError
 
 DeltaReference = Literal["previous", "anchor"]
 
@@ -82,9 +83,11 @@ class PreviousToken:
 
     def __post_init__(self) -> None:
         if self.group_size < 1:
-            raise ValueError(f"group_size must be positive, got {self.group_size}")
+            raise DeltaConfigError(f"group_size must be positive, got {self.group_size}")
         if self.reference not in ("previous", "anchor"):
-            raise ValueError(f"reference must be 'previous' or 'anchor', got {self.reference!r}")
+            raise DeltaConfigError(
+                f"reference must be 'previous' or 'anchor', got {self.reference!r}"
+            )
 
     @property
     def name(self) -> PredictorName:

@@ -10,7 +10,10 @@ How it is computed, per position ``i``: one forward of the ``k`` candidates as `
 one sequence at the same position ``i``, over a cache holding the *decoded* prefix, with a 4-D
 attention mask that lets each row see the prefix and itself only; so the ``k`` single-token
 forwards run batched without copying the prefix ``k`` times. The KV each row wrote is read off
-the cache and averaged with the renormalised weights.
+the cache and averaged with the renormalised weights by the kernel op
+:func:`seqkv.kernels.topk_expectation`; the KV read off the cache is float32 on the CPU, so its
+dispatch runs the torch reference, whose arithmetic is the renormalise-in-float64, sum-in-float32
+this predictor always had (``tests/test_kernels_topk_expectation.py`` checks the bits).
 
 The decoder must know ``P(. | t_<i)`` at every position. It can only compute it from the
 hidden state of the previous *token*, which the decoded KV does not determine, so this predictor
@@ -55,6 +58,8 @@ from seqkv.delta.predictors.base import (
     require_tokens,
     zeros_like_position,
 )
+from seqkv.errors import DeltaConfigError
+from seqkv.kernels import topk_expectation
 from seqkv.kvcache import cache_from_tensor
 from seqkv.models.adapter import CausalLM
 
@@ -120,7 +125,7 @@ class _TopKSession:
         self._model = model
         self._tokens = list(require_tokens(context, "top-k expectation"))
         if k > model.vocab_size:
-            raise ValueError(f"k={k} exceeds the vocabulary size {model.vocab_size}")
+            raise DeltaConfigError(f"k={k} exceeds the vocabulary size {model.vocab_size}")
         self._k = k
         self._num_tokens = context.num_tokens
         self._decoded = torch.zeros(model.num_layers, 2, model.kv_heads, context.num_tokens,
@@ -151,7 +156,6 @@ class _TopKSession:
             return prediction
         top = torch.topk(self._probs, self._k)
         candidates: list[int] = top.indices.tolist()
-        weights = (top.values / top.values.sum()).to(torch.float32)  # [k]
         rows = list(candidates)
         keep: int | None = None
         if needs_next:
@@ -163,9 +167,8 @@ class _TopKSession:
         written, logits = forward_candidates(self._model, self._prefix(position), rows, keep)
         self._cost += ForwardCost(1, len(rows))
         self._probs = None if logits is None else torch.softmax(logits.double(), dim=-1)
-        # [L, 2, H, k, D] * [1, 1, 1, k, 1], summed over the k candidates
-        expected = written[:, :, :, : self._k, :] * weights.view(1, 1, 1, -1, 1)
-        return expected.sum(dim=3)  # [L, 2, H, D]
+        # [k] probabilities shared by every layer and head, [L, 2, H, k, D] -> [L, 2, H, D]
+        return topk_expectation(top.values, written[:, :, :, : self._k, :])
 
     def observe(self, position: int, decoded: torch.Tensor) -> None:
         self._check.observed(position)
@@ -188,7 +191,7 @@ class TopKExpectation:
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ValueError(f"k must be positive, got {self.k}")
+            raise DeltaConfigError(f"k must be positive, got {self.k}")
 
     @property
     def name(self) -> PredictorName:

@@ -87,6 +87,13 @@ from seqkv.models.integer.weights import (
     PredictorDigest,
     integer_weights,
 )
+from seqkv.models.pools import (
+    PoolWrites,
+    finish_call,
+    grown,
+    pool_writes,
+    require_distinct,
+)
 
 LOGIT_FRAC = 16  # output logits: natural-log units at 2**-16
 ACTIVATION_BITS = 14  # |q| < 2**14: two int8 planes
@@ -162,20 +169,10 @@ class IntKVPool:
         return int(self.planes.shape[3])
 
     def grow(self, length: int) -> None:
-        """Make room for ``length`` positions in every slot, keeping what is held."""
-        capacity = self.capacity
-        if length <= capacity:
-            return
-        while capacity < length:
-            capacity *= 2
-        old = self.capacity
-        planes = self.planes.new_zeros((*self.planes.shape[:3], capacity,
-                                        *self.planes.shape[4:]))
-        planes[:, :, :, :old] = self.planes
-        shifts = self.shifts.new_zeros((*self.shifts.shape[:3], capacity,
-                                        *self.shifts.shape[4:]))
-        shifts[:, :, :, :old] = self.shifts
-        self.planes, self.shifts = planes, shifts
+        """Make room for ``length`` positions in every slot, keeping what is held (both
+        buffers share the capacity axis and so grow to the same capacity)."""
+        self.planes = grown(self.planes, 3, length)
+        self.shifts = grown(self.shifts, 3, length)
 
 
 class IntSequence:
@@ -218,14 +215,6 @@ class _Span:
     count: int
     position: int  # position of the first row
     mask: torch.Tensor | None  # bool [count, 1, position + count]: True where a key is hidden
-
-
-@dataclass(frozen=True)
-class _PoolWrites:
-    pool: IntKVPool
-    rows: torch.Tensor  # [R] long
-    slots: torch.Tensor  # [R] long
-    positions: torch.Tensor  # [R] long
 
 
 @dataclass(frozen=True)
@@ -317,8 +306,7 @@ class IntegerForward:
                 ) -> list[npt.NDArray[np.int64]]:
         """Append each sequence's ids in one forward; return int64 logit rows ``[len(ids), V]``
         at ``2**-LOGIT_FRAC``. A sequence may appear once per call."""
-        if len({id(sequence) for sequence, _ in calls}) != len(calls):
-            raise ValueError("a sequence may appear only once in a forward")
+        require_distinct(sequence for sequence, _ in calls)
         spans, ids, positions = self._plan(calls)
         if not spans:
             return [np.zeros((0, self.vocab_size), dtype=np.int64) for _ in calls]
@@ -332,15 +320,7 @@ class IntegerForward:
         for index, layer in enumerate(self._layers):
             hidden = hidden + self._attention(index, layer, hidden, cos, sin, spans, writes)
             hidden = hidden + self._mlp(index, layer, hidden)
-        logits = self._head(hidden)
-        for sequence, chunk in calls:
-            sequence.length += len(chunk)
-        result: list[npt.NDArray[np.int64]] = []
-        offset = 0
-        for _, chunk in calls:
-            result.append(logits[offset : offset + len(chunk)])
-            offset += len(chunk)
-        return result
+        return finish_call(calls, self._head(hidden))
 
     def _head(self, hidden: torch.Tensor) -> npt.NDArray[np.int64]:
         """Final norm and output layer, in blocks of rows and columns (int64 ``[N, V]``).
@@ -467,7 +447,7 @@ class IntegerForward:
         return _scale(acc, linear.scale, linear.scale_bits, x.exponent, out_frac, linear.bias)
 
     def _attention(self, index: int, layer: IntLayer, hidden: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, spans: list[_Span], writes: list[_PoolWrites]
+                   sin: torch.Tensor, spans: list[_Span], writes: list[PoolWrites[IntKVPool]]
                    ) -> torch.Tensor:
         geometry = self.geometry
         heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
@@ -604,15 +584,7 @@ def _column_pieces(linear: IntLinear, width: int) -> tuple[tuple[int, IntLinear]
     return tuple(pieces)
 
 
-def _pool_writes(spans: list[_Span], device: torch.device) -> list[_PoolWrites]:
-    grouped: dict[int, tuple[IntKVPool, list[int], list[int], list[int]]] = {}
-    for span in spans:
-        sequence = span.sequence
-        _, rows, slots, positions = grouped.setdefault(id(sequence.pool),
-                                                       (sequence.pool, [], [], []))
-        rows.extend(range(span.start, span.start + span.count))
-        slots.extend([sequence.slot] * span.count)
-        positions.extend(range(span.position, span.position + span.count))
-    return [_PoolWrites(pool, *(torch.tensor(v, dtype=torch.long, device=device)
-                                for v in (rows, slots, positions)))
-            for pool, rows, slots, positions in grouped.values()]
+def _pool_writes(spans: list[_Span], device: torch.device) -> list[PoolWrites[IntKVPool]]:
+    entries = ((span.sequence.pool, span.sequence.slot, span.start, span.count, span.position)
+               for span in spans)
+    return pool_writes(entries, device)
