@@ -11,12 +11,31 @@ the user-facing check (decoding a ``.skv`` file with what was loaded) must end i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-from test_fuzz_harness import Tally
+from test_fuzz_harness import BUDGET, Tally
 
 ORIGINAL = "original output"
 OTHER_VALID = "other valid content (canonical)"
+
+
+@dataclass
+class CountingTally(Tally):
+    """A ``Tally`` that also counts the cases that ran past the budget's time (its JSON report
+    says how many, beside the slowest)."""
+
+    over_budget: int = 0
+
+    def run(self, description: str, attempt: Callable[[], bool]) -> None:
+        started = time.perf_counter()
+        super().run(description, attempt)
+        self.over_budget += time.perf_counter() - started > BUDGET.seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "over_budget_cases": self.over_budget}
 
 
 def run_case(tally: Tally, description: str, attempt: Callable[[], bool | str]) -> None:

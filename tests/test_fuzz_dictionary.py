@@ -16,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
-from fuzz_oracle import OTHER_VALID, run_case
+from fuzz_oracle import OTHER_VALID, CountingTally, run_case
 from seqkv import compress, decompress
 from seqkv.framing import unframe
 from seqkv.mixing.dictionary import (
@@ -37,7 +38,6 @@ from seqkv.mixing.errors import DictionaryMismatchError
 from seqkv.models import CausalLM
 from test_fuzz_harness import (
     Field,
-    Tally,
     Walker,
     case_count,
     forge,
@@ -139,25 +139,25 @@ def _attempt_format_1(model: CausalLM, original: Original, data: bytes) -> bool 
 
 def test_fuzz_format_2_structure(tiny_model: CausalLM, originals: list[Original]) -> None:
     for number, original in enumerate(originals):
-        tally = Tally(f"dictionary-format2-{original.name}")
+        tally = CountingTally(f"dictionary-format2-{original.name}")
         rng = np.random.default_rng(seed(700 + number))
         data = original.dictionary.to_bytes()
         _, sections = unframe(data, MAGIC, (FORMAT_VERSION,), _ERRORS, "fixture")
         fields = dictionary_fields(sections)
         for _ in range(case_count(60)):
             what, mutated = mutate_framed(rng, sections, MAGIC, FORMAT_VERSION, fields)
-            run_case(tally, what, lambda d=mutated, o=original: _attempt(tiny_model, o, d))
+            run_case(tally, what, partial(_attempt, tiny_model, original, mutated))
         tally.check()
 
 
 def test_fuzz_format_2_bytes(tiny_model: CausalLM, originals: list[Original]) -> None:
-    tally = Tally("dictionary-format2-bytes")
+    tally = CountingTally("dictionary-format2-bytes")
     rng = np.random.default_rng(seed(800))
     for _ in range(case_count(60)):
         original = originals[int(rng.integers(0, len(originals)))]
         what, data = mutate_bytes(rng, original.dictionary.to_bytes())
         run_case(tally, f"{original.name}: {what}",
-                 lambda d=data, o=original: _attempt(tiny_model, o, d))
+                 partial(_attempt, tiny_model, original, data))
     tally.check()
     assert tally.outcomes[OTHER_VALID] == 0  # the CRC-32 refuses every byte-level change
 
@@ -193,7 +193,7 @@ def mutate_format_1(rng: np.random.Generator, data: bytes,
 
 def test_fuzz_format_1(tiny_model: CausalLM, originals: list[Original]) -> None:
     for number, original in enumerate(originals):
-        tally = Tally(f"dictionary-format1-{original.name}")
+        tally = CountingTally(f"dictionary-format1-{original.name}")
         rng = np.random.default_rng(seed(900 + number))
         data = format_1(original.dictionary)
         assert Dictionary.from_bytes(data).digest == original.dictionary.digest
@@ -201,11 +201,11 @@ def test_fuzz_format_1(tiny_model: CausalLM, originals: list[Original]) -> None:
         for _ in range(case_count(40)):
             what, mutated = mutate_format_1(rng, data, fields)
             run_case(tally, what,
-                     lambda d=mutated, o=original: _attempt_format_1(tiny_model, o, d))
+                     partial(_attempt_format_1, tiny_model, original, mutated))
         for _ in range(case_count(40) // 4):
             what, mutated = mutate_bytes(rng, data)
             run_case(tally, what,
-                     lambda d=mutated, o=original: _attempt_format_1(tiny_model, o, d))
+                     partial(_attempt_format_1, tiny_model, original, mutated))
         tally.check()
 
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from fuzz_oracle import OTHER_VALID, run_case
+from fuzz_oracle import OTHER_VALID, CountingTally, run_case
 from seqkv import compress, decompress
 from seqkv.framing import unframe
 from seqkv.models import CausalLM
@@ -31,7 +32,6 @@ from seqkv.trie import Namespace, PrefixTrie, prefix_hash, trie_from_bytes, trie
 from seqkv.trie.persistence import _ERRORS, FORMAT_VERSION, LEGACY_MAGIC, MAGIC
 from test_fuzz_harness import (
     Field,
-    Tally,
     Walker,
     case_count,
     forge,
@@ -148,24 +148,24 @@ def _attempt(model: CausalLM, original: Original, data: bytes) -> bool | str:
 
 def test_fuzz_format_2_structure(tiny_model: CausalLM, originals: list[Original]) -> None:
     for number, original in enumerate(originals):
-        tally = Tally(f"trie-format2-{original.name}")
+        tally = CountingTally(f"trie-format2-{original.name}")
         rng = np.random.default_rng(seed(400 + number))
         _, sections = unframe(original.data, MAGIC, (FORMAT_VERSION,), _ERRORS, "fixture")
         fields = trie_fields(sections)
         for _ in range(case_count(60)):
             what, data = mutate_framed(rng, sections, MAGIC, FORMAT_VERSION, fields)
-            run_case(tally, what, lambda d=data, o=original: _attempt(tiny_model, o, d))
+            run_case(tally, what, partial(_attempt, tiny_model, original, data))
         tally.check()
 
 
 def test_fuzz_format_2_bytes(tiny_model: CausalLM, originals: list[Original]) -> None:
-    tally = Tally("trie-format2-bytes")
+    tally = CountingTally("trie-format2-bytes")
     rng = np.random.default_rng(seed(500))
     for _ in range(case_count(60)):
         original = originals[int(rng.integers(0, len(originals)))]
         what, data = mutate_bytes(rng, original.data)
         run_case(tally, f"{original.name}: {what}",
-                 lambda d=data, o=original: _attempt(tiny_model, o, d))
+                 partial(_attempt, tiny_model, original, data))
     tally.check()
     assert tally.outcomes[OTHER_VALID] == 0  # the CRC-32 refuses every byte-level change
 
@@ -223,7 +223,7 @@ def test_fuzz_format_1(tiny_model: CausalLM) -> None:
     data = LEGACY.read_bytes()
     assert data[: len(LEGACY_MAGIC)] == LEGACY_MAGIC
     canonical = trie_to_bytes(trie_from_bytes(data))
-    tally = Tally("trie-format1")
+    tally = CountingTally("trie-format1")
     rng = np.random.default_rng(seed(600))
 
     def attempt(mutated: bytes) -> bool | str:
@@ -235,10 +235,10 @@ def test_fuzz_format_1(tiny_model: CausalLM) -> None:
 
     for _ in range(case_count(60)):
         what, mutated = mutate_legacy(rng, data)
-        run_case(tally, what, lambda d=mutated: attempt(d))
+        run_case(tally, what, partial(attempt, mutated))
     for _ in range(case_count(60) // 3):
         what, mutated = mutate_bytes(rng, data)
-        run_case(tally, what, lambda d=mutated: attempt(d))
+        run_case(tally, what, partial(attempt, mutated))
     tally.check()
 
 
