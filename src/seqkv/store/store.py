@@ -86,6 +86,7 @@ from seqkv.store.codec import (
 from seqkv.store.errors import (
     CodecMismatchError,
     ConcurrentUpdateError,
+    CorruptRecordError,
     DictionaryNamespaceError,
     SessionExistsError,
     SessionNotFoundError,
@@ -303,8 +304,10 @@ class SessionStore:
         """The chain state of every span in ``chains``' leaves (and what decoding them needed)."""
         states: dict[SpanId, ChainState] = {}
         need: dict[SpanId, StoredSpan] = {}
+        parents: dict[SpanId, SpanId | None] = {}  # what the backend's chain says
         for chain in chains:
-            for stored in reversed(chain):
+            for position in range(len(chain) - 1, -1, -1):
+                stored = chain[position]
                 if stored.span in states or stored.span in need:
                     break
                 hot = self._hot.get(self._key(ns, stored.span))
@@ -312,7 +315,13 @@ class SessionStore:
                     states[stored.span] = hot
                     break
                 need[stored.span] = stored
+                parents[stored.span] = chain[position - 1].span if position else None
         records = {span: unpack(stored.record) for span, stored in need.items()}
+        for span, record in records.items():
+            if record.parent != parents[span]:
+                raise CorruptRecordError(
+                    f"span {span}'s record names parent {record.parent}, the store's chain "
+                    f"{parents[span]}: the record or the store's metadata was damaged")
         while need:
             ready = [span for span in need
                      if records[span].parent is None or records[span].parent in states]
