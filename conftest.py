@@ -28,6 +28,19 @@ def tiny_model() -> CausalLM:
     return tiny_random_llama(seed=0)
 
 
+# NOTE: a decoder's work is bounded by the token count a file states, and that count only by the
+# model's context (an arithmetic code can hold many likely tokens in a few bytes). A forged
+# count of 4,096 on the tiny model's full context took up to 110 s at the portable level on this
+# machine; with 128 positions every fuzz case stays within the harness's per-case budget.
+FUZZ_CONTEXT = 128
+
+
+@pytest.fixture(scope="session")
+def fuzz_model() -> CausalLM:
+    """The tiny Llama with a 128-position context: the fuzz suites' model (see FUZZ_CONTEXT)."""
+    return tiny_random_llama(seed=0, context=FUZZ_CONTEXT)
+
+
 @pytest.fixture(scope="session")
 def real_model() -> CausalLM:
     """The embedded SmolLM2-135M-Instruct, loaded once for the whole test session."""

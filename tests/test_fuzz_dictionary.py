@@ -66,15 +66,15 @@ def format_1(dictionary: Dictionary) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def originals(tiny_model: CausalLM) -> list[Original]:
+def originals(fuzz_model: CausalLM) -> list[Original]:
     rng = np.random.default_rng(7)
-    vocab = tiny_model.vocab_size
+    vocab = fuzz_model.vocab_size
     documents = [rng.integers(0, vocab, 24).tolist() for _ in range(3)]
     mixing = build_dictionary([documents[0] + documents[1], documents[2] + documents[0]], vocab,
                               namespace="tenant-a")
     session = [3, *documents[0][:12], 9, *documents[2][:6]]
-    skv = compress(tiny_model, session, level="portable+mix", dictionary=mixing).data
-    decoded = decompress(tiny_model, skv, dictionaries={mixing.digest: mixing})
+    skv = compress(fuzz_model, session, level="portable+mix", dictionary=mixing).data
+    decoded = decompress(fuzz_model, skv, dictionaries={mixing.digest: mixing})
     wide = Dictionary([70_000, 5, 65_536, 1, 2, 3, 99_999], [3, 1, 3], 100_000)
     named = Dictionary([1, 2, 3, 4, 5], [2, 3], 6, namespace="名前-ns")
     return [Original("mix-tiny", mixing, skv, decoded.tokens, decoded.kv),
@@ -137,7 +137,7 @@ def _attempt_format_1(model: CausalLM, original: Original, data: bytes) -> bool 
     return _verdict(original, dictionary)
 
 
-def test_fuzz_format_2_structure(tiny_model: CausalLM, originals: list[Original]) -> None:
+def test_fuzz_format_2_structure(fuzz_model: CausalLM, originals: list[Original]) -> None:
     for number, original in enumerate(originals):
         tally = CountingTally(f"dictionary-format2-{original.name}")
         rng = np.random.default_rng(seed(700 + number))
@@ -146,18 +146,18 @@ def test_fuzz_format_2_structure(tiny_model: CausalLM, originals: list[Original]
         fields = dictionary_fields(sections)
         for _ in range(case_count(60)):
             what, mutated = mutate_framed(rng, sections, MAGIC, FORMAT_VERSION, fields)
-            run_case(tally, what, partial(_attempt, tiny_model, original, mutated))
+            run_case(tally, what, partial(_attempt, fuzz_model, original, mutated))
         tally.check()
 
 
-def test_fuzz_format_2_bytes(tiny_model: CausalLM, originals: list[Original]) -> None:
+def test_fuzz_format_2_bytes(fuzz_model: CausalLM, originals: list[Original]) -> None:
     tally = CountingTally("dictionary-format2-bytes")
     rng = np.random.default_rng(seed(800))
     for _ in range(case_count(60)):
         original = originals[int(rng.integers(0, len(originals)))]
         what, data = mutate_bytes(rng, original.dictionary.to_bytes())
         run_case(tally, f"{original.name}: {what}",
-                 partial(_attempt, tiny_model, original, data))
+                 partial(_attempt, fuzz_model, original, data))
     tally.check()
     assert tally.outcomes[OTHER_VALID] == 0  # the CRC-32 refuses every byte-level change
 
@@ -191,7 +191,7 @@ def mutate_format_1(rng: np.random.Generator, data: bytes,
     return what, body + hashlib.sha256(body).digest()
 
 
-def test_fuzz_format_1(tiny_model: CausalLM, originals: list[Original]) -> None:
+def test_fuzz_format_1(fuzz_model: CausalLM, originals: list[Original]) -> None:
     for number, original in enumerate(originals):
         tally = CountingTally(f"dictionary-format1-{original.name}")
         rng = np.random.default_rng(seed(900 + number))
@@ -201,11 +201,11 @@ def test_fuzz_format_1(tiny_model: CausalLM, originals: list[Original]) -> None:
         for _ in range(case_count(40)):
             what, mutated = mutate_format_1(rng, data, fields)
             run_case(tally, what,
-                     partial(_attempt_format_1, tiny_model, original, mutated))
+                     partial(_attempt_format_1, fuzz_model, original, mutated))
         for _ in range(case_count(40) // 4):
             what, mutated = mutate_bytes(rng, data)
             run_case(tally, what,
-                     partial(_attempt_format_1, tiny_model, original, mutated))
+                     partial(_attempt_format_1, fuzz_model, original, mutated))
         tally.check()
 
 

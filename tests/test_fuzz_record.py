@@ -33,7 +33,6 @@ from seqkv.store.ids import SessionName, SpanId, check_namespace, namespace_key
 from seqkv.store.record import read_varint
 from test_fuzz_harness import (
     BUDGET,
-    Budget,
     Field,
     Walker,
     case_count,
@@ -44,13 +43,12 @@ from test_fuzz_harness import (
 from test_fuzz_skv import residual_fields
 
 NAMESPACE = "fuzz"
-# NOTE: a record whose token count is forged up to the model's context (4,096 for the tiny model)
-# costs that many decode steps before the chain's digest refuses it: measured 18.6-21 s for a
-# count of 4,096 at the rows level on a shared 2-core machine (a .skv file with a forged count
-# costs the same: 12-16 s for 4,000). That work is bounded by the context, not by the record's
-# size, so this suite's time budget is that bound; the JSON report counts the cases past the
-# harness's 2 s (``over_budget_cases``).
-RECORD_BUDGET = Budget(seconds=60.0, memory_bytes=BUDGET.memory_bytes)
+# NOTE: a record whose token count is forged up to the model's context costs that many decode
+# steps before the chain's digest refuses it: measured 18.6-21 s for a count of 4,096 at the rows
+# level on the tiny model's full context (shared 2-core machine). That work is bounded by the
+# context, not by the record's size, so this suite runs on ``fuzz_model`` (128 positions, see
+# conftest.py) and keeps the harness's budget.
+RECORD_BUDGET = BUDGET
 BASE = [(11 * i + 5) % 500 for i in range(40)]
 
 
@@ -81,26 +79,26 @@ def _noisy(model: CausalLM, tokens: list[int], salt: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def stored(tiny_model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
+def stored(fuzz_model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
     root = tmp_path_factory.mktemp("store")
-    store = SessionStore.directory(root, tiny_model)
+    store = SessionStore.directory(root, fuzz_model)
     child = [*BASE[:32], 7, 8, 9, 10, 300, 301]
     appended = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
     other = [(7 * i + 2) % 500 for i in range(24)]
-    store.put("base", BASE, tiny_model.prefill(BASE), level="rows", namespace=NAMESPACE)
-    store.put("child", child, tiny_model.prefill(child), level="rows", namespace=NAMESPACE)
-    store.put("appended", appended[:8], tiny_model.prefill(appended[:8]), level="tokens",
+    store.put("base", BASE, fuzz_model.prefill(BASE), level="rows", namespace=NAMESPACE)
+    store.put("child", child, fuzz_model.prefill(child), level="rows", namespace=NAMESPACE)
+    store.put("appended", appended[:8], fuzz_model.prefill(appended[:8]), level="tokens",
               namespace=NAMESPACE)
     store.append("appended", appended[8:], namespace=NAMESPACE)
-    store.put("noisy", other, _noisy(tiny_model, other, 1), level="segments:2",
+    store.put("noisy", other, _noisy(fuzz_model, other, 1), level="segments:2",
               namespace=NAMESPACE)
-    store.put("short", BASE[:20], tiny_model.prefill(BASE[:20]), level="rows",
+    store.put("short", BASE[:20], fuzz_model.prefill(BASE[:20]), level="rows",
               namespace=NAMESPACE)
     store.close()
     backend = DirectoryBackend(root)
     names = [SessionName(n) for n in ("base", "child", "appended", "noisy", "short")]
     chains = backend.fetch_sessions(namespace_key(check_namespace(NAMESPACE)), names)
-    reader = SessionStore(backend, skv_codecs(tiny_model), hot_bytes=0)
+    reader = SessionStore(backend, skv_codecs(fuzz_model), hot_bytes=0)
     sessions = []
     for name, chain in zip(names, chains, strict=True):
         assert chain is not None
@@ -156,7 +154,7 @@ def _attempt(model: CausalLM, fixture: Fixture, affected: Stored, bystander: Sto
     return _same(got.tokens, got.kv, affected)
 
 
-def test_fuzz_span_records(tiny_model: CausalLM, stored: Fixture) -> None:
+def test_fuzz_span_records(fuzz_model: CausalLM, stored: Fixture) -> None:
     tally = CountingTally("store-records-structure")
     bytes_tally = CountingTally("store-records-bytes")
     rng = np.random.default_rng(seed(1000))
@@ -174,7 +172,7 @@ def test_fuzz_span_records(tiny_model: CausalLM, stored: Fixture) -> None:
         try:
             (tally if structural else bytes_tally).run(
                 f"span {span} ({affected.name}): {what}",
-                partial(_attempt, tiny_model, stored, affected, bystander))
+                partial(_attempt, fuzz_model, stored, affected, bystander))
         finally:
             path.write_bytes(originals[span])
     tally.check(RECORD_BUDGET)
@@ -193,15 +191,15 @@ def test_the_record_fields_cover_every_byte(stored: Fixture) -> None:
     assert residuals >= 1  # the noisy session's span carries a residual section
 
 
-def test_the_store_is_intact_after_fuzzing(tiny_model: CausalLM, stored: Fixture) -> None:
-    store = SessionStore(stored.backend, skv_codecs(tiny_model), hot_bytes=0)
+def test_the_store_is_intact_after_fuzzing(fuzz_model: CausalLM, stored: Fixture) -> None:
+    store = SessionStore(stored.backend, skv_codecs(fuzz_model), hot_bytes=0)
     for session in stored.sessions:
         got = store.get(session.name, namespace=NAMESPACE)
         assert _same(got.tokens, got.kv, session)
     assert store.audit(namespace=NAMESPACE).consistent
 
 
-def test_a_record_naming_another_parent_is_corrupt(tiny_model: CausalLM, stored: Fixture) -> None:
+def test_a_record_naming_another_parent_is_corrupt(fuzz_model: CausalLM, stored: Fixture) -> None:
     """Issue 17 (found by this suite): a record whose parent field (CRC-32 recomputed) is not
     the span before it in the store's chain failed an ``assert`` in ``_decode_chains``."""
     appended = next(s for s in stored.sessions if s.name == "appended")
@@ -214,7 +212,7 @@ def test_a_record_naming_another_parent_is_corrupt(tiny_model: CausalLM, stored:
             + original[parent.offset + parent.length : -4])
     path.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
     try:
-        store = SessionStore(stored.backend, skv_codecs(tiny_model), hot_bytes=0)
+        store = SessionStore(stored.backend, skv_codecs(fuzz_model), hot_bytes=0)
         with pytest.raises(CorruptRecordError, match="names parent 99"):
             store.get("appended", namespace=NAMESPACE)
     finally:

@@ -61,30 +61,30 @@ def _noisy(model: CausalLM, tokens: list[int]) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def originals(tiny_model: CausalLM) -> list[Original]:
+def originals(fuzz_model: CausalLM) -> list[Original]:
     cases: dict[str, dict[str, Any]] = {
-        "tokens": {"kv": tiny_model.prefill(TOKENS)},
-        "tokens-1e-5": {"kv": _noisy(tiny_model, TOKENS), "tolerance": 1e-5},
-        "tokens-bitexact": {"kv": _noisy(tiny_model, TOKENS), "tolerance": 0.0},
-        "rows": {"kv": tiny_model.prefill(TOKENS), "level": "rows"},
-        "segments-3": {"kv": tiny_model.prefill(TOKENS), "level": "segments:3"},
-        "ngram": {"kv": tiny_model.prefill(TOKENS), "level": "ngram"},
+        "tokens": {"kv": fuzz_model.prefill(TOKENS)},
+        "tokens-1e-5": {"kv": _noisy(fuzz_model, TOKENS), "tolerance": 1e-5},
+        "tokens-bitexact": {"kv": _noisy(fuzz_model, TOKENS), "tolerance": 0.0},
+        "rows": {"kv": fuzz_model.prefill(TOKENS), "level": "rows"},
+        "segments-3": {"kv": fuzz_model.prefill(TOKENS), "level": "segments:3"},
+        "ngram": {"kv": fuzz_model.prefill(TOKENS), "level": "ngram"},
         "plain": {"level": "plain"},
-        "portable": {"kv": tiny_model.prefill(TOKENS), "level": "portable"},
+        "portable": {"kv": fuzz_model.prefill(TOKENS), "level": "portable"},
     }
     made = []
     for name, options in cases.items():
-        data = compress(tiny_model, TOKENS, **options).data
-        decoded = decompress(tiny_model, data)
+        data = compress(fuzz_model, TOKENS, **options).data
+        decoded = decompress(fuzz_model, data)
         made.append(Original(name, data, decoded.tokens, decoded.kv))
     trie = PrefixTrie()
     prefix = PREFIXED[:6]
-    trie.insert(prefix, [-1.0] * 6, tiny_model.kv_tensor(tiny_model.prefill(prefix)))
+    trie.insert(prefix, [-1.0] * 6, fuzz_model.kv_tensor(fuzz_model.prefill(prefix)))
     resolved = trie.match(prefix)
     assert resolved.length == 6
-    data = compress(tiny_model, PREFIXED, kv=tiny_model.prefill(PREFIXED),
+    data = compress(fuzz_model, PREFIXED, kv=fuzz_model.prefill(PREFIXED),
                     prefix=trie.resolve(resolved.prefix_hash)).data
-    decoded = decompress(tiny_model, data, prefixes=trie)
+    decoded = decompress(fuzz_model, data, prefixes=trie)
     made.append(Original("prefix", data, decoded.tokens, decoded.kv, trie))
     return made
 
@@ -142,7 +142,7 @@ def _attempt(model: CausalLM, original: Original, data: bytes,
     return same and tokens == original.tokens
 
 
-def test_fuzz_format_3_structure(tiny_model: CausalLM, originals: list[Original],
+def test_fuzz_format_3_structure(fuzz_model: CausalLM, originals: list[Original],
                                  tmp_path: Path) -> None:
     descriptions = Descriptions(tmp_path)
     for number, original in enumerate(originals):
@@ -152,11 +152,11 @@ def test_fuzz_format_3_structure(tiny_model: CausalLM, originals: list[Original]
         fields = skv_fields(sections)
         for _ in range(case_count(40)):
             what, data = mutate_framed(rng, sections, MAGIC, FORMAT_VERSION, fields)
-            tally.run(what, lambda d=data, o=original: _attempt(tiny_model, o, d, descriptions))
+            tally.run(what, lambda d=data, o=original: _attempt(fuzz_model, o, d, descriptions))
         tally.check()
 
 
-def test_fuzz_format_3_bytes(tiny_model: CausalLM, originals: list[Original],
+def test_fuzz_format_3_bytes(fuzz_model: CausalLM, originals: list[Original],
                              tmp_path: Path) -> None:
     descriptions = Descriptions(tmp_path)
     tally = Tally("skv-format3-bytes")
@@ -165,7 +165,7 @@ def test_fuzz_format_3_bytes(tiny_model: CausalLM, originals: list[Original],
         original = originals[int(rng.integers(0, len(originals)))]
         what, data = mutate_bytes(rng, original.data)
         tally.run(f"{original.name}: {what}",
-                  lambda d=data, o=original: _attempt(tiny_model, o, d, descriptions))
+                  lambda d=data, o=original: _attempt(fuzz_model, o, d, descriptions))
     tally.check()
 
 
@@ -235,14 +235,14 @@ def test_fuzz_formats_1_and_2(tiny_model: CausalLM, tmp_path: Path, name: str) -
     tally.check()
 
 
-def test_the_model_digest_covers_the_tokenizer(tiny_model: CausalLM,
+def test_the_model_digest_covers_the_tokenizer(fuzz_model: CausalLM,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 17: a file coded with another tokenizer (same config and weights) is refused."""
-    data = compress(tiny_model, TOKENS).data
-    identity = tiny_model.identity
+    data = compress(fuzz_model, TOKENS).data
+    identity = fuzz_model.identity
     other = dataclasses.replace(identity, tokenizer_sha256="0" * 64)
     assert other.same_model(identity)  # what formats 1 and 2 compared: config and weights
-    monkeypatch.setitem(tiny_model.__dict__, "identity", other)
+    monkeypatch.setitem(fuzz_model.__dict__, "identity", other)
     with pytest.raises(ModelMismatchError, match="another model"):
-        decompress(tiny_model, data)
+        decompress(fuzz_model, data)
 

@@ -38,7 +38,7 @@ def test_the_originals_are_those_of_test_fuzz_skv(originals: list[Original]) -> 
 
 
 @pytest.mark.parametrize("name", ORIGINALS)
-def test_fuzz_format_3_structure(tiny_model: CausalLM, originals: list[Original],
+def test_fuzz_format_3_structure(fuzz_model: CausalLM, originals: list[Original],
                                  tmp_path: Path, name: str) -> None:
     descriptions = Descriptions(tmp_path)
     number = ORIGINALS.index(name)
@@ -49,5 +49,5 @@ def test_fuzz_format_3_structure(tiny_model: CausalLM, originals: list[Original]
     fields = skv_fields(sections)
     for _ in range(case_count(40)):
         what, data = mutate_framed(rng, sections, MAGIC, FORMAT_VERSION, fields)
-        tally.run(what, partial(_attempt, tiny_model, original, data, descriptions))
+        tally.run(what, partial(_attempt, fuzz_model, original, data, descriptions))
     tally.check()

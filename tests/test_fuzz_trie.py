@@ -63,18 +63,18 @@ def _random_kv(layers: int, heads: int, length: int, dim: int, dtype: torch.dtyp
 
 
 @pytest.fixture(scope="module")
-def originals(tiny_model: CausalLM) -> list[Original]:
+def originals(fuzz_model: CausalLM) -> list[Original]:
     made = []
     model_trie = PrefixTrie()
     prefix = PREFIXED[:6]
     model_trie.insert(prefix, [-1.0, -2.5, -0.5, -3.0, -1.25, -0.75],
-                      tiny_model.kv_tensor(tiny_model.prefill(prefix)))
+                      fuzz_model.kv_tensor(fuzz_model.prefill(prefix)))
     model_trie.insert([5, 17, 40, 41], [-2.0, -1.0, -4.0, -0.5])  # splits the prefix; no KV
     model_trie.insert([1, 2, 3], [-1.0, -1.0, -1.0], namespace=Namespace("tenant"))
     model_trie.match([5, 17, 17, 3, 0])
     resolved = model_trie.resolve(prefix_hash(Namespace(""), prefix))
-    skv = compress(tiny_model, PREFIXED, kv=tiny_model.prefill(PREFIXED), prefix=resolved).data
-    decoded = decompress(tiny_model, skv, prefixes=model_trie)
+    skv = compress(fuzz_model, PREFIXED, kv=fuzz_model.prefill(PREFIXED), prefix=resolved).data
+    decoded = decompress(fuzz_model, skv, prefixes=model_trie)
     made.append(Original("model-prefix", trie_to_bytes(model_trie), skv, decoded.tokens,
                          decoded.kv))
     tokens_only = PrefixTrie(nominal_kv_bytes_per_token=96)
@@ -146,7 +146,7 @@ def _attempt(model: CausalLM, original: Original, data: bytes) -> bool | str:
     return True if data == original.data else OTHER_VALID
 
 
-def test_fuzz_format_2_structure(tiny_model: CausalLM, originals: list[Original]) -> None:
+def test_fuzz_format_2_structure(fuzz_model: CausalLM, originals: list[Original]) -> None:
     for number, original in enumerate(originals):
         tally = CountingTally(f"trie-format2-{original.name}")
         rng = np.random.default_rng(seed(400 + number))
@@ -154,18 +154,18 @@ def test_fuzz_format_2_structure(tiny_model: CausalLM, originals: list[Original]
         fields = trie_fields(sections)
         for _ in range(case_count(60)):
             what, data = mutate_framed(rng, sections, MAGIC, FORMAT_VERSION, fields)
-            run_case(tally, what, partial(_attempt, tiny_model, original, data))
+            run_case(tally, what, partial(_attempt, fuzz_model, original, data))
         tally.check()
 
 
-def test_fuzz_format_2_bytes(tiny_model: CausalLM, originals: list[Original]) -> None:
+def test_fuzz_format_2_bytes(fuzz_model: CausalLM, originals: list[Original]) -> None:
     tally = CountingTally("trie-format2-bytes")
     rng = np.random.default_rng(seed(500))
     for _ in range(case_count(60)):
         original = originals[int(rng.integers(0, len(originals)))]
         what, data = mutate_bytes(rng, original.data)
         run_case(tally, f"{original.name}: {what}",
-                 partial(_attempt, tiny_model, original, data))
+                 partial(_attempt, fuzz_model, original, data))
     tally.check()
     assert tally.outcomes[OTHER_VALID] == 0  # the CRC-32 refuses every byte-level change
 
@@ -219,7 +219,7 @@ def mutate_legacy(rng: np.random.Generator, data: bytes) -> tuple[str, bytes]:
     return f"prefix field {slot} = {values[slot]}", body + hashlib.sha256(body).digest()
 
 
-def test_fuzz_format_1(tiny_model: CausalLM) -> None:
+def test_fuzz_format_1(fuzz_model: CausalLM) -> None:
     data = LEGACY.read_bytes()
     assert data[: len(LEGACY_MAGIC)] == LEGACY_MAGIC
     canonical = trie_to_bytes(trie_from_bytes(data))

@@ -52,16 +52,18 @@ def _seeded(seed: int, build: Callable[[], PreTrainedModel]) -> PreTrainedModel:
         torch.random.set_rng_state(generator_state)
 
 
-def tiny_random_llama(seed: int = 0, vocab_size: int = 512) -> CausalLM:
-    """A 2-layer Llama with 2 KV heads of dimension 16 (no tokenizer).
+def tiny_random_llama(seed: int = 0, vocab_size: int = 512, context: int = 4096) -> CausalLM:
+    """A 2-layer Llama with 2 KV heads of dimension 16 (no tokenizer); ``context`` positions.
 
     >>> model = tiny_random_llama()
     >>> model.num_layers, model.kv_heads, model.head_dim, model.vocab_size
     (2, 2, 16, 512)
     """
-    config = LlamaConfig(vocab_size=vocab_size, num_key_value_heads=2, head_dim=16, **_SHAPE)
+    shape = {**_SHAPE, "max_position_embeddings": context}
+    config = LlamaConfig(vocab_size=vocab_size, num_key_value_heads=2, head_dim=16, **shape)
     model = _seeded(seed, lambda: LlamaForCausalLM(config))
-    return CausalLM(model, None, f"tiny-random-llama-seed{seed}")
+    suffix = "" if context == _SHAPE["max_position_embeddings"] else f"-context{context}"
+    return CausalLM(model, None, f"tiny-random-llama-seed{seed}{suffix}")
 
 
 def tiny_random_mistral(seed: int = 0, vocab_size: int = 512) -> CausalLM:
