@@ -7,9 +7,10 @@ scripts/setup.sh
 # The derandomized hypothesis profile: every run of this script draws the same examples, whatever
 # the environment (a fresh clone has no CI variable set).
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=ci
-.venv/bin/ruff check src proofs kernels tests benchmarks conftest.py
+.venv/bin/ruff check src proofs kernels tests benchmarks research conftest.py
 .venv/bin/mypy
-# Benchmarks run once each here (pytest-benchmark disabled): they must work, not be timed.
-.venv/bin/python -m pytest tests benchmarks "$@"
+# Benchmarks run once each here (pytest-benchmark disabled): they must work, not be timed. The
+# lab (research/) is tested too: it is kept as measurements, and must keep working.
+.venv/bin/python -m pytest tests research benchmarks "$@"
 # The gate: exits non-zero when any of the paper's bounds is violated on this run.
 .venv/bin/seqkv check src/seqkv/data/sample.txt --report reports/ci-check.md
