@@ -12,6 +12,7 @@ coder at ``DEFAULT_TOLERANCE`` (bits and true escapes), and writes ``reports/res
 with a recommendation for the default tolerance.
 
     python benchmarks/residual_drift.py [--lengths 128 512 2048 8192] [--steps-up-to 512]
+                                        [--kinds prose code legal technical]
                                         [--text KIND=PATH ...]
 
 Without ``--text``, each shipped kind (prose, code, legal, technical) is repeated to the length
@@ -122,13 +123,16 @@ def recommendation(rows: list[Drift]) -> str:
     return facts + "\n\n" + advice
 
 
-def render(rows: list[Drift], model: CausalLM, command: str, total_seconds: float) -> str:
+def render(rows: list[Drift], model: CausalLM, command: str, total_seconds: float | None) -> str:
     key = f"{DEFAULT_TOLERANCE:g}"
     lines = [
         "# KV drift between one prefill and the decoder's recomputation",
         "",
         f"Measured by `{command}`: model {model.name}; float32; a shared, loaded 2-core x86_64 "
-        f"CPU under `nice -n 15` ({total_seconds / 60:.1f} minutes in all). The prefill runs on "
+        "CPU under `nice -n 15` ("
+        + (f"{total_seconds / 60:.1f} minutes in all" if total_seconds is not None
+           else "rendered from the run's printed rows")
+        + "). The prefill runs on "
         "torch's default threads; the decoder schedules on theirs (token-by-token: "
         "`CODING_THREADS`; rows: the row-invariant forward in 256-row chunks on one thread). "
         "Texts are the shipped kinds repeated to the length.",
@@ -180,16 +184,28 @@ def main() -> None:
     parser.add_argument("--steps-up-to", type=int, default=512,
                         help="also measure token-by-token recomputation up to this length")
     parser.add_argument("--text", action="append", default=[], metavar="KIND=PATH")
+    parser.add_argument("--kinds", nargs="+", choices=sorted(TEXT_FILES), default=list(TEXT_FILES),
+                        help="shipped kinds to measure when no --text is given")
     parser.add_argument("--report", default="reports/residual_drift.md")
+    parser.add_argument("--from-log", metavar="PATH",
+                        help="render the report from the JSON rows an earlier run printed "
+                             "(e.g. one stopped before its end) instead of measuring")
     args = parser.parse_args()
     started = time.perf_counter()
     model = load_default_model()
+    if args.from_log:
+        logged = [json.loads(line) for line in Path(args.from_log).read_text().splitlines()
+                  if line.startswith('{"text"')]
+        Path(args.report).write_text(render([Drift(**row) for row in logged], model,
+                                            "python benchmarks/residual_drift.py (rows of "
+                                            f"{len(logged)} measurements)", None))
+        return
     sources: dict[str, list[int]] = {}
     for item in args.text:
         kind, _, path = item.partition("=")
         sources[kind] = model.encode_text(Path(path).read_text(encoding="utf-8"))
     if not sources:
-        for kind in TEXT_FILES:
+        for kind in args.kinds:
             base = model.encode_text(shipped_text(kind))
             repeats = -(-max(args.lengths) // len(base))
             sources[f"{kind} (repeated)"] = (base * repeats)[: max(args.lengths)]
@@ -203,7 +219,8 @@ def main() -> None:
                     print(json.dumps(asdict(row)), flush=True)
     command = "python benchmarks/residual_drift.py " + " ".join(
         [f"--lengths {' '.join(map(str, args.lengths))}", f"--steps-up-to {args.steps_up_to}",
-         *(f"--text {t}" for t in args.text)])
+         *(f"--text {t}" for t in args.text),
+         *([] if args.text else [f"--kinds {' '.join(args.kinds)}"])])
     Path(args.report).write_text(render(rows, model, command, time.perf_counter() - started))
     worst = max(r.max_abs for r in rows)
     print(json.dumps({"worst_max_abs": worst, "lengths": args.lengths,
