@@ -164,7 +164,7 @@ def render(rows: list[Drift], model: CausalLM, command: str, total_seconds: floa
     lines = [
         "# KV drift between one prefill and the decoder's recomputation",
         "",
-        f"Measured by `{command}`: model {model.name}; float32; a shared, loaded 2-core x86_64 "
+        f"Measured by {command}: model {model.name}; float32; a shared, loaded 2-core x86_64 "
         "CPU under `nice -n 15` ("
         + (f"{total_seconds / 60:.1f} minutes in all" if total_seconds is not None
            else "rendered from the run's printed rows")
@@ -233,9 +233,9 @@ def main() -> None:
         logged = [json.loads(line) for line in Path(args.from_log).read_text().splitlines()
                   if line.startswith('{"text"')]
         Path(args.report).write_text(render([Drift(**row) for row in logged], model,
-                                            "python benchmarks/residual_drift.py --from-log "
-                                            f"{args.from_log}` ({len(logged)} rows; runs: see "
-                                            "below) `", None))
+                                            "`python benchmarks/residual_drift.py --from-log "
+                                            f"{args.from_log}` ({len(logged)} rows printed by "
+                                            "the runs listed below)", None))
         return
     sources: dict[str, list[int]] = {}
     for item in args.text:
@@ -254,10 +254,10 @@ def main() -> None:
                 rows += measured
                 for row in measured:
                     print(json.dumps(asdict(row)), flush=True)
-    command = "python benchmarks/residual_drift.py " + " ".join(
+    command = "`python benchmarks/residual_drift.py " + " ".join(
         [f"--lengths {' '.join(map(str, args.lengths))}", f"--steps-up-to {args.steps_up_to}",
          *(f"--text {t}" for t in args.text),
-         *([] if args.text else [f"--kinds {' '.join(args.kinds)}"])])
+         *([] if args.text else [f"--kinds {' '.join(args.kinds)}"])]) + "`"
     Path(args.report).write_text(render(rows, model, command, time.perf_counter() - started))
     worst = max(r.max_abs for r in rows)
     print(json.dumps({"worst_max_abs": worst, "lengths": args.lengths,
