@@ -44,6 +44,27 @@ def test_figures_are_consistent(result: TrieBenchResult) -> None:
     assert result.insert_tokens_per_second > 0 and result.match_tokens_per_second > 0
 
 
+def test_blocks_at_the_trie_hit_rate_is_the_smallest_such_budget(result: TrieBenchResult
+                                                                 ) -> None:
+    from seqkv.trie.bench import _admit_all, _block_admit
+    from seqkv.trie.hashed_blocks import HashedBlockCache
+
+    sessions = generate_workload(SMALL, 3)
+    block_bytes = SMALL.block_size * SMALL.bytes_per_token
+    needed = round(result.hit_rate * result.tokens)
+
+    def hits(budget: int) -> int:
+        cache = HashedBlockCache.with_budget(budget, block_size=SMALL.block_size,
+                                             bytes_per_token=SMALL.bytes_per_token)
+        return _admit_all(sessions, SMALL.concurrent_sessions, _block_admit(cache),
+                          cache.release)[0]
+
+    found = result.bytes_hashed_blocks_at_trie_hit_rate
+    assert found % block_bytes == 0
+    assert hits(found) >= needed
+    assert found == block_bytes or hits(found - block_bytes) < needed
+
+
 def test_same_seed_same_figures(result: TrieBenchResult) -> None:
     again = run_trie_bench(3, SMALL).to_json_dict()
     first = result.to_json_dict()

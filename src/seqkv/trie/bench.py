@@ -116,6 +116,11 @@ class TrieBenchResult:
     hit_rate_hashed_blocks: float  # hashed blocks, LRU free queue, at the budget
     hit_rate_unbounded: float  # trie, no budget: the workload's sharing ceiling
     hit_rate_hashed_blocks_unbounded: float
+    # The fewest bytes of whole blocks with which hashed blocks hit at least as often as the
+    # trie (LRU) at ``budget_bytes``: bytes compared at equal hit rate, under one retention
+    # policy (both evict least recently used under a byte budget; the unbounded figures above
+    # differ in retention: blocks free a finished session's partial block, the trie keeps it).
+    bytes_hashed_blocks_at_trie_hit_rate: int
     storage_predicted: float  # the paper's 1 - f (1 - l/n), clusters at the threshold
     storage_predicted_with_prefix: float  # plus each cluster's shared prefix once
     storage_measured: float  # bytes_trie / bytes_naive
@@ -222,6 +227,8 @@ def run_trie_bench(seed: int = 0, spec: WorkloadSpec | None = None) -> TrieBench
     block_budget_hits = _admit_all(
         sessions, window, _block_admit(bounded_blocks), bounded_blocks.release)[0]
 
+    blocks_at_trie_rate = _blocks_budget_for(budgeted["lru"], sessions, window, spec, budget)
+
     report = cluster_sessions(sessions, spec.cluster_threshold_bits)
     naive = tokens * spec.bytes_per_token
     return TrieBenchResult(
@@ -232,6 +239,7 @@ def run_trie_bench(seed: int = 0, spec: WorkloadSpec | None = None) -> TrieBench
         hit_rate_hashed_blocks=block_budget_hits / tokens,
         hit_rate_unbounded=trie_hits / tokens,
         hit_rate_hashed_blocks_unbounded=block_hits / tokens,
+        bytes_hashed_blocks_at_trie_hit_rate=blocks_at_trie_rate,
         storage_predicted=report.storage_predicted,
         storage_predicted_with_prefix=report.storage_predicted_with_prefix,
         storage_measured=bytes_trie / naive,
@@ -246,6 +254,35 @@ def run_trie_bench(seed: int = 0, spec: WorkloadSpec | None = None) -> TrieBench
         match_tokens_per_second_hashed_blocks=tokens / block_match_seconds,
         workload=spec,
     )
+
+
+def _blocks_budget_for(hits_needed: int, sessions: tuple[ScoredSequence, ...], window: int,
+                       spec: WorkloadSpec, start: int) -> int:
+    """The smallest budget, in whole blocks, at which hashed blocks hit ``hits_needed`` tokens.
+
+    Bisection over the block count (an LRU cache's hits do not fall as its capacity grows; the
+    search assumes it), starting from ``start`` bytes and doubling until enough.
+    """
+    block_bytes = spec.block_size * spec.bytes_per_token
+
+    def hits(blocks: int) -> int:
+        cache = HashedBlockCache.with_budget(blocks * block_bytes, block_size=spec.block_size,
+                                             bytes_per_token=spec.bytes_per_token)
+        return _admit_all(sessions, window, _block_admit(cache), cache.release)[0]
+
+    low, high = 1, max(1, start // block_bytes)
+    ceiling = sum(-(-len(s) // spec.block_size) for s in sessions)  # every block of every session
+    while hits(high) < hits_needed:
+        if high >= ceiling:
+            return ceiling * block_bytes
+        low, high = high + 1, min(2 * high, ceiling)
+    while low < high:
+        middle = (low + high) // 2
+        if hits(middle) >= hits_needed:
+            high = middle
+        else:
+            low = middle + 1
+    return high * block_bytes
 
 
 def _trie_admit(trie: PrefixTrie) -> Callable[[ScoredSequence], tuple[SessionId, int]]:
