@@ -1,4 +1,8 @@
-"""The docstring examples of seqkv.decoding run as written."""
+"""The docstring examples of the lab's decoding prototypes (research.decoding) run as written.
+
+The draft helpers moved into the package (``seqkv.levels.drafts``); tests/test_doctests.py runs
+theirs.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import importlib
 import pytest
 
 MODULES = tuple(f"research.decoding.{name}" for name in (
-    "blocked", "drafts", "plan", "probes", "speculative"))
+    "blocked", "plan", "probes", "speculative"))
 
 
 @pytest.mark.parametrize("name", MODULES)
