@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
+
+import seqkv.bench.mix
+from seqkv import cli
 from seqkv.bench.mix import (
     DEFAULT_VARIANTS,
     UNIQUE_PASSAGES,
@@ -59,3 +64,19 @@ def test_a_quick_run_on_the_tiny_model(tiny_model: CausalLM) -> None:
     report = render_markdown(bench, "seqkv bench mix")
     assert f"| code | {bench.texts[0].tokens} |" in report
     assert f"{bench.quoting_mixed_bits_per_token:.3f}" in report
+
+
+def test_the_cli_writes_the_report_and_prints_json(
+        tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bench = run_mix_bench(tiny_model, dictionary_sessions=4, template_sessions=1,
+                          variants=DEFAULT_VARIANTS[:1], texts=("code",), encode=_bytes,
+                          max_tokens=120)
+    monkeypatch.setattr(cli.common, "load", lambda path: tiny_model)
+    monkeypatch.setattr(seqkv.bench.mix, "run_mix_bench", lambda *args, **kwargs: bench)
+    report = tmp_path / "reports" / "mixing.md"
+    assert cli.main(["bench", "mix", "--report", str(report), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["report"] == str(report)
+    assert printed["mixed_bits_per_token"] == bench.mixed_bits_per_token
+    assert report.read_text().startswith("# Mixing")

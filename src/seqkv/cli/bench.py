@@ -49,13 +49,19 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
     log = None if args.json else print
     bench = run_decode_bench(model, args.tokens, args.sessions, log=log)
     command = f"seqkv bench decode --tokens {args.tokens} --sessions {args.sessions}"
+    return _report(args, render_markdown(bench, command), bench.to_json_dict(), "decode levels")
+
+
+def _report(args: argparse.Namespace, markdown: str, figures: dict[str, object],
+            what: str) -> int:
+    """Write a bench's markdown report to ``--report``; print its JSON (``--json``) or where."""
     target = Path(args.report)
     common.make_folder(target.parent)
-    common.write_text(str(target), render_markdown(bench, command))
+    common.write_text(str(target), markdown)
     if args.json:
-        print(json.dumps(bench.to_json_dict() | {"report": str(target)}, default=str))
+        print(json.dumps(figures | {"report": str(target)}, default=str))
     else:
-        print(f"decode levels written to {target}")
+        print(f"{what} written to {target}")
     return 0
 
 
@@ -92,14 +98,7 @@ def _cmd_bench_mix(args: argparse.Namespace) -> int:
                           log=log)
     command = (f"seqkv bench mix --dictionary-sessions {args.dictionary_sessions} "
                f"--seed {args.seed}")
-    target = Path(args.report)
-    common.make_folder(target.parent)
-    common.write_text(str(target), render_markdown(bench, command))
-    if args.json:
-        print(json.dumps(bench.to_json_dict() | {"report": str(target)}, default=str))
-    else:
-        print(f"mixing report written to {target}")
-    return 0
+    return _report(args, render_markdown(bench, command), bench.to_json_dict(), "mixing report")
 
 
 def _cmd_bench_store(args: argparse.Namespace) -> int:
