@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,31 +10,6 @@ import pytest
 from seqkv import cli
 from seqkv.models import CausalLM
 from seqkv.store.redis_server import RedisServer
-
-
-class _TinyTokenizer:
-    """Whitespace words to ids below the tiny model's vocabulary, and back."""
-
-    def encode(self, text: str) -> list[int]:
-        return [3 + sum(ord(c) for c in word) % 500 for word in text.split()]
-
-    def decode(self, tokens: list[int]) -> str:
-        return " ".join(f"w{t}" for t in tokens)
-
-
-@pytest.fixture
-def use_tiny(tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> CausalLM:
-    tokenizer = _TinyTokenizer()
-    monkeypatch.setattr(cli.common, "load", lambda path: tiny_model)
-    monkeypatch.setattr(tiny_model, "encode_text", tokenizer.encode)
-    monkeypatch.setattr(tiny_model, "decode_tokens", tokenizer.decode)
-    return tiny_model
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with RedisServer(tmp_path_factory.mktemp("redis")) as server:
-        yield server
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
