@@ -17,7 +17,7 @@ def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
         return [b % model.vocab_size for b in kind.encode() * 40][:count]
 
     monkeypatch.setattr(bench, "kind_tokens", byte_tokens)
-    levels = ("tokens", "rows", "segments:3", "ngram", "plain")
+    levels = ("tokens", "rows", "segments:3", "ngram", "plain", "portable")
     result = bench.run_decode_bench(tiny_model, tokens_per_text=30, sessions=4, levels=levels,
                                     more_sessions=(5,))
     figures = json.loads(json.dumps(result.to_json_dict()))
@@ -29,10 +29,14 @@ def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
     assert all(level["exact"] for level in figures["levels"])
     for level in figures["levels"]:
         assert set(level) >= {"name", "exact", "bits_per_token", "decode_tokens_per_second"}
-    plain = figures["levels"][-1]["bits_per_token"]
+    plain = figures["levels"][-2]["bits_per_token"]
     assert plain == pytest.approx(np.log2(tiny_model.vocab_size), abs=0.2)
     assert len(figures["texts"]) == len(bench.TEXT_KINDS)
     table = bench.render_markdown(result, "seqkv bench decode")
     assert "| segments:3 | yes |" in table and "Batched: 4 sessions" in table
     assert [c["segments"] for c in figures["segment_costs"]] == [2, 4, 8, 16, 32]
     assert "extra bits per added segment" in table
+    # the portable level's sessions batch too, exactly, and the table says so
+    assert [(b["level"], b["sessions"], b["exact"]) for b in figures["batched_by_level"]] == [
+        ("portable", 4, True)]
+    assert "The same 4 sessions at the portable level decoded together" in table

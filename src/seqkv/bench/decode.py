@@ -5,7 +5,9 @@ are coded at every level of ``seqkv.levels`` and decoded, and the two plain base
 model on the same tokens are timed: one prefill, and token-by-token generation steps (transformers'
 forward, no coding, on whichever of 1 or 2 threads is faster: the baseline is never handicapped).
 Then ``batched_sessions`` sessions coded at the ``rows`` level decode together through
-``seqkv.decompress_batch``; their aggregate tokens/s is compared with the same baseline.
+``seqkv.decompress_batch``; their aggregate tokens/s is compared with the same baseline. When the
+levels include ``portable``, the same sessions coded at ``portable`` are decoded together too
+(``batched_by_level``): its batches need no canonical shape.
 
 Every decode is checked against the originals: ``exact`` is true only when the decoded tokens
 equal the input tokens and the decoded KV is within the tolerance of the input KV (bit-equal
@@ -78,6 +80,7 @@ class BatchRun:
     tokens_per_second: float
     speedup_vs_token_by_token: float
     exact: bool
+    level: str = "rows"
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,8 @@ class DecodeBench:
     segment_base_bits_per_token: float  # the same text in one sequence (rows level)
     segment_costs: list[SegmentCost]
     texts: list[TextRun] = field(default_factory=list)
+    # the batched measurement at other levels than rows (``portable``), same sessions
+    batched_by_level: list[BatchRun] = field(default_factory=list)
 
     def to_json_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -231,16 +236,16 @@ def run_text(model: CausalLM, kind: str, count: int, levels: Sequence[str], tole
 
 
 def run_batched(model: CausalLM, sessions: int, count: int,
-                tolerance: float) -> tuple[float, bool, float]:
-    """Aggregate decode tokens/s of ``sessions`` rows-level files decoded together, whether all
-    were exact, and the token-by-token tokens/s on the same sessions."""
+                tolerance: float, level: str = "rows") -> tuple[float, bool, float]:
+    """Aggregate decode tokens/s of ``sessions`` files coded at ``level`` and decoded together,
+    whether all were exact, and the token-by-token tokens/s on the same sessions."""
     pool: list[int] = []
     for kind in TEXT_KINDS:
         pool += kind_tokens(model, kind, 10_000)
     stride = max(1, (len(pool) - count) // max(1, sessions - 1))
     chunks = [pool[i * stride : i * stride + count] for i in range(sessions)]
     originals = [tensor_from_cache(model.prefill(c)) for c in chunks]
-    files = [compress(model, c, kv, tolerance=tolerance, level="rows")
+    files = [compress(model, c, kv, tolerance=tolerance, level=level)
              for c, kv in zip(chunks, originals, strict=True)]
     started = time.perf_counter()
     decoded = decompress_batch(model, [f.data for f in files])
@@ -294,13 +299,22 @@ def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int 
         speed, exact, reference = run_batched(model, count, tokens_per_text, tolerance)
         more.append(BatchRun(count, speed, speed / reference, exact))
         batched_exact = batched_exact and exact
+    by_level = []
+    for level in ("portable",):
+        if level in levels:
+            speed, exact, reference = run_batched(model, sessions, tokens_per_text, tolerance,
+                                                  level)
+            if log is not None:
+                log(f"batched {sessions} sessions at {level}: {speed:.1f} tokens/s "
+                    f"exact={exact}")
+            by_level.append(BatchRun(sessions, speed, speed / reference, exact, level))
     segment_tokens, segment_base, costs = segment_costs(model)
     machine = (f"{os.cpu_count()} CPU cores ({platform.machine()}, "
                f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
     return DecodeBench(model.name, machine, tokens_per_text, tolerance, prefill, baseline,
                        sessions, tokens_per_text, batched, batched / batched_baseline,
                        batched_exact, summaries, more, segment_tokens, segment_base, costs,
-                       texts)
+                       texts, by_level)
 
 
 def render_markdown(bench: DecodeBench, command: str) -> str:
@@ -338,6 +352,10 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
         + ", ".join(f"{m.sessions} sessions {m.tokens_per_second:.1f} tokens/s "
                     f"({m.speedup_vs_token_by_token:.2f}x)" for m in bench.batched_more_sessions)
         + ".",
+        *(f"\nThe same {m.sessions} sessions at the {m.level} level decoded together: "
+          f"{m.tokens_per_second:.1f} tokens/s in all, {m.speedup_vs_token_by_token:.2f}x "
+          f"token-by-token generation; exact: {'yes' if m.exact else 'NO'}."
+          for m in bench.batched_by_level),
         "",
         f"Segment cost on the whole prose sample ({bench.segment_text_tokens} tokens, "
         f"{bench.segment_base_bits_per_token:.3f} bits/token in one sequence): every segment "
