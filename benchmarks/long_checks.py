@@ -6,7 +6,10 @@ as a user would, one process per text), and writes one markdown table of the ver
 and the measured H(KV | prefix) - H(t | prefix) gap with its interval.
 
     python benchmarks/long_checks.py [--tokens 2048] [--out DIR] [--report reports/long_checks.md]
-                                     [--text KIND=PATH ...]
+                                     [--text KIND=PATH ...] [--render-only]
+
+``--render-only`` rebuilds the report from what a run left under ``--out`` (each text, its
+check's JSON and ``KIND.run.json`` with the exit code and seconds), without running anything.
 
 The texts (none is copied into the project; each is read where it lives):
 - prose: ``benchmarks/texts/prose-long.txt``, written for this project (a history of a canal);
@@ -36,7 +39,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +121,7 @@ def render(rows: list[Row], command: str) -> str:
         "|---|---|---:|---|---|---:|---|---:|---:|---:|",
     ]
     for row in rows:
+        row = replace(row, source=row.source.replace(f"{HERE.parent}/", ""))  # repo-relative
         if row.result is None:
             lines.append(f"| {row.kind} | {row.source} | {row.tokens:,} | FAIL (exit "
                          f"{row.exit_code}, no JSON) | | | | | | {row.seconds:,.0f} |")
@@ -135,7 +139,8 @@ def render(rows: list[Row], command: str) -> str:
         lines.append(
             f"| {row.kind} | {row.source} | {row.tokens:,} | {verdict} (exit {row.exit_code}) | "
             f"{held} of {len(bounds)} | {float(kv['measured']):.3e} | {span} | "
-            f"{code_bits / row.tokens:.4f} | {float(result['cross_entropy_bits']):.4f} | "
+            f"{code_bits / row.tokens:.4f} | "
+            f"{float(result['cross_entropy_bits']) / row.tokens:.4f} | "
             f"{row.seconds:,.0f} |")
     lines += ["", "Texts (sha256 of the file each check read):", ""]
     lines += [f"- {r.kind}: `{r.sha256}`" for r in rows]
@@ -149,7 +154,13 @@ def main() -> None:
     parser.add_argument("--report", default="reports/long_checks.md")
     parser.add_argument("--kinds", nargs="+", default=["prose", "code", "legal", "technical"])
     parser.add_argument("--text", action="append", default=[], metavar="KIND=PATH")
+    parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args()
+    command = " ".join(["python benchmarks/long_checks.py", *sys.argv[1:]])
+    if args.render_only:
+        Path(args.report).write_text(render(_saved_rows(Path(args.out), args.kinds), command),
+                                     encoding="utf-8")
+        return
     sources = _sources()
     for item in args.text:
         kind, _, path = item.partition("=")
@@ -178,9 +189,27 @@ def main() -> None:
         rows.append(Row(kind, source, hashlib.sha256(path.read_bytes()).hexdigest(), tokens,
                         done.returncode, seconds, result, done.stderr[-2000:]))
         (out / f"check-{kind}.json").write_text(done.stdout, encoding="utf-8")
+        (out / f"{kind}.run.json").write_text(json.dumps(
+            {"source": source, "tokens": tokens, "exit_code": done.returncode,
+             "seconds": seconds}), encoding="utf-8")
         print(f"{kind}: {tokens} tokens, exit {done.returncode}, {seconds:.0f} s", flush=True)
-        Path(args.report).write_text(render(rows, " ".join(["python benchmarks/long_checks.py",
-                                                             *sys.argv[1:]])), encoding="utf-8")
+        Path(args.report).write_text(render(rows, command), encoding="utf-8")
+
+
+def _saved_rows(out: Path, kinds: list[str]) -> list[Row]:
+    """The rows of a finished run, from the files it left under ``out``."""
+    rows = []
+    for kind in kinds:
+        run_file = out / f"{kind}.run.json"
+        if not run_file.exists():
+            continue
+        run = json.loads(run_file.read_text(encoding="utf-8"))
+        stdout = (out / f"check-{kind}.json").read_text(encoding="utf-8").strip()
+        result = json.loads(stdout.splitlines()[-1]) if stdout else None
+        text = (out / f"{kind}.txt").read_bytes()
+        rows.append(Row(kind, run["source"], hashlib.sha256(text).hexdigest(), run["tokens"],
+                        run["exit_code"], run["seconds"], result, ""))
+    return rows
 
 
 if __name__ == "__main__":
