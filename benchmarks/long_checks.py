@@ -33,6 +33,7 @@ import argparse
 import hashlib
 import inspect
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -42,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from seqkv.models import load_default_model
 
@@ -105,16 +108,17 @@ def _kv_check(result: dict[str, Any]) -> dict[str, Any]:
     raise KeyError("the check output has no kv entropy bound")
 
 
-def render(rows: list[Row], command: str) -> str:
+def render(rows: list[Row], command: str, note: str = "") -> str:
     lines = [
         "# `seqkv check` on long texts of each kind",
         "",
-        f"Model: the embedded SmolLM2-135M-Instruct. Machine: {platform.machine()}, "
-        f"{platform.processor() or 'CPU'}, torch CPU build; shared with other jobs while these "
-        "ran, so the times are of a loaded machine. Check defaults: `--seed 0`, 32 KV positions "
-        "(top 32 tokens each), 16 entropy contexts, tolerance 1e-4.",
+        f"Model: the embedded SmolLM2-135M-Instruct. Machine: {os.cpu_count()} CPU cores "
+        f"({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}), torch "
+        f"{torch.__version__}; shared with other jobs while these ran, so the times are of a "
+        "loaded machine. Check defaults: `--seed 0`, 32 KV positions (top 32 tokens each), 16 "
+        "entropy contexts, tolerance 1e-4.",
         "",
-        f"Command: `{command}`",
+        f"Command: `{command}`{note}",
         "",
         "| kind | source | tokens | verdict | bounds holding | H(KV) - H(t) gap, mean (bits) "
         "| 95% interval | bits/token (code) | cross-entropy | time (s) |",
@@ -158,8 +162,10 @@ def main() -> None:
     args = parser.parse_args()
     command = " ".join(["python benchmarks/long_checks.py", *sys.argv[1:]])
     if args.render_only:
-        Path(args.report).write_text(render(_saved_rows(Path(args.out), args.kinds), command),
-                                     encoding="utf-8")
+        command = f"python benchmarks/long_checks.py --tokens {args.tokens} --out {args.out}"
+        rebuilt = " (this report rebuilt from that run's files with `--render-only`)"
+        Path(args.report).write_text(
+            render(_saved_rows(Path(args.out), args.kinds), command, rebuilt), encoding="utf-8")
         return
     sources = _sources()
     for item in args.text:
