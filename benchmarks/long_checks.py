@@ -120,8 +120,8 @@ def render(rows: list[Row], command: str, note: str = "") -> str:
         "",
         f"Command: `{command}`{note}",
         "",
-        "| kind | source | tokens | verdict | bounds holding | H(KV) - H(t) gap, mean (bits) "
-        "| 95% interval | bits/token (code) | cross-entropy | time (s) |",
+        "| kind | source | tokens | verdict | bounds holding | H(t) - H(KV) gap, mean (bits) "
+        "| 95% interval | code bits/token | cross-entropy bits/token | time (s) |",
         "|---|---|---:|---|---|---:|---|---:|---:|---:|",
     ]
     for row in rows:
