@@ -73,6 +73,9 @@ def _load(source: str, loader: str) -> str:
         return inspect.getsource(textwrap)
     if loader == "topics":
         return _python_reference_topics()
+    if not Path(source).is_file():
+        raise SystemExit(f"long_checks: {source} does not exist here: give the text with "
+                         "--text KIND=PATH")
     return Path(source).read_text(encoding="utf-8")
 
 
