@@ -7,7 +7,8 @@ tokenized with the model's tokenizer), with SmolLM2-135M on the CPU:
   float model's cross-entropy on the same positions (each token predicted after the start token
   and the tokens before it), and the tables' cost over the integer model's ideal ``-log2 p``;
 * cost of one forward of 1, 4 and 16 rows (16 sessions of ``--context`` tokens, one new token
-  each) against one transformers float32 step at the same context, on one thread;
+  each) against one transformers float32 step at the same context, on ``--step-threads``
+  threads (default one);
 * prefill throughput for one chunk of ``--tokens`` rows, on 1 and 2 threads, beside a
   transformers prefill of the same tokens;
 * the same bits and batch-1 cost for predictors truncated to ``--layers`` layers.
@@ -18,7 +19,8 @@ Targets are judged on CPU time for one thread (on a shared machine wall time cou
 processes' turns) and on wall time for two. Prints one JSON object.
 
 Usage: ``PYTHONPATH=src python benchmarks/integer_predictor.py [--tokens 256] [--context 128]
-[--layers 6 12 24] [--weight-planes 1] [--activation-planes 2] [--repeats 5] [--quick]``.
+[--layers 6 12 24] [--weight-planes 1] [--activation-planes 2] [--repeats 5] [--quick]
+[--backend auto] [--step-threads 1]``.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ class Report:
     torch_version: str
     weight_planes: int
     activation_planes: int
+    backend: str  # the integer forward's path: native (native.c) or torch
+    step_threads: int
     digest: str
     bits: list[TextBits]
     steps: list[StepCost]
@@ -215,11 +219,15 @@ def main() -> None:
     parser.add_argument("--activation-planes", type=int, choices=[1, 2], default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="two texts, fewer repeats")
+    parser.add_argument("--backend", choices=["auto", "native", "torch"], default="auto",
+                        help="the integer forward's path (native.c or its torch statement)")
+    parser.add_argument("--step-threads", type=int, default=1,
+                        help="threads for the step costs (the float step runs on the same)")
     args = parser.parse_args()
     model = load_default_model()
     config = IntegerConfig(weight_planes=args.weight_planes,
                            activation_planes=args.activation_planes)
-    engine = IntegerForward(model, config=config)
+    engine = IntegerForward(model, config=config, backend=args.backend)
     names = ["prose", "code"] if args.quick else list(TEXTS)
     repeats = 2 if args.quick else args.repeats
     texts = {name: model.encode_text(
@@ -228,13 +236,14 @@ def main() -> None:
     start = model.start_token_id
     floats = {name: _float_log2p(model, [start if start is not None else t[0], *t[:-1]])
               for name, t in texts.items()}
-    with pinned_threads(1):
+    with pinned_threads(args.step_threads):
         bits = [_bits(model, engine, name, texts[name], floats[name]) for name in names]
         context = texts["prose"][: args.context]
         steps = [_step_cost(model, engine, context, rows, repeats) for rows in (1, 4, 16)]
         truncated = []
         for layers in args.layers:
-            short = IntegerForward(integer_weights(model, config), layers=layers)
+            short = IntegerForward(integer_weights(model, config), layers=layers,
+                                   backend=args.backend)
             short_bits = [_bits(model, short, name, texts[name], floats[name]) for name in names]
             agree = [a == b for full, part in zip(bits, short_bits, strict=True)
                      for a, b in zip(full.top1, part.top1, strict=True)]
@@ -246,8 +255,9 @@ def main() -> None:
     report = Report(
         model=model.name, machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
         torch_version=torch.__version__, weight_planes=args.weight_planes,
-        activation_planes=args.activation_planes,
-        digest=engine.digest, bits=bits, steps=steps, prefill=prefill, truncated=truncated,
+        activation_planes=args.activation_planes, backend=engine.backend,
+        step_threads=args.step_threads, digest=engine.digest, bits=bits, steps=steps,
+        prefill=prefill, truncated=truncated,
         bits_target_met=all(b.meets_target for b in bits),
         step_target_met=steps[0].integer.cpu_median_ms <= STEP_TARGET_MS,
         prefill_target_met=all(p.meets_target for p in prefill))

@@ -72,11 +72,24 @@ TABLE_ROWS = 64
 # NOTE: a lone stream drafts up to this many tokens per forward: the integer forward has no
 # padding to fill, so each draft costs its row; prompt lookup's hits come in runs of a few.
 MAX_DRAFT = 7
+# NOTE: drafts only after a repeated 3-gram. With native.c a drafted row costs about a third of
+# a one-row forward (2 threads: 1 row 22 ms, 4 rows 30-36 ms, 8 rows 39 ms), and single-token
+# matches rarely continue in prose: 150 tokens decoded in 4.8 s drafting after any 1-gram
+# match, 3.6-3.8 s after 2- or 3-grams (prose); 3.8 / 3.7 / 3.1 s on code (SmolLM2-135M).
+DRAFT_MIN_NGRAM = 3
 BATCH_GROUP = "integer-forward"
-# NOTE: the integer forward's rows are the same on any thread count; on this 2-core machine one
-# thread ran a one-row step in 67 ms and two in 310-2,800 ms while another process kept the
-# second core busy (torch._int_mm's OpenMP workers wait on each other), so it runs on one.
-INTEGER_THREADS = 1
+# NOTE: the integer forward's rows are the same on any thread count. Its torch path runs on one
+# thread: on this 2-core machine two ran a one-row step in 310-2,800 ms while another process
+# kept the second core busy (torch._int_mm's OpenMP workers wait on each other). native.c shares
+# each layer's output blocks dynamically, so a delayed thread takes fewer; it runs on two
+# (a one-row step 20-25 ms against 28 ms on one, SmolLM2-135M).
+TORCH_PATH_THREADS = 1
+NATIVE_THREADS = 2
+
+
+def integer_threads(engine: IntegerForward) -> int:
+    """The thread count the integer forward runs on (see the note above)."""
+    return NATIVE_THREADS if engine.backend == "native" else TORCH_PATH_THREADS
 MAX_LAYERS = 1024  # a bound on what a file may ask for; the model's own count is checked too
 
 
@@ -163,7 +176,8 @@ class PortableLevel:
             reference_allowance=PORTABLE_ALLOWANCE)
 
     def encode(self, request: EncodeRequest) -> EncodeOutput:
-        with pinned_threads(INTEGER_THREADS):
+        engine = integer_predictor(request.model, self.layers)
+        with pinned_threads(integer_threads(engine)):
             trace, forwards = self._code(request)
         kv = prefill_kv(request.model, request.tail, request.prefix)
         return EncodeOutput(trace, kv, [len(request.tail)], forwards)
@@ -210,7 +224,7 @@ class PortableLevel:
                requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
         assert model is not None, "the portable level needs the model's weights"
         engine = integer_predictor(model, self.layers)
-        with pinned_threads(INTEGER_THREADS):
+        with pinned_threads(integer_threads(engine)):
             streams = [_Stream.start(engine, request, self._mixer(
                 engine.vocab_size, request.dictionary, request.prefix)) for request in requests]
             forwards = decode_streams(engine, streams)
@@ -271,7 +285,8 @@ def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
     ``r`` of a stream is the encoder's distribution after input ``r`` while inputs ``0..r`` are
     right, so the stream decodes rows until a decoded token differs from its draft.
     """
-    policy = drafts if drafts is not None else PromptLookup(max_draft=MAX_DRAFT)
+    policy = drafts if drafts is not None else PromptLookup(max_draft=MAX_DRAFT,
+                                                            min_ngram=DRAFT_MIN_NGRAM)
     for stream in streams:
         if stream.length:
             stream.take(stream.distribution)

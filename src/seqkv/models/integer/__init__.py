@@ -9,6 +9,8 @@ This package evaluates the model with exact integer arithmetic for every reducti
 * ``weights``: the model as int8 weight planes with per-row fixed-point scales, and its digest;
 * ``forward``: ``IntegerForward``, the row-invariant forward over an integer KV pool, returning
   int64 logits at ``2**-LOGIT_FRAC``;
+* ``native``: the same forward's integers from C (``native.c``, one call per layer), built with
+  the system compiler on first use; the torch statement in ``forward`` is its reference;
 * ``table``: integer logits to the coder's cumulative frequency table with integer and
   correctly rounded float64 elementwise operations only.
 

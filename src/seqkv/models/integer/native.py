@@ -1,0 +1,227 @@
+"""The integer forward's fused CPU paths (``native.c``), built with the system C compiler.
+
+``forward.py`` states the integer predictor with torch operators, and that statement is the
+reference. A one-row decoding step runs about 18,000 of those operators; measured on this
+project's CPU (SmolLM2-135M, one thread, 128 tokens of context), the int8 products took 25 ms of
+a 69 ms step and operator dispatch most of the rest. ``native.c`` fuses each chain of operators
+(RMSNorm and quantization, a few-row linear layer with its scaling, rotation and quantization
+of q/k/v, one sequence's attention, SiLU) into one C function over the same integers, so the
+two paths return the same logits bit for bit (asserted by ``tests/test_integer_native.py`` over
+shapes, chunkings and batches, on a tiny model and on the embedded one).
+
+NOTE: why C through ``ctypes`` and not a torch C++ extension or Triton: the functions need no
+torch API (they read and write contiguous integer arrays), a torch extension costs a minute of
+compilation against torch's headers and a ``ninja`` install, and Triton runs on this CPU only in
+its interpreter. ``cc`` builds ``native.c`` in about a second.
+
+Build: on first use, into ``$SEQKV_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/seqkv/native`` or
+``~/.cache/seqkv/native``), as a file named by the SHA-256 of the source, the compiler command
+and this CPU's flags (so a cache shared between machines never loads a library built for
+another CPU); written to a temporary name and renamed, so concurrent builds cannot load half a
+file. ``-march=native`` only chooses instructions: every function is exact integer arithmetic
+without undefined or implementation-defined behaviour, so the instructions cannot change a
+result.
+
+Fallback: where no compiler works, or ``SEQKV_INTEGER_BACKEND=torch`` is set, ``load()`` returns
+None and the forward runs its torch path (the same integers, slower); the reason is logged once.
+
+Invariants:
+1. Every function here computes exactly what the torch code it replaces computes (asserted by
+   the tests, not provable here); the forward calls them only on contiguous CPU tensors of the
+   dtypes stated (enforced by ``_pointer``).
+2. The library is loaded once per process and never rebuilt while loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_LOG = logging.getLogger(__name__)
+_SOURCE = Path(__file__).with_name("native.c")
+_FLAGS = ("-O3", "-march=native", "-std=c99", "-shared", "-fPIC")
+# NOTE: OpenMP shares a linear layer's output blocks between torch's intra-op threads (torch's
+# own libgomp serves it: the library is loaded after torch); a compiler without it builds the
+# single-threaded library.
+_OPENMP = ("-fopenmp",)
+BACKEND_ENV = "SEQKV_INTEGER_BACKEND"
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+_SIGNATURES: dict[str, tuple[type, ...]] = {
+    "seqkv_quantize": (_P, _I, _I, _I, _P, _P, _P),
+    "seqkv_norm": (_P, _I, _I, _I, _P, _I, _P, _P),
+    "seqkv_linear": (_P, _I, _I, _P, _I, _I, _P, _I, _P, _I, _P, _P, _I),
+    "seqkv_linear_packed": (_P, _I, _I, _P, _P, _I, _I, _P, _I, _P, _I, _P, _P, _I, _I),
+    "seqkv_rope_quantize": (_P, _I, _I, _I, _I, _P, _P, _P, _P, _P),
+    "seqkv_attend": (_P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _I, _I, _I, _P, _I,
+                     _P, _P, _I),
+    "seqkv_silu_mul": (_P, _P, _I, _I, _P, _P),
+}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cache_dir() -> Path:
+    explicit = os.environ.get("SEQKV_NATIVE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "seqkv" / "native"
+
+
+def _build() -> Path:
+    compiler = shlex.split(os.environ.get("CC", "cc"))
+    try:
+        return _compiled(compiler, (*_FLAGS, *_OPENMP))
+    except subprocess.CalledProcessError:
+        return _compiled(compiler, _FLAGS)
+
+
+def _compiled(compiler: list[str], flags: tuple[str, ...]) -> Path:
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(compiler + list(flags)).encode(),
+                                     _cpu_flags().encode(), platform.machine().encode()]))
+    directory = _cache_dir()
+    target = directory / f"seqkv_integer_{key.hexdigest()[:24]}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(suffix=".so", dir=directory)
+    os.close(handle)
+    try:
+        subprocess.run([*compiler, *flags, "-o", partial, str(_SOURCE)], check=True,
+                       capture_output=True, text=True, timeout=300)
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+class NativeKernels:
+    """The loaded library, one typed function per fused path."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._functions: dict[str, Any] = {}
+        for name, arguments in _SIGNATURES.items():
+            function = getattr(library, name)
+            function.argtypes = list(arguments)
+            function.restype = ctypes.c_int64
+            self._functions[name] = function
+        library.seqkv_has_packed.restype = ctypes.c_int64
+        self.packed = bool(library.seqkv_has_packed())
+        self._layer = library.seqkv_layer
+        self._layer.argtypes = [_P, _I, _P, _I, _P, _P, _I, _I]
+        self._layer.restype = ctypes.c_int64
+
+    def layer(self, layer: LayerStruct, index: int, hidden: torch.Tensor, positions: torch.Tensor,
+              spans: ctypes.Array[SpanStruct], threads: int) -> None:
+        """``hidden`` (int64 ``[rows, hidden]``, contiguous) through decoder layer ``index``
+        in place, writing the rows' keys and values into the spans' pools (needs ``packed``)."""
+        status = self._layer(ctypes.addressof(layer), index, hidden.data_ptr(), hidden.shape[0],
+                             positions.data_ptr(), ctypes.addressof(spans), len(spans), threads)
+        if status:
+            raise MemoryError("native.c's seqkv_layer could not allocate its working memory")
+
+    def call(self, name: str, *arguments: int | torch.Tensor | None) -> None:
+        """Call ``name`` with tensors passed as their data pointers (None as NULL) and ints as
+        int64. The caller passes contiguous CPU tensors of the stated dtypes (the forward
+        allocates them so; checked by ``check_arguments`` in the tests, not per call: the
+        check cost ~1 us a tensor, 11,000 times a step)."""
+        status = self._functions[name](*[
+            argument.data_ptr() if isinstance(argument, torch.Tensor) else argument
+            for argument in arguments])
+        if status:
+            raise MemoryError(f"native.c's {name} could not allocate its working memory")
+
+
+LANES = 16  # native.c: output rows per packed block
+
+
+class LinearStruct(ctypes.Structure):
+    """native.c's ``seqkv_linear_t``: a packed linear layer."""
+
+    _fields_ = [("packed", _P), ("sums", _P), ("scale", _P), ("bias", _P),
+                ("scale_bits", _I), ("planes", _I), ("n_out", _I), ("k", _I)]
+
+
+class LayerStruct(ctypes.Structure):
+    """native.c's ``seqkv_layer_t``: one decoder layer's weights, tables and constants."""
+
+    _fields_ = [("qkv", LinearStruct), ("o", LinearStruct), ("gate", LinearStruct),
+                ("up", LinearStruct), ("down", LinearStruct), ("rsqrt", _P), ("sigmoid", _P),
+                ("softmax", _P), ("cos", _P), ("sin", _P), ("softmax_size", _I),
+                ("eps_term", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
+                ("score_scale", _I), ("score_shift", _I), ("qkv_frac", _I),
+                ("hidden_frac", _I), ("gate_frac", _I), ("mantissa_bits", _I),
+                ("attention_offset", _I), ("mlp_offset", _I)]
+
+
+class SpanStruct(ctypes.Structure):
+    """native.c's ``seqkv_span_t``: rows of one sequence and its slot in its pool."""
+
+    _fields_ = [("start", _I), ("count", _I), ("position", _I), ("planes", _P),
+                ("shifts", _P), ("plane_layer_stride", _I), ("plane_kv_stride", _I),
+                ("shift_layer_stride", _I), ("shift_kv_stride", _I)]
+
+
+def pack_weight(weight: torch.Tensor, planes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``seqkv_linear_packed``'s layout of an int8 weight ``[planes * N, K]`` (``K`` a multiple
+    of 4) and its row sums (int32), rows padded with zeros to a multiple of 16 per plane."""
+    rows, k = weight.shape
+    n = rows // planes
+    blocks = -(-n // LANES)
+    padded = weight.new_zeros((planes, blocks * LANES, k))
+    padded[:, :n] = weight.view(planes, n, k)
+    packed = padded.view(planes, blocks, LANES, k // 4, 4).permute(0, 1, 3, 2, 4).contiguous()
+    return packed, padded.sum(-1, dtype=torch.int32).contiguous()
+
+
+def check_arguments(*arguments: int | torch.Tensor | None) -> None:
+    """Raise unless every tensor is a contiguous CPU tensor (what ``call`` assumes)."""
+    for argument in arguments:
+        if isinstance(argument, torch.Tensor) and (argument.device.type != "cpu"
+                                                   or not argument.is_contiguous()):
+            raise ValueError("native kernels take contiguous CPU tensors, got "
+                             f"{argument.device} {tuple(argument.shape)} {argument.stride()}")
+
+
+@cache
+def load() -> NativeKernels | None:
+    """The native kernels, or None (torch fallback) when disabled or not buildable."""
+    choice = os.environ.get(BACKEND_ENV, "auto")
+    if choice == "torch":
+        return None
+    if choice not in ("auto", "native"):
+        raise ValueError(f"{BACKEND_ENV} must be auto, native or torch, not {choice!r}")
+    try:
+        return NativeKernels(ctypes.CDLL(str(_build())))
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", "") or str(error)
+        if choice == "native":
+            raise RuntimeError(f"{BACKEND_ENV}=native, but native.c did not build: "
+                               f"{detail}") from error
+        errors = [line for line in detail.splitlines() if "error" in line] or [str(error)]
+        _LOG.warning("the integer forward runs its torch path: native.c did not build (%s)",
+                     errors[0].strip())
+        return None

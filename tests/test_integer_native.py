@@ -1,0 +1,190 @@
+"""native.c computes the integer forward's rows bit for bit as its torch statement does."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seqkv.models import CausalLM, tiny_random_llama
+from seqkv.models.integer import IntegerConfig, IntegerForward, native
+from seqkv.schedule import pinned_threads
+
+TOKENS = [int(t) for t in np.random.default_rng(5).integers(0, 512, 40)]
+
+needs_native = pytest.mark.skipif(native.load() is None,
+                                  reason="native.c does not build here (no C compiler)")
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model: CausalLM) -> tuple[IntegerForward, IntegerForward]:
+    """The torch statement and the native path over the same integer weights."""
+    reference = IntegerForward(tiny_model, backend="torch")
+    return reference, IntegerForward(reference.weights, backend="native")
+
+
+@pytest.fixture()
+def portable_c_only() -> Iterator[None]:
+    """The native path without its AVX-512 VNNI linear layer (its portable C loop)."""
+    kernels = native.load()
+    assert kernels is not None
+    packed = kernels.packed
+    kernels.packed = False
+    try:
+        yield
+    finally:
+        kernels.packed = packed
+
+
+def _rows(engine: IntegerForward, tokens: list[int], cuts: list[int]) -> np.ndarray:
+    sequence = engine.new_sequence()
+    bounds = [0, *sorted(set(cuts)), len(tokens)]
+    return np.concatenate([engine.forward([(sequence, tokens[a:b])])[0]
+                           for a, b in itertools.pairwise(bounds) if b > a])
+
+
+@pytest.fixture()
+def reload(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., native.NativeKernels | None]]:
+    """``native.load()`` under the given environment variables (the cached library is
+    forgotten before and after)."""
+
+    def load(**environment: str) -> native.NativeKernels | None:
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        native.load.cache_clear()
+        return native.load()
+
+    try:
+        yield load
+    finally:
+        native.load.cache_clear()
+
+
+@needs_native
+def test_auto_picks_native_and_the_environment_can_refuse_it(
+        tiny_model: CausalLM, reload: Callable[..., native.NativeKernels | None]) -> None:
+    assert IntegerForward(tiny_model).backend == "native"
+    assert IntegerForward(tiny_model, backend="torch").backend == "torch"
+    # a config native.c does not implement runs on torch under auto, and is refused by name
+    coarse = IntegerConfig(activation_planes=1)
+    assert IntegerForward(tiny_model, config=coarse).backend == "torch"
+    with pytest.raises(ValueError, match="two activation planes"):
+        IntegerForward(tiny_model, config=coarse, backend="native")
+    assert reload(SEQKV_INTEGER_BACKEND="torch") is None
+    assert IntegerForward(tiny_model).backend == "torch"
+    with pytest.raises(ValueError, match="auto, native or torch"):
+        reload(SEQKV_INTEGER_BACKEND="fast")
+
+
+def test_a_missing_compiler_falls_back_to_torch_with_a_warning(
+        tmp_path: object, caplog: pytest.LogCaptureFixture, tiny_model: CausalLM,
+        reload: Callable[..., native.NativeKernels | None]) -> None:
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert reload(SEQKV_NATIVE_DIR=str(tmp_path), CC="/nonexistent/cc") is None
+    assert "torch path" in caplog.text
+    assert IntegerForward(tiny_model).backend == "torch"
+    with pytest.raises(RuntimeError, match="did not build"):
+        reload(SEQKV_INTEGER_BACKEND="native")
+
+
+@needs_native
+@given(cuts=st.lists(st.integers(1, len(TOKENS) - 1), max_size=6),
+       threads=st.sampled_from([1, 2]), vnni=st.booleans())
+def test_native_rows_equal_the_torch_rows_for_any_chunking(
+        engines: tuple[IntegerForward, IntegerForward], cuts: list[int], threads: int,
+        vnni: bool) -> None:
+    reference, fast = engines
+    expected = _rows(reference, TOKENS, [])
+    kernels = native.load()
+    assert kernels is not None
+    packed = kernels.packed
+    kernels.packed = packed and vnni
+    try:
+        with pinned_threads(threads):
+            assert np.array_equal(_rows(fast, TOKENS, cuts), expected)
+    finally:
+        kernels.packed = packed
+
+
+@needs_native
+@given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=5), seed=st.integers(0, 99))
+def test_native_batches_of_sequences_equal_the_torch_batches(
+        engines: tuple[IntegerForward, IntegerForward], lengths: list[int], seed: int) -> None:
+    reference, fast = engines
+    rng = np.random.default_rng(seed)
+    prompts = [[int(t) for t in rng.integers(0, 512, rng.integers(1, 12))] for _ in lengths]
+    chunks = [[int(t) for t in rng.integers(0, 512, n)] for n in lengths]
+    results = []
+    for engine in (reference, fast):
+        batch = engine.new_batch(len(lengths))
+        engine.forward(list(zip(batch, prompts, strict=True)))
+        results.append((engine.forward(list(zip(batch, chunks, strict=True))),
+                        [s.state() for s in batch]))
+    for expected, got in zip(results[0][0], results[1][0], strict=True):
+        assert np.array_equal(expected, got)
+    for expected_state, got_state in zip(results[0][1], results[1][1], strict=True):
+        assert torch.equal(expected_state.planes, got_state.planes)
+        assert torch.equal(expected_state.shifts, got_state.shifts)
+
+
+@needs_native
+@pytest.mark.parametrize("weight_planes", [1, 2])
+def test_native_two_weight_planes_and_the_portable_loop_equal_torch(
+        weight_planes: int, portable_c_only: None) -> None:
+    model = tiny_random_llama(seed=2)
+    config = IntegerConfig(weight_planes=weight_planes)  # type: ignore[arg-type]
+    reference = IntegerForward(model, config=config, backend="torch")
+    fast = IntegerForward(reference.weights, backend="native")
+    assert np.array_equal(_rows(fast, TOKENS, [7, 8, 30]), _rows(reference, TOKENS, []))
+
+
+@needs_native
+def test_native_two_weight_planes_with_vnni_equal_torch() -> None:
+    model = tiny_random_llama(seed=2)
+    reference = IntegerForward(model, config=IntegerConfig(weight_planes=2), backend="torch")
+    fast = IntegerForward(reference.weights, backend="native")
+    assert np.array_equal(_rows(fast, TOKENS, [3, 20]), _rows(reference, TOKENS, []))
+
+
+def test_packed_weights_hold_each_row_in_its_lane() -> None:
+    rng = np.random.default_rng(0)
+    planes, n, k = 2, 21, 8
+    weight = torch.from_numpy(rng.integers(-127, 128, (planes * n, k)).astype(np.int8))
+    packed, sums = native.pack_weight(weight, planes)
+    blocks = -(-n // native.LANES)
+    assert packed.shape == (planes, blocks, k // 4, native.LANES, 4)
+    for p, row, column in itertools.product(range(planes), range(n), range(k)):
+        block, lane = divmod(row, native.LANES)
+        quad, byte = divmod(column, 4)
+        assert packed[p, block, quad, lane, byte] == weight[p * n + row, column]
+    assert torch.equal(sums[:, :n], weight.view(planes, n, k).sum(-1, dtype=torch.int32))
+    # rows past n (lanes 5..15 of the second block) are zeros, and so are their sums
+    assert not packed[:, 1, :, n - native.LANES :].any()
+    assert not sums[:, n:].any()
+
+
+def test_check_arguments_refuses_what_the_kernels_cannot_read() -> None:
+    native.check_arguments(torch.zeros(4, 4), 3, None)
+    with pytest.raises(ValueError, match="contiguous CPU"):
+        native.check_arguments(torch.zeros(4, 4).t())
+
+
+@needs_native
+@pytest.mark.real_model
+def test_real_model_native_rows_equal_torch_rows(real_model: CausalLM) -> None:
+    tokens = real_model.encode_text(
+        "The ferry left at six, and the harbour master counted the crates twice before he "
+        "signed the manifest and handed it to the captain.")
+    reference = IntegerForward(real_model, backend="torch")
+    fast = IntegerForward(reference.weights, backend="native")
+    expected = _rows(reference, tokens, [])
+    with pinned_threads(2):
+        assert np.array_equal(_rows(fast, tokens, []), expected)
+    with pinned_threads(1):
+        assert np.array_equal(_rows(fast, tokens, [1, 2, 9, 10, 11, 17]), expected)
