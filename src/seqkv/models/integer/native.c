@@ -82,23 +82,29 @@ static int64_t quantize_row(const int64_t *x, int64_t k, int8_t *high, int8_t *l
 }
 
 /* forward._quantize: planes [2 * rows, k]; exponent[r] = shift + offset. */
-int64_t seqkv_quantize(const int64_t *x, int64_t rows, int64_t k, int64_t offset,
-                    const int64_t *row_offset, int8_t *planes, int64_t *exponent) {
-    for (int64_t r = 0; r < rows; ++r) {
+static void quantize_range(const int64_t *x, int64_t rows, int64_t r0, int64_t r1, int64_t k,
+                           int64_t offset, const int64_t *row_offset, int8_t *planes,
+                           int64_t *exponent) {
+    for (int64_t r = r0; r < r1; ++r) {
         int64_t shift = quantize_row(x + r * k, k, planes + r * k, planes + (rows + r) * k);
         exponent[r] = shift + offset + (row_offset ? row_offset[r] : 0);
     }
+}
+
+int64_t seqkv_quantize(const int64_t *x, int64_t rows, int64_t k, int64_t offset,
+                       const int64_t *row_offset, int8_t *planes, int64_t *exponent) {
+    quantize_range(x, rows, 0, rows, k, offset, row_offset, planes, exponent);
     return 0;
 }
 
 /* forward._norm: RMSNorm of hidden [rows, k] as planes, with its exponents.
  * Returns 0, or -1 when out of memory. */
-int64_t seqkv_norm(const int64_t *hidden, int64_t rows, int64_t k, int64_t eps_term,
-                   const int32_t *rsqrt_table, int64_t mantissa_bits, int8_t *planes,
-                   int64_t *exponent) {
+static int64_t norm_range(const int64_t *hidden, int64_t rows, int64_t r0, int64_t r1,
+                          int64_t k, int64_t eps_term, const int32_t *rsqrt_table,
+                          int64_t mantissa_bits, int8_t *planes, int64_t *exponent) {
     int64_t *q = malloc(sizeof(int64_t) * (size_t)k);
     if (!q) return -1;
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
         const int64_t *h = hidden + r * k;
         int64_t shift = excess_bits(peak(h, k), NORM_BITS);
         int64_t squares = 0;  /* < k * 2**32 */
@@ -116,6 +122,13 @@ int64_t seqkv_norm(const int64_t *hidden, int64_t rows, int64_t k, int64_t eps_t
     }
     free(q);
     return 0;
+}
+
+int64_t seqkv_norm(const int64_t *hidden, int64_t rows, int64_t k, int64_t eps_term,
+                   const int32_t *rsqrt_table, int64_t mantissa_bits, int8_t *planes,
+                   int64_t *exponent) {
+    return norm_range(hidden, rows, 0, rows, k, eps_term, rsqrt_table, mantissa_bits, planes,
+                      exponent);
 }
 
 /* forward._scale of one value */
@@ -306,7 +319,7 @@ static inline int64_t plane_value(const int8_t *plane, int64_t i, int64_t d) {
  *   token_stride (elements), key_shift, value_shift [tokens, heads] (int8, stride shift_stride);
  *   out [n, heads, d], exponent [n]. Returns 0, or -1 when out of memory. */
 /* One row of seqkv_attend (see there); z and weight: scratch of `end` int64 each, kv_high and
- * kv_low of end * d int32 each.
+ * kv_low of end * d int16 each.
  * Sums of plane products run in int32: |q| < 2**14 times a key plane (|.| <= 128) over d <= 1024
  * terms stays below 2**31; a weight (< 2**14) times a value plane, below 2**21, is summed in
  * int32 for at most 512 keys at a time (2**30) and then added into int64. */
@@ -315,15 +328,16 @@ static void attend_row(const int8_t *q_planes, const int64_t *q_shift, int64_t h
                        const int8_t *values, int64_t token_stride, const int8_t *key_shift,
                        const int8_t *value_shift, int64_t shift_stride, int64_t score_scale,
                        int64_t score_shift, const int64_t *softmax, int64_t softmax_size,
-                       int64_t *z, int64_t *weight, int32_t *kv_high, int32_t *kv_low,
+                       int64_t *z, int64_t *weight, int16_t *kv_high, int16_t *kv_low,
                        int64_t *out, int64_t *exponent) {
     int64_t group = heads / kv_heads;
-    int32_t qv[1024], high[1024], low[1024];
+    int16_t qv[1024];  /* 14-bit queries and 8-bit key planes: int16 products summed in int32 */
+    int32_t high[1024], low[1024];
     int64_t running_of[1024];
     int64_t row_exponent = 0;
     for (int64_t h = 0; h < heads; ++h) {
         int64_t g = h / group;
-        if (h % group == 0)  /* the group's key planes as int32, once for its query heads */
+        if (h % group == 0)  /* the group's key planes as int16, once for its query heads */
             for (int64_t t = 0; t < end; ++t) {
                 const int8_t *kp = keys + t * token_stride + g * d;  /* planes kv_heads*d apart */
                 for (int64_t i = 0; i < d; ++i) {
@@ -332,13 +346,13 @@ static void attend_row(const int8_t *q_planes, const int64_t *q_shift, int64_t h
                 }
             }
         const int8_t *qp = q_planes + h * 2 * d;
-        for (int64_t i = 0; i < d; ++i) qv[i] = (int32_t)plane_value(qp, i, d);
+        for (int64_t i = 0; i < d; ++i) qv[i] = (int16_t)plane_value(qp, i, d);
         int64_t top = MASKED, running = 0;
         for (int64_t t = 0; t < end; ++t) {
             int32_t dot_high = 0, dot_low = 0;
             for (int64_t i = 0; i < d; ++i) {
-                dot_high += qv[i] * kv_high[t * d + i];
-                dot_low += qv[i] * kv_low[t * d + i];
+                dot_high += (int32_t)qv[i] * (int32_t)kv_high[t * d + i];
+                dot_low += (int32_t)qv[i] * (int32_t)kv_low[t * d + i];
             }
             int64_t dot = shl(dot_high, PLANE_BITS) + dot_low;  /* < d * 2**28 */
             int64_t amount = clamp(score_shift - q_shift[h] - key_shift[t * shift_stride + h],
@@ -397,7 +411,7 @@ int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_v
 #endif
     for (int64_t r = 0; r < n; ++r) {
         int64_t end = position + r + 1;  /* keys 0 .. position + r */
-        int64_t *scratch = malloc((sizeof(int64_t) * 2 + sizeof(int32_t) * 2 * (size_t)d)
+        int64_t *scratch = malloc((sizeof(int64_t) * 2 + sizeof(int16_t) * 2 * (size_t)d)
                                   * (size_t)end);
         if (!scratch) {
 #ifdef _OPENMP
@@ -409,7 +423,7 @@ int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_v
         attend_row(q_planes + r * q_vectors * 2 * d, q_shift + r * q_vectors, heads, kv_heads, d,
                    end, keys, values, token_stride, key_shift, value_shift, shift_stride,
                    score_scale, score_shift, softmax, softmax_size, scratch, scratch + end,
-                   (int32_t *)(scratch + 2 * end), (int32_t *)(scratch + 2 * end) + end * d,
+                   (int16_t *)(scratch + 2 * end), (int16_t *)(scratch + 2 * end) + end * d,
                    out + r * heads * d, exponent + r);
         free(scratch);
     }
@@ -458,6 +472,41 @@ typedef struct {  /* forward._Span, with its sequence's slot in its pool */
     int64_t plane_layer_stride, plane_kv_stride, shift_layer_stride, shift_kv_stride;
 } seqkv_span_t;
 
+/* Row ranges of the elementwise passes for OpenMP threads (rows are independent). */
+#define ROW_CHUNK 8
+
+static int64_t norm_rows(const seqkv_layer_t *L, const int64_t *hidden, int64_t rows,
+                         int8_t *planes, int64_t *exponent, int64_t threads) {
+    int64_t failed = 0, chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1 && chunks > 1)
+#endif
+    for (int64_t c = 0; c < chunks; ++c) {
+        int64_t r1 = (c + 1) * ROW_CHUNK < rows ? (c + 1) * ROW_CHUNK : rows;
+        if (norm_range(hidden, rows, c * ROW_CHUNK, r1, L->qkv.k, L->eps_term, L->rsqrt,
+                       L->mantissa_bits, planes, exponent)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+static void quantize_rows(const int64_t *x, int64_t rows, int64_t k, int64_t offset,
+                          const int64_t *row_offset, int8_t *planes, int64_t *exponent,
+                          int64_t threads) {
+    int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1 && chunks > 1)
+#endif
+    for (int64_t c = 0; c < chunks; ++c) {
+        int64_t r1 = (c + 1) * ROW_CHUNK < rows ? (c + 1) * ROW_CHUNK : rows;
+        quantize_range(x, rows, c * ROW_CHUNK, r1, k, offset, row_offset, planes, exponent);
+    }
+}
+
 static int64_t linear_into(const seqkv_linear_t *w, const int8_t *planes, int64_t rows,
                            const int64_t *exponent, int64_t out_frac, int64_t *out,
                            int64_t threads) {
@@ -492,11 +541,18 @@ int64_t seqkv_layer(const seqkv_layer_t *L, int64_t index, int64_t *hidden, int6
         !attended_exponent || !gate || !up || !delta)
         goto done;
     /* attention */
-    if (seqkv_norm(hidden, rows, width, L->eps_term, L->rsqrt, L->mantissa_bits, planes,
-                   exponent)) goto done;
+    if (norm_rows(L, hidden, rows, planes, exponent, threads)) goto done;
     if (linear_into(&L->qkv, planes, rows, exponent, L->qkv_frac, qkv, threads)) goto done;
-    seqkv_rope_quantize(qkv, rows, vectors, heads + kvh, d, positions, L->cos, L->sin,
-                        qkv_planes, shift);
+    int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1 && chunks > 1)
+#endif
+    for (int64_t c = 0; c < chunks; ++c) {
+        int64_t r0 = c * ROW_CHUNK, count = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
+        seqkv_rope_quantize(qkv + r0 * vectors * d, count, vectors, heads + kvh, d,
+                            positions + r0, L->cos, L->sin, qkv_planes + r0 * vectors * 2 * d,
+                            shift + r0 * vectors);
+    }
     for (int64_t s = 0; s < span_count; ++s) {
         const seqkv_span_t *span = &spans[s];
         int8_t *keys = span->planes + index * span->plane_layer_stride;
@@ -531,17 +587,23 @@ int64_t seqkv_layer(const seqkv_layer_t *L, int64_t index, int64_t *hidden, int6
                          attended + span->start * heads * d, attended_exponent + span->start,
                          threads)) goto done;
     }
-    seqkv_quantize(attended, rows, heads * d, L->attention_offset, attended_exponent, planes,
-                   exponent);
+    quantize_rows(attended, rows, heads * d, L->attention_offset, attended_exponent, planes,
+                  exponent, threads);
     if (linear_into(&L->o, planes, rows, exponent, L->hidden_frac, delta, threads)) goto done;
     for (int64_t i = 0; i < rows * width; ++i) hidden[i] += delta[i];
     /* mlp */
-    if (seqkv_norm(hidden, rows, width, L->eps_term, L->rsqrt, L->mantissa_bits, planes,
-                   exponent)) goto done;
+    if (norm_rows(L, hidden, rows, planes, exponent, threads)) goto done;
     if (linear_into(&L->gate, planes, rows, exponent, L->gate_frac, gate, threads)) goto done;
     if (linear_into(&L->up, planes, rows, exponent, L->gate_frac, up, threads)) goto done;
-    seqkv_silu_mul(gate, up, rows * inner, L->gate_frac, L->sigmoid, gate);
-    seqkv_quantize(gate, rows, inner, L->mlp_offset, NULL, planes, exponent);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1 && chunks > 1)
+#endif
+    for (int64_t c = 0; c < chunks; ++c) {
+        int64_t r0 = c * ROW_CHUNK, count = rows - r0 < ROW_CHUNK ? rows - r0 : ROW_CHUNK;
+        seqkv_silu_mul(gate + r0 * inner, up + r0 * inner, count * inner, L->gate_frac,
+                       L->sigmoid, gate + r0 * inner);
+    }
+    quantize_rows(gate, rows, inner, L->mlp_offset, NULL, planes, exponent, threads);
     if (linear_into(&L->down, planes, rows, exponent, L->hidden_frac, delta, threads)) goto done;
     for (int64_t i = 0; i < rows * width; ++i) hidden[i] += delta[i];
     status = 0;
