@@ -125,7 +125,7 @@ _SMALL_ROWS = 16
 # cache-sized (with the head's blocking, a 256-token prefill under the profiler went from
 # 5.2 s to 2.0 s).
 _ATTENTION_ROWS = 32
-_NATIVE_MAX_HEAD_DIM = 1024  # native.c's per-vector buffers
+_NATIVE_MAX_HEAD_DIM = 1024  # native.c's per-vector and per-head buffers
 # NOTE: native.c's packed linear layer (AVX-512 VNNI) serves every row count: a 256-token
 # prefill's linear layers took 0.33 s against torch._int_mm's ~0.5 s (SmolLM2-135M, 2 threads).
 # Its portable C loop (no VNNI) serves up to this many rows, torch._int_mm the rest.
@@ -304,11 +304,12 @@ class IntegerForward:
         if backend == "torch":
             return None
         supported = (self.device.type == "cpu" and self._activation_planes == 2
-                     and self.geometry.head_dim <= _NATIVE_MAX_HEAD_DIM)
+                     and self.geometry.head_dim <= _NATIVE_MAX_HEAD_DIM
+                     and self.geometry.heads <= _NATIVE_MAX_HEAD_DIM)
         kernels = native.load() if supported else None
         if backend == "native" and kernels is None:
             raise ValueError("the native integer forward needs a CPU, two activation planes, "
-                             f"head_dim <= {_NATIVE_MAX_HEAD_DIM} and a C compiler "
+                             f"head_dim and heads <= {_NATIVE_MAX_HEAD_DIM} and a C compiler "
                              f"(and {native.BACKEND_ENV} not set to torch)")
         return kernels
 

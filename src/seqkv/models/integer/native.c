@@ -9,7 +9,8 @@
  * Exactness rules (each result is one defined integer on every C99 compiler and CPU):
  *   - right shifts go through asr(), a floor shift written without implementation-defined
  *     behaviour; left shifts through shl(), through uint64; every amount lies in [0, 62];
- *   - no signed overflow: each site's bound is stated (the same bounds as forward.py's);
+ *   - no signed overflow: each site's bound is stated (the same bounds as forward.py's), and
+ *     native.py builds with -fwrapv, so even outside them the result is torch's wrapped one;
  *   - floor division through floor_div(); no float anywhere.
  * So the compiler's vectorization, unrolling and instruction choice cannot change a result.
  *

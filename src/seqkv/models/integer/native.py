@@ -50,7 +50,10 @@ import torch
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("native.c")
-_FLAGS = ("-O3", "-march=native", "-std=c99", "-shared", "-fPIC")
+# NOTE: -fwrapv defines signed overflow as two's complement wrap-around, as torch's int64
+# arithmetic has it: the stated bounds keep every value in range, and should a value ever leave
+# it, both paths still compute the same integers.
+_FLAGS = ("-O3", "-march=native", "-std=c99", "-fwrapv", "-shared", "-fPIC")
 # NOTE: OpenMP shares a linear layer's output blocks between torch's intra-op threads (torch's
 # own libgomp serves it: the library is loaded after torch); a compiler without it builds the
 # single-threaded library.
