@@ -221,9 +221,10 @@ def render_markdown(history: Sequence[Run], baseline: Run | None, latest: Run | 
         lines += [
             f"## Run-to-run spread over the {len(history)} recorded runs",
             "",
-            "Unchanged code on this machine; the largest increase is the largest ratio of one "
-            "run's median to another's, minus 1: what a comparison of two runs of the same code "
-            f"can show. Largest: {worst.largest_increase_percent:.1f}% ({worst.label}).",
+            "Every recorded run on this machine, whatever code it ran (the Runs table names each "
+            "commit): a ratio whose path changed between runs shows that change here too. The "
+            "largest increase is the largest ratio of one run's median to another's, minus 1. "
+            f"Largest: {worst.largest_increase_percent:.1f}% ({worst.label}).",
             "",
             "| ratio | runs | min | median | max | largest increase |",
             "|---|---:|---:|---:|---:|---:|",
