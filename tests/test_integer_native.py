@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqkv.models import CausalLM, tiny_random_llama
-from seqkv.models.integer import IntegerConfig, IntegerForward, native
+from seqkv.models.integer import IntegerConfig, IntegerForward, integer_tables, native
+from seqkv.models.integer.table import numpy_tables
 from seqkv.schedule import pinned_threads
 
 TOKENS = [int(t) for t in np.random.default_rng(5).integers(0, 512, 40)]
@@ -188,3 +189,31 @@ def test_real_model_native_rows_equal_torch_rows(real_model: CausalLM) -> None:
         assert np.array_equal(_rows(fast, tokens, []), expected)
     with pinned_threads(1):
         assert np.array_equal(_rows(fast, tokens, [1, 2, 9, 10, 11, 17]), expected)
+
+
+@needs_native
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 4), vocab=st.integers(2, 700),
+       scale=st.sampled_from([1, 300, 65536, 2**24, 2**40]), ties=st.booleans())
+def test_native_tables_equal_the_numpy_tables(seed: int, rows: int, vocab: int, scale: int,
+                                              ties: bool) -> None:
+    rng = np.random.default_rng(seed)
+    logits = (rng.standard_normal((rows, vocab)) * scale).astype(np.int64)
+    if ties:  # many tokens at the maximum, and far below it (clamped gaps)
+        logits[:, : vocab // 2] = logits.max()
+        logits[:, -1] = logits.max() - 2**40
+    cumulative, log2p = integer_tables(logits)
+    expected_cumulative, expected_log2p = numpy_tables(logits)
+    assert np.array_equal(cumulative, expected_cumulative)
+    assert np.array_equal(log2p, expected_log2p)
+
+
+@needs_native
+@pytest.mark.real_model
+def test_real_model_native_tables_equal_the_numpy_tables(real_model: CausalLM) -> None:
+    engine = IntegerForward(real_model)
+    rows = engine.forward([(engine.new_sequence(), real_model.encode_text(
+        "A short note on tides, moons and the harbour's calendar."))])[0]
+    cumulative, log2p = integer_tables(rows)
+    expected_cumulative, expected_log2p = numpy_tables(rows)
+    assert np.array_equal(cumulative, expected_cumulative)
+    assert np.array_equal(log2p, expected_log2p)

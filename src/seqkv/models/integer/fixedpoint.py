@@ -309,7 +309,7 @@ def bit_length_np(x: IntArray) -> IntArray:
 
 
 @cache
-def _fine_tables() -> tuple[IntArray, IntArray]:
+def fine_tables() -> tuple[IntArray, IntArray]:
     """Two levels of 2**-(i / 2**20): whole steps of 2**-10 and the steps within them."""
     fine = np.array(exp2_table(FINE_FRAC_BITS - _FINE_HALF), dtype=np.int64)  # 2**-(i/1024)
     with mpmath.workprec(_WORKING_PRECISION):
@@ -327,12 +327,19 @@ def exp2_neg_fine(d: IntArray, out_bits: int) -> IntArray:
     Two table levels (the top and bottom 10 fractional bits), each entry within 2**-31 relative
     of the truth, so their product is within 2**-29 relative before the final floor.
     """
-    high, low = _fine_tables()
+    high, low = fine_tables()
     fraction = d & ((1 << FINE_FRAC_BITS) - 1)
     # 2**60 * 2**(-fraction / 2**20): both factors are at most 2**30.
     product = high[fraction >> _FINE_HALF] * low[fraction & ((1 << _FINE_HALF) - 1)]
     shift = np.minimum((d >> FINE_FRAC_BITS) + (2 * TABLE_BITS - out_bits), MAX_SHIFT)
     return np.asarray(product >> shift, dtype=np.int64)
+
+
+@cache
+def _log2_array() -> IntArray:
+    table = np.array(log2_table(), dtype=np.int64)
+    table.setflags(write=False)
+    return table
 
 
 def log2_fine(x: IntArray) -> npt.NDArray[np.float64]:
@@ -341,7 +348,7 @@ def log2_fine(x: IntArray) -> npt.NDArray[np.float64]:
     The value is normalized to ``[2**30, 2**31)``; its top 10 fraction bits index a table of
     ``log2(1 + i/1024)`` and the rest interpolate (error at most ``(2**-10)**2 / 8 / ln 2``).
     """
-    table = np.array(log2_table(), dtype=np.int64)
+    table = _log2_array()
     length = bit_length_np(x)
     shift = length - 31
     normalized = np.where(shift >= 0, x >> np.maximum(shift, 0), x << np.maximum(-shift, 0))

@@ -11,12 +11,14 @@
  *     behaviour; left shifts through shl(), through uint64; every amount lies in [0, 62];
  *   - no signed overflow: each site's bound is stated (the same bounds as forward.py's), and
  *     native.py builds with -fwrapv, so even outside them the result is torch's wrapped one;
- *   - floor division through floor_div(); no float anywhere.
+ *   - floor division through floor_div(); no float in the forward (the coder's tables, at the
+ *     end, use correctly rounded float64 operations as table.py does).
  * So the compiler's vectorization, unrolling and instruction choice cannot change a result.
  *
  * Layouts are row-major and contiguous; "planes" are the int8 activation planes of forward.py,
  * [2 * rows, K]: the high planes (signed, q >> 7) of every row, then the low ones (q & 127).
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -612,4 +614,54 @@ done:
     free(planes); free(exponent); free(qkv); free(qkv_planes); free(shift); free(attended);
     free(attended_exponent); free(gate); free(up); free(delta);
     return status;
+}
+
+/* ---- table.integer_tables: integer logits to the coder's cumulative tables. ---- */
+
+/* Per row of logits [rows, vocab] (int64 at 2**-16): top_bits - z * 2**-20 ([rows, vocab],
+ * float64; z the base-2 gaps at 2**-20, the log2-probabilities before the row's log2 of the
+ * weight sum), the cumulative table [rows, vocab + 1] from 0 to `total_frequency` and the
+ * weight sum [rows], exactly as table.integer_tables computes them (see there): integer
+ * operations and
+ * IEEE-754 float64 elementwise operations (int64 -> double conversions, one division, one
+ * multiplication, floor), each correctly rounded; native.py builds with -ffp-contract=off so
+ * that no multiply-add is fused. fine_high, fine_low: fixedpoint.fine_tables (1,024 each).
+ * Returns 0, or -2 when a row's largest count would fall below 1 (table.py asserts it). */
+int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
+                             int64_t top_bits, int64_t log2e_fixed, int64_t gap_shift,
+                             int64_t max_gap, const int64_t *fine_high, const int64_t *fine_low,
+                             int64_t total_frequency, double *log2p, int64_t *cumulative,
+                             int64_t *totals) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t *row = logits + r * vocab;
+        double *lr = log2p + r * vocab;
+        int64_t *counts = cumulative + r * (vocab + 1) + 1;
+        int64_t top = row[0];
+        for (int64_t j = 1; j < vocab; ++j) top = row[j] > top ? row[j] : top;
+        int64_t total = 0;
+        for (int64_t j = 0; j < vocab; ++j) {
+            int64_t gap = top - row[j];
+            gap = gap < max_gap ? gap : max_gap;
+            int64_t d = asr(gap * log2e_fixed + shl(1, gap_shift - 1), gap_shift);
+            int64_t fraction = d & ((INT64_C(1) << 20) - 1);
+            int64_t product = fine_high[fraction >> 10] * fine_low[fraction & 1023];
+            int64_t shift = asr(d, 20) + (60 - top_bits);
+            counts[j] = asr(product, shift < 62 ? shift : 62);  /* the weight, for now */
+            total += counts[j];
+            lr[j] = (double)top_bits - (double)d * 0x1p-20;  /* d < 2**53: exact conversion */
+        }
+        totals[r] = total;
+        double ratio = (double)(total_frequency - vocab) / (double)total;
+        int64_t sum = 0, best = 0;
+        for (int64_t j = 0; j < vocab; ++j) {
+            counts[j] = (int64_t)floor((double)counts[j] * ratio) + 1;
+            sum += counts[j];
+            if (counts[j] > counts[best]) best = j;
+        }
+        counts[best] += total_frequency - sum;
+        if (counts[best] < 1) return -2;
+        counts[-1] = 0;
+        for (int64_t j = 0; j < vocab; ++j) counts[j] += counts[j - 1];
+    }
+    return 0;
 }

@@ -46,6 +46,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 _LOG = logging.getLogger(__name__)
@@ -53,7 +55,11 @@ _SOURCE = Path(__file__).with_name("native.c")
 # NOTE: -fwrapv defines signed overflow as two's complement wrap-around, as torch's int64
 # arithmetic has it: the stated bounds keep every value in range, and should a value ever leave
 # it, both paths still compute the same integers.
-_FLAGS = ("-O3", "-march=native", "-std=c99", "-fwrapv", "-shared", "-fPIC")
+# -ffp-contract=off: no fused multiply-add in the coder tables' float64 operations (ISO C
+# modes default to it; stated so that no compiler's default can differ).
+_FLAGS = ("-O3", "-march=native", "-std=c99", "-fwrapv", "-ffp-contract=off", "-shared",
+          "-fPIC")
+_LIBRARIES = ("-lm",)
 # NOTE: OpenMP shares a linear layer's output blocks between torch's intra-op threads (torch's
 # own libgomp serves it: the library is loaded after torch); a compiler without it builds the
 # single-threaded library.
@@ -71,6 +77,7 @@ _SIGNATURES: dict[str, tuple[type, ...]] = {
     "seqkv_attend": (_P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _I, _I, _I, _P, _I,
                      _P, _P, _I),
     "seqkv_silu_mul": (_P, _P, _I, _I, _P, _P),
+    "seqkv_integer_tables": (_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _P),
 }
 
 
@@ -112,7 +119,7 @@ def _compiled(compiler: list[str], flags: tuple[str, ...]) -> Path:
     handle, partial = tempfile.mkstemp(suffix=".so", dir=directory)
     os.close(handle)
     try:
-        subprocess.run([*compiler, *flags, "-o", partial, str(_SOURCE)], check=True,
+        subprocess.run([*compiler, *flags, "-o", partial, str(_SOURCE), *_LIBRARIES], check=True,
                        capture_output=True, text=True, timeout=300)
         os.replace(partial, target)
     finally:
@@ -146,16 +153,19 @@ class NativeKernels:
         if status:
             raise MemoryError("native.c's seqkv_layer could not allocate its working memory")
 
-    def call(self, name: str, *arguments: int | torch.Tensor | None) -> None:
-        """Call ``name`` with tensors passed as their data pointers (None as NULL) and ints as
-        int64. The caller passes contiguous CPU tensors of the stated dtypes (the forward
-        allocates them so; checked by ``check_arguments`` in the tests, not per call: the
-        check cost ~1 us a tensor, 11,000 times a step)."""
-        status = self._functions[name](*[
-            argument.data_ptr() if isinstance(argument, torch.Tensor) else argument
-            for argument in arguments])
-        if status:
+    def call(self, name: str, *arguments: int | torch.Tensor | npt.NDArray[Any] | None) -> int:
+        """Call ``name`` with tensors and arrays passed as their data pointers (None as NULL)
+        and ints as int64; return its status (0, or -2 for a function-specific refusal). The
+        caller passes C-contiguous CPU tensors and arrays of the stated dtypes (the callers
+        allocate them so; ``check_arguments`` states the condition, not checked per call: a
+        check costs ~1 us a tensor, thousands of times a step)."""
+        status = int(self._functions[name](*[
+            argument.data_ptr() if isinstance(argument, torch.Tensor)
+            else argument.ctypes.data if isinstance(argument, np.ndarray) else argument
+            for argument in arguments]))
+        if status == -1:
             raise MemoryError(f"native.c's {name} could not allocate its working memory")
+        return status
 
 
 LANES = 16  # native.c: output rows per packed block

@@ -36,10 +36,12 @@ import numpy as np
 import numpy.typing as npt
 
 from seqkv.coding.frequencies import FREQUENCY_BITS, MAX_VOCAB, TOTAL_FREQUENCY
+from seqkv.models.integer import native
 from seqkv.models.integer.fixedpoint import (
     FINE_FRAC_BITS,
     bit_length_np,
     exp2_neg_fine,
+    fine_tables,
     log2_fine,
 )
 from seqkv.models.integer.forward import LOGIT_FRAC
@@ -51,6 +53,7 @@ LOG2E_FIXED = 99141248300  # round(log2(e) * 2**36); the tests recompute it with
 # NOTE: logit gaps beyond 2**7 nats (185 bits) are clamped: such a token's weight is 0 anyway,
 # and the clamp keeps gap * log2(e) * 2**36 below 2**62.
 _MAX_GAP = 1 << (LOGIT_FRAC + 7)
+_GAP_SHIFT = _LOG2E_BITS + LOGIT_FRAC - FINE_FRAC_BITS
 
 
 def _checked(logits: npt.NDArray[np.integer], ndim: int) -> IntArray:
@@ -64,13 +67,16 @@ def _checked(logits: npt.NDArray[np.integer], ndim: int) -> IntArray:
     return rows.astype(np.int64, copy=False)
 
 
+def _top_bits(vocab: int) -> int:
+    """``P = 61 - bit_length(V)``."""
+    return 61 - int(bit_length_np(np.array([vocab], dtype=np.int64))[0])
+
+
 def _weights(rows: IntArray) -> tuple[IntArray, IntArray, int]:
     """``z`` (base-2 gaps at 2**-20), the weights ``2**(P - z)`` and ``P``."""
-    vocab = rows.shape[-1]
-    top_bits = 61 - int(bit_length_np(np.array([vocab], dtype=np.int64))[0])
+    top_bits = _top_bits(rows.shape[-1])
     gap = np.minimum(rows.max(axis=-1, keepdims=True) - rows, _MAX_GAP)
-    shift = _LOG2E_BITS + LOGIT_FRAC - FINE_FRAC_BITS
-    z = (gap * LOG2E_FIXED + (1 << (shift - 1))) >> shift  # rounded to the nearest 2**-20
+    z = (gap * LOG2E_FIXED + (1 << (_GAP_SHIFT - 1))) >> _GAP_SHIFT  # to the nearest 2**-20
     return z, exp2_neg_fine(z, top_bits), top_bits
 
 
@@ -92,8 +98,39 @@ def integer_table(logits: npt.NDArray[np.integer]
 def integer_tables(logits: npt.NDArray[np.integer]
                    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """The tables ``[R, V + 1]`` and log2-probabilities ``[R, V]`` of many rows at once; each
-    row's table is bit-identical to ``integer_table`` of that row."""
-    rows = _checked(logits, 2)
+    row's table is bit-identical to ``integer_table`` of that row.
+
+    NOTE: native.c computes the same tables (``seqkv_integer_tables``, asserted equal by
+    tests/test_integer_native.py) where it builds: numpy took 1.2 of 6.6 s of a 16-session
+    portable decode and 0.45 of 1.0 s of a 64-token portable encode (SmolLM2-135M), most of
+    it in exp2_neg_fine's table lookups.
+    """
+    rows = np.ascontiguousarray(_checked(logits, 2))
+    kernels = native.load()
+    if kernels is not None:
+        return _native_tables(kernels, rows)
+    return numpy_tables(rows)
+
+
+def _native_tables(kernels: native.NativeKernels, rows: IntArray
+                   ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    count, vocab = rows.shape
+    top_bits = _top_bits(vocab)
+    high, low = fine_tables()
+    log2p = np.empty(rows.shape, dtype=np.float64)
+    cumulative = np.empty((count, vocab + 1), dtype=np.int64)
+    total = np.empty((count, 1), dtype=np.int64)
+    status = kernels.call("seqkv_integer_tables", rows, count, vocab, top_bits, LOG2E_FIXED,
+                          _GAP_SHIFT, _MAX_GAP, high, low, TOTAL_FREQUENCY, log2p, cumulative,
+                          total)
+    assert status == 0, "a table's most likely token got a count below 1"
+    # in place: numpy_tables' (top_bits - z * 2**-20) - log2(S), the same two roundings
+    log2p -= log2_fine(total)
+    return cumulative, log2p
+
+
+def numpy_tables(rows: IntArray) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """``integer_tables`` in numpy: the statement native.c's tables are checked against."""
     z, weights, top_bits = _weights(rows)
     total = weights.sum(axis=-1, keepdims=True)  # exact: below V * 2**P < 2**62
     counts = _counts(weights, total)
