@@ -356,7 +356,6 @@ class IntegerForward:
         device = self.device
         token_ids = torch.tensor(ids, dtype=torch.long, device=device)
         position_ids = torch.tensor(positions, dtype=torch.long, device=device)
-        writes = _pool_writes(spans, device)
         rope: tuple[torch.Tensor, torch.Tensor] | torch.Tensor = (
             position_ids if self._native is not None
             else (self._cos[position_ids][:, None], self._sin[position_ids][:, None]))
@@ -370,6 +369,7 @@ class IntegerForward:
                 self._native.layer(self._layer_struct(index), index, hidden, position_ids,
                                    table, threads)
             return finish_call(calls, self._head(hidden))
+        writes = _pool_writes(spans, device)
         for index, layer in enumerate(self._layers):
             hidden = hidden + self._attention(index, layer, hidden, rope, spans, writes)
             hidden = hidden + self._mlp(index, layer, hidden)
@@ -380,6 +380,8 @@ class IntegerForward:
         for entry, span in zip(table, spans, strict=True):
             pool = span.sequence.pool
             planes, shifts = pool.planes, pool.shifts  # int8: strides are bytes
+            # native.c steps through a slot's positions as in a contiguous pool
+            assert planes.is_contiguous() and shifts.is_contiguous()
             entry.start, entry.count, entry.position = span.start, span.count, span.position
             entry.planes = planes.data_ptr() + span.sequence.slot * planes.stride(2)
             entry.shifts = shifts.data_ptr() + span.sequence.slot * shifts.stride(2)

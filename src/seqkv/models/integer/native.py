@@ -1,13 +1,16 @@
-"""The integer forward's fused CPU paths (``native.c``), built with the system C compiler.
+"""The integer forward's CPU path in C (``native.c``), built with the system C compiler.
 
 ``forward.py`` states the integer predictor with torch operators, and that statement is the
 reference. A one-row decoding step runs about 18,000 of those operators; measured on this
 project's CPU (SmolLM2-135M, one thread, 128 tokens of context), the int8 products took 25 ms of
-a 69 ms step and operator dispatch most of the rest. ``native.c`` fuses each chain of operators
-(RMSNorm and quantization, a few-row linear layer with its scaling, rotation and quantization
-of q/k/v, one sequence's attention, SiLU) into one C function over the same integers, so the
-two paths return the same logits bit for bit (asserted by ``tests/test_integer_native.py`` over
-shapes, chunkings and batches, on a tiny model and on the embedded one).
+a 69 ms step and operator dispatch most of the rest. ``native.c`` computes the same integers:
+``seqkv_layer`` runs a whole decoder layer in one call (RMSNorm and quantization, the linear
+layers on weights packed for AVX-512 VNNI, RoPE, attention, SiLU, the KV pool writes), the other
+functions serve the output layer, the torch-shaped per-operation path (where VNNI is missing)
+and the coder tables (``seqkv_integer_tables``, the same operations as ``table.py``).
+``tests/test_integer_native.py`` asserts the two paths' logits, KV planes and tables equal bit
+for bit over chunkings, batches, thread counts and weight planes, on a tiny model and on the
+embedded one.
 
 NOTE: why C through ``ctypes`` and not a torch C++ extension or Triton: the functions need no
 torch API (they read and write contiguous integer arrays), a torch extension costs a minute of
@@ -18,18 +21,22 @@ Build: on first use, into ``$SEQKV_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/seqkv
 ``~/.cache/seqkv/native``), as a file named by the SHA-256 of the source, the compiler command
 and this CPU's flags (so a cache shared between machines never loads a library built for
 another CPU); written to a temporary name and renamed, so concurrent builds cannot load half a
-file. ``-march=native`` only chooses instructions: every function is exact integer arithmetic
-without undefined or implementation-defined behaviour, so the instructions cannot change a
-result.
+file. ``-march=native`` only chooses instructions: the forward is integer arithmetic without
+undefined behaviour (``-fwrapv``, shifts clamped) and the tables' float64 operations are each
+correctly rounded (no contraction), so the instructions cannot change a result. Threads:
+OpenMP, sharing independent output blocks and rows, so the split cannot change a result either.
 
 Fallback: where no compiler works, or ``SEQKV_INTEGER_BACKEND=torch`` is set, ``load()`` returns
-None and the forward runs its torch path (the same integers, slower); the reason is logged once.
+None and the forward and the tables run their torch and numpy statements (the same bits,
+slower); the reason is logged once.
 
 Invariants:
-1. Every function here computes exactly what the torch code it replaces computes (asserted by
-   the tests, not provable here); the forward calls them only on contiguous CPU tensors of the
-   dtypes stated (enforced by ``_pointer``).
-2. The library is loaded once per process and never rebuilt while loaded.
+1. Every function here computes exactly what the torch or numpy code it replaces computes
+   (asserted by the tests, not provable here).
+2. Callers pass C-contiguous CPU tensors and arrays of the dtypes each C signature states
+   (enforced by construction in ``forward.py`` and ``table.py``, which allocate them; not
+   checked per call, see ``NativeKernels.call``).
+3. The library is loaded once per process and never rebuilt while loaded.
 """
 
 from __future__ import annotations
