@@ -72,17 +72,17 @@ TABLE_ROWS = 64
 # NOTE: a lone stream drafts up to this many tokens per forward: the integer forward has no
 # padding to fill, so each draft costs its row; prompt lookup's hits come in runs of a few.
 MAX_DRAFT = 7
-# NOTE: drafts only after a repeated 3-gram. With native.c a drafted row costs about a third of
-# a one-row forward (2 threads: 1 row 22 ms, 4 rows 30-36 ms, 8 rows 39 ms), and single-token
-# matches rarely continue in prose: 150 tokens decoded in 4.8 s drafting after any 1-gram
-# match, 3.6-3.8 s after 2- or 3-grams (prose); 3.8 / 3.7 / 3.1 s on code (SmolLM2-135M).
+# NOTE: drafts only after a repeated 3-gram. With native.c a drafted row costs about a fifth of
+# a one-row forward (2 threads: 1 row 10.5-15 ms, 4 rows 20-36 ms, 8 rows 31-40 ms), and
+# single-token matches rarely continue: 150 tokens decoded in 3.5 s drafting after any 1-gram
+# match, 2.2-2.6 s after 2- or 3-grams (prose); 2.6-2.9 s and 2.0-2.5 s on code (SmolLM2-135M).
 DRAFT_MIN_NGRAM = 3
 BATCH_GROUP = "integer-forward"
 # NOTE: the integer forward's rows are the same on any thread count. Its torch path runs on one
 # thread: on this 2-core machine two ran a one-row step in 310-2,800 ms while another process
 # kept the second core busy (torch._int_mm's OpenMP workers wait on each other). native.c shares
 # each layer's output blocks dynamically, so a delayed thread takes fewer; it runs on two
-# (a one-row step 20-25 ms against 28 ms on one, SmolLM2-135M).
+# (a one-row step 10.5-15 ms against 17-22 ms on one, SmolLM2-135M).
 TORCH_PATH_THREADS = 1
 NATIVE_THREADS = 2
 
