@@ -9,8 +9,9 @@ computed with it, on any number of threads, on any device with two's complement 
 Two paths compute these integers. The torch code here states the forward and is the
 reference; ``native.c`` (built and loaded by ``native.py``) computes the same integers with one C
 call per decoder layer, where a step of torch operators costs ~18,000 dispatches
-(``IntegerForward(backend=...)``: ``auto`` takes native.c where it builds, on the CPU with two
-activation planes; ``torch`` forces the reference). ``tests/test_integer_native.py`` asserts the
+(``IntegerForward(backend=...)``: ``auto`` takes native.c where it builds with AVX-512 VNNI, on
+the CPU with two activation planes and summed dimensions that are multiples of 4; ``torch``
+forces the reference). ``tests/test_integer_native.py`` asserts the
 two paths' logits and KV planes equal bit for bit over chunkings, batches, thread counts and
 weight planes, on a tiny model and on SmolLM2-135M. Measured (SmolLM2-135M, 128 tokens of
 context, this project's 2-core CPU): a one-row step 10.5-15 ms on two threads and 17-22 ms on
@@ -126,10 +127,6 @@ _SMALL_ROWS = 16
 # 5.2 s to 2.0 s).
 _ATTENTION_ROWS = 32
 _NATIVE_MAX_HEAD_DIM = 1024  # native.c's per-vector and per-head buffers
-# NOTE: native.c's packed linear layer (AVX-512 VNNI) serves every row count: a 256-token
-# prefill's linear layers took 0.33 s against torch._int_mm's ~0.5 s (SmolLM2-135M, 2 threads).
-# Its portable C loop (no VNNI) serves up to this many rows, torch._int_mm the rest.
-_NATIVE_GENERIC_ROWS = 16
 
 Backend = Literal["auto", "native", "torch"]
 
@@ -281,7 +278,6 @@ class IntegerForward:
                 mpmath.ldexp(1 / (mpmath.log(2) * mpmath.sqrt(head_dim)), _LOGIT_SCALE_BITS)))
         # eps * K * 2**48 in the units of a row shifted right by s: eps' = term >> 2s
         self._eps_term = torch.tensor(geometry.norm_eps_term, dtype=torch.int64, device=device)
-        self._eps_value = int(geometry.norm_eps_term)
         self._score_shift = _LOGIT_SCALE_BITS + 2 * QKV_FRAC - EXP2_FRAC_BITS
         self._head_pieces = _column_pieces(weights.head, _HEAD_COLUMNS)
         self._gate_up = tuple(
@@ -289,27 +285,30 @@ class IntegerForward:
                 _column_pieces(layer.gate_up, geometry.intermediate) for layer in self._layers))
         self._start_rows: dict[int, npt.NDArray[np.int64]] = {}
         self._native = self._native_kernels(backend)
+        self.backend: Backend = "torch" if self._native is None else "native"
         # native.c's packed weights and their row sums, by (weight address, rows, planes)
         self._packed: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._layer_structs: list[native.LayerStruct] = []
-        # a whole layer per native.c call where every product can take packed weights
-        self._fused = (self._native is not None and self._native.packed and all(
-            k % 4 == 0 for k in (geometry.hidden, geometry.intermediate,
-                                 geometry.heads * geometry.head_dim)))
-        self.backend: Backend = "torch" if self._native is None else "native"
+        self._head_struct: native.LinearStruct | None = None
         digest = hashlib.sha256(f"{weights.digest()}:layers={self.num_layers}".encode())
         self.digest = PredictorDigest(digest.hexdigest())
 
     def _native_kernels(self, backend: Backend) -> native.NativeKernels | None:
+        """native.c where it can run this model (see the module docstring), else None."""
         if backend == "torch":
             return None
+        geometry = self.geometry
         supported = (self.device.type == "cpu" and self._activation_planes == 2
-                     and self.geometry.head_dim <= _NATIVE_MAX_HEAD_DIM
-                     and self.geometry.heads <= _NATIVE_MAX_HEAD_DIM)
+                     and max(geometry.head_dim, geometry.heads) <= _NATIVE_MAX_HEAD_DIM
+                     and all(k % 4 == 0 for k in (geometry.hidden, geometry.intermediate,
+                                                  geometry.heads * geometry.head_dim)))
         kernels = native.load() if supported else None
+        if kernels is not None and not kernels.packed:
+            kernels = None
         if backend == "native" and kernels is None:
-            raise ValueError("the native integer forward needs a CPU, two activation planes, "
-                             f"head_dim and heads <= {_NATIVE_MAX_HEAD_DIM} and a C compiler "
+            raise ValueError("the native integer forward needs a CPU with AVX-512 VNNI, two "
+                             f"activation planes, head_dim and heads <= {_NATIVE_MAX_HEAD_DIM}, "
+                             "summed dimensions that are multiples of 4 and a C compiler "
                              f"(and {native.BACKEND_ENV} not set to torch)")
         return kernels
 
@@ -356,22 +355,19 @@ class IntegerForward:
         device = self.device
         token_ids = torch.tensor(ids, dtype=torch.long, device=device)
         position_ids = torch.tensor(positions, dtype=torch.long, device=device)
-        rope: tuple[torch.Tensor, torch.Tensor] | torch.Tensor = (
-            position_ids if self._native is not None
-            else (self._cos[position_ids][:, None], self._sin[position_ids][:, None]))
         shift = HIDDEN_FRAC - self.weights.embedding_frac
         hidden = self.weights.embedding[token_ids].to(torch.int64) << shift  # [N, hidden]
-        if self._native is not None and self._fused:
-            # one native.c call per layer (the same integers as the loop below)
+        if self._native is not None:  # one native.c call per layer, the same integers
             table = self._native_spans(spans)
             threads = torch.get_num_threads()
             for index in range(self.num_layers):
-                self._native.layer(self._layer_struct(index), index, hidden, position_ids,
-                                   table, threads)
-            return finish_call(calls, self._head(hidden))
+                self._native.call("seqkv_layer", self._layer_struct(index), index, hidden,
+                                  hidden.shape[0], position_ids, table, len(spans), threads)
+            return finish_call(calls, self._native_head(hidden, threads))
         writes = _pool_writes(spans, device)
+        cos, sin = self._cos[position_ids][:, None], self._sin[position_ids][:, None]
         for index, layer in enumerate(self._layers):
-            hidden = hidden + self._attention(index, layer, hidden, rope, spans, writes)
+            hidden = hidden + self._attention(index, layer, hidden, cos, sin, spans, writes)
             hidden = hidden + self._mlp(index, layer, hidden)
         return finish_call(calls, self._head(hidden))
 
@@ -403,7 +399,7 @@ class IntegerForward:
             down=self._linear_struct(layer.down), rsqrt=tables.rsqrt.data_ptr(),
             sigmoid=tables.sigmoid.data_ptr(), softmax=tables.softmax.data_ptr(),
             cos=self._cos.data_ptr(), sin=self._sin.data_ptr(),
-            softmax_size=tables.softmax.shape[0], eps_term=self._eps_value,
+            softmax_size=tables.softmax.shape[0], eps_term=int(geometry.norm_eps_term),
             heads=geometry.heads, kv_heads=geometry.kv_heads, head_dim=geometry.head_dim,
             score_scale=self._score_scale, score_shift=self._score_shift, qkv_frac=QKV_FRAC,
             hidden_frac=HIDDEN_FRAC, gate_frac=GATE_FRAC, mantissa_bits=RSQRT_MANTISSA_BITS,
@@ -427,6 +423,16 @@ class IntegerForward:
             self._packed[key] = packed
         return packed
 
+    def _native_head(self, hidden: torch.Tensor, threads: int) -> npt.NDArray[np.int64]:
+        """``_head`` by native.c, straight into the result (no [rows, vocab] temporary)."""
+        assert self._native is not None
+        if self._head_struct is None:
+            self._head_struct = self._linear_struct(self.weights.head)
+        logits = np.empty((hidden.shape[0], self.vocab_size), dtype=np.int64)
+        self._native.call("seqkv_head", self._layer_struct(0), self._head_struct, hidden,
+                          hidden.shape[0], LOGIT_FRAC, logits, threads)
+        return logits
+
     def _head(self, hidden: torch.Tensor) -> npt.NDArray[np.int64]:
         """Final norm and output layer, in blocks of rows and columns (int64 ``[N, V]``).
 
@@ -438,14 +444,6 @@ class IntegerForward:
         """
         rows = hidden.shape[0]
         logits = np.empty((rows, self.vocab_size), dtype=np.int64)
-        if self._native is not None:
-            # straight into the result's rows: no int64 temporary of [rows, vocab]
-            step = rows if self._native.packed else _NATIVE_GENERIC_ROWS
-            for start in range(0, rows, step):
-                x = self._norm(hidden[start : start + step])
-                block = torch.from_numpy(logits[start : start + step])
-                self._native_linear(x, self.weights.head, LOGIT_FRAC, block)
-            return logits
         for start in range(0, rows, _HEAD_ROWS):
             block = hidden[start : start + _HEAD_ROWS]
             x = self._norm(block)
@@ -494,14 +492,6 @@ class IntegerForward:
         later product needs one shift per row and no multiply (measured: two fewer passes
         over each norm-fed layer's output, the head's [rows, 49152] among them).
         """
-        if self._native is not None:
-            hidden = hidden.contiguous()
-            rows, k = hidden.shape
-            planes = hidden.new_empty((2 * rows, k), dtype=torch.int8)
-            exponent = hidden.new_empty((rows, 1))
-            self._native.call("seqkv_norm", hidden, rows, k, self._eps_value, self._tables.rsqrt,
-                              RSQRT_MANTISSA_BITS, planes, exponent)
-            return _Quantized(planes, exponent)
         shift = excess_bits(_peak(hidden), NORM_BITS, self._tables)  # [rows, 1]
         q = hidden >> shift
         squares = (q * q).sum(-1, keepdim=True)  # < K * 2**32
@@ -536,39 +526,6 @@ class IntegerForward:
             planes[rows:] = q & _LOW_MASK
         return q, planes, shift
 
-    def _quantized(self, x: torch.Tensor, offset: int, row_offset: torch.Tensor | None = None
-                   ) -> _Quantized:
-        """``x`` quantized for a linear layer, its real value ``q * 2**(s + offset
-        (+ row_offset))`` per row."""
-        if self._native is not None:
-            x = x.contiguous()
-            rows, k = x.shape
-            planes = x.new_empty((2 * rows, k), dtype=torch.int8)
-            exponent = x.new_empty((rows, 1))
-            self._native.call("seqkv_quantize", x, rows, k, offset,
-                              None if row_offset is None else row_offset.contiguous(),
-                              planes, exponent)
-            return _Quantized(planes, exponent)
-        _, planes, shift = self._quantize(x)
-        exponent = shift + offset if row_offset is None else shift + row_offset + offset
-        return _Quantized(planes, exponent)
-
-    def _native_linear(self, x: _Quantized, linear: IntLinear, out_frac: int,
-                       out: torch.Tensor) -> None:
-        """native.c's linear layer into ``out`` (int64 ``[rows, N]``, contiguous)."""
-        assert self._native is not None
-        n, k = linear.out_features, linear.in_features
-        rows = x.exponent.shape[0]
-        if not self._native.packed or k % 4:
-            self._native.call("seqkv_linear", x.planes, rows, k, linear.weight, linear.planes, n,
-                              linear.scale, linear.scale_bits, x.exponent, out_frac,
-                              linear.bias, out, n)
-            return
-        packed = self._packed_weight(linear)
-        self._native.call("seqkv_linear_packed", x.planes, rows, k, packed[0], packed[1],
-                          linear.planes, n, linear.scale, linear.scale_bits, x.exponent,
-                          out_frac, linear.bias, out, n, torch.get_num_threads())
-
     def _accumulate(self, planes: torch.Tensor, linear: IntLinear) -> torch.Tensor:
         """The exact products ``[rows, N]`` of the activation rows and the layer's integers
         (int32 when they fit, else int64)."""
@@ -597,40 +554,25 @@ class IntegerForward:
 
     def _linear(self, x: _Quantized, linear: IntLinear, out_frac: int) -> torch.Tensor:
         """``x @ W.T (+ b)`` at ``2**-out_frac`` (int64 ``[rows, N]``)."""
-        rows = x.exponent.shape[0]
-        if self._native is not None and (self._native.packed or rows <= _NATIVE_GENERIC_ROWS):
-            out = x.exponent.new_empty((rows, linear.out_features))
-            self._native_linear(x, linear, out_frac, out)
-            return out
         acc = self._accumulate(x.planes, linear)
         return _scale(acc, linear.scale, linear.scale_bits, x.exponent, out_frac, linear.bias)
 
-    def _attention(self, index: int, layer: IntLayer, hidden: torch.Tensor,
-                   rope: tuple[torch.Tensor, torch.Tensor] | torch.Tensor, spans: list[_Span],
-                   writes: list[PoolWrites[IntKVPool]]) -> torch.Tensor:
-        """``rope``: the rows' positions (native path) or their cos and sin rows (torch)."""
+    def _attention(self, index: int, layer: IntLayer, hidden: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, spans: list[_Span], writes: list[PoolWrites[IntKVPool]]
+                   ) -> torch.Tensor:
         geometry = self.geometry
         heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
         n = hidden.shape[0]
         qkv = self._linear(self._norm(hidden), layer.qkv, QKV_FRAC)
-        vectors, rotated = heads + 2 * kv_heads, heads + kv_heads
-        if isinstance(rope, torch.Tensor):
-            assert self._native is not None
-            qkv = qkv.contiguous()
-            planes = qkv.new_empty((n, vectors, 2, head_dim), dtype=torch.int8)
-            shift = qkv.new_empty((n, vectors))
-            self._native.call("seqkv_rope_quantize", qkv, n, vectors, rotated, head_dim, rope,
-                              self._cos, self._sin, planes, shift)
-        else:
-            cos, sin = rope
-            qkv = qkv.view(n, vectors, head_dim)  # [N, heads, head_dim] at 2**-20
-            qk = qkv[:, :rotated]
-            # |q|, |k| < 2**11 real: below 2**31 at 2**-20, times 2**30 below 2**62.
-            qkv[:, :rotated] = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin) >> TABLE_BITS
-            peak_shift = excess_bits(_peak(qkv), ACTIVATION_BITS, self._tables)  # [N, heads, 1]
-            q = qkv >> peak_shift
-            planes = torch.stack((q >> PLANE_BITS, q & _LOW_MASK), dim=2).to(torch.int8)
-            shift = peak_shift[..., 0]  # [N, heads + 2 kv_heads]
+        qkv = qkv.view(n, heads + 2 * kv_heads, head_dim)  # [N, heads, head_dim] at 2**-20
+        rotated = heads + kv_heads
+        qk = qkv[:, :rotated]
+        # |q|, |k| < 2**11 real: below 2**31 at 2**-20, times 2**30 below 2**62.
+        qkv[:, :rotated] = (qk * cos + qk.roll(head_dim // 2, dims=-1) * sin) >> TABLE_BITS
+        shift = excess_bits(_peak(qkv), ACTIVATION_BITS, self._tables)  # [N, heads, 1]
+        q = qkv >> shift
+        planes = torch.stack((q >> PLANE_BITS, q & _LOW_MASK), dim=2).to(torch.int8)
+        shift = shift[..., 0]  # [N, heads + 2 kv_heads]
         # key and value shifts per query head: [N, 2, heads]
         kv_shift = shift[:, heads:].view(n, 2, kv_heads).index_select(2, self._head_to_kv).to(
             torch.int8)
@@ -640,12 +582,7 @@ class IntegerForward:
             write.pool.planes[index][:, write.slots, write.positions] = new.permute(1, 0, 3, 2, 4)
             write.pool.shifts[index][:, write.slots, write.positions] = (
                 kv_shift[write.rows].permute(1, 0, 2))
-        if self._native is not None:
-            out = hidden.new_empty((n, heads, head_dim))
-            exponent = hidden.new_empty((n, 1))
-            for span in spans:
-                self._attend_native(index, planes, shift, span, out, exponent)
-        elif len(spans) == 1:
+        if len(spans) == 1:
             out, exponent = self._attend(index, planes[:, :heads], shift[:, :heads], spans[0])
         else:
             out = hidden.new_empty((n, heads, head_dim))
@@ -654,26 +591,9 @@ class IntegerForward:
                 rows = slice(span.start, span.start + span.count)
                 out[rows], exponent[rows] = self._attend(
                     index, planes[rows, :heads], shift[rows, :heads], span)
-        x = self._quantized(out.view(n, heads * head_dim), -(QKV_FRAC + SOFTMAX_BITS), exponent)
+        _, o_planes, o_shift = self._quantize(out.view(n, heads * head_dim))
+        x = _Quantized(o_planes, o_shift + exponent - (QKV_FRAC + SOFTMAX_BITS))
         return self._linear(x, layer.o, HIDDEN_FRAC)
-
-    def _attend_native(self, index: int, planes: torch.Tensor, shift: torch.Tensor, span: _Span,
-                       out: torch.Tensor, exponent: torch.Tensor) -> None:
-        """``_attend`` by native.c, into the span's rows of ``out`` and ``exponent``; ``planes``
-        ``[N, vectors, 2, head_dim]`` and ``shift`` ``[N, vectors]`` hold every row's vectors."""
-        assert self._native is not None
-        geometry = self.geometry
-        rows = slice(span.start, span.start + span.count)
-        sequence = span.sequence
-        pool = sequence.pool
-        self._native.call(
-            "seqkv_attend", planes[rows], shift[rows], planes.shape[1], span.count,
-            span.position, geometry.heads, geometry.kv_heads, geometry.head_dim,
-            pool.planes[index, 0, sequence.slot], pool.planes[index, 1, sequence.slot],
-            2 * geometry.kv_heads * geometry.head_dim, pool.shifts[index, 0, sequence.slot],
-            pool.shifts[index, 1, sequence.slot], geometry.heads, self._score_scale,
-            self._score_shift, self._tables.softmax, self._tables.softmax.shape[0], out[rows],
-            exponent[rows], torch.get_num_threads())
 
     def _attend(self, index: int, q_planes: torch.Tensor, q_shift: torch.Tensor, span: _Span
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -731,15 +651,10 @@ class IntegerForward:
         gate_linear, up_linear = self._gate_up[index]
         gate = self._linear(x, gate_linear, GATE_FRAC)
         up = self._linear(x, up_linear, GATE_FRAC)
-        if self._native is not None:
-            gate, up = gate.contiguous(), up.contiguous()
-            product = torch.empty_like(gate)
-            self._native.call("seqkv_silu_mul", gate, up, gate.numel(), GATE_FRAC,
-                              self._tables.sigmoid, product)
-        else:
-            silu = (gate * sigmoid(gate, GATE_FRAC, self._tables)) >> TABLE_BITS
-            product = silu * up  # |silu|, |up| < 2**23: below 2**46
-        return self._linear(self._quantized(product, -2 * GATE_FRAC), layer.down, HIDDEN_FRAC)
+        silu = (gate * sigmoid(gate, GATE_FRAC, self._tables)) >> TABLE_BITS
+        _, planes, shift = self._quantize(silu * up)  # |silu|, |up| < 2**23: below 2**46
+        inner = _Quantized(planes, shift - 2 * GATE_FRAC)
+        return self._linear(inner, layer.down, HIDDEN_FRAC)
 
 
 def _peak(x: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,12 @@
 /* The integer forward's fused CPU paths: the same integers as forward.py's torch code, bit for bit.
  *
  * forward.py evaluates the integer predictor with torch operators; a one-row decoding step runs
- * about 18,000 of them, and their dispatch, not the arithmetic, is most of the step. The
- * functions here fuse each chain of those operators into one pass over plain C arrays. Every
- * function computes exactly what its torch counterpart computes (forward.py names each one); the
- * tests compare the two paths' logits bit for bit.
+ * about 18,000 of them, and their dispatch, not the arithmetic, is most of the step. Here a
+ * decoder layer is one call (seqkv_layer), the final norm and output layer another (seqkv_head),
+ * over plain C arrays; seqkv_integer_tables builds the coder's tables. Every helper computes
+ * exactly what its torch counterpart computes (forward.py names each one); the tests compare the
+ * two paths' logits, KV and tables bit for bit. The forward needs AVX-512 VNNI (its products run
+ * only on packed weights); seqkv_has_packed says whether this build has it.
  *
  * Exactness rules (each result is one defined integer on every C99 compiler and CPU):
  *   - right shifts go through asr(), a floor shift written without implementation-defined
@@ -84,7 +86,8 @@ static int64_t quantize_row(const int64_t *x, int64_t k, int8_t *high, int8_t *l
     return shift;
 }
 
-/* forward._quantize: planes [2 * rows, k]; exponent[r] = shift + offset. */
+/* forward._quantize of rows [r0, r1): planes [2 * rows, k]; exponent[r] = shift + offset
+ * (+ row_offset[r]). */
 static void quantize_range(const int64_t *x, int64_t rows, int64_t r0, int64_t r1, int64_t k,
                            int64_t offset, const int64_t *row_offset, int8_t *planes,
                            int64_t *exponent) {
@@ -94,14 +97,7 @@ static void quantize_range(const int64_t *x, int64_t rows, int64_t r0, int64_t r
     }
 }
 
-int64_t seqkv_quantize(const int64_t *x, int64_t rows, int64_t k, int64_t offset,
-                       const int64_t *row_offset, int8_t *planes, int64_t *exponent) {
-    quantize_range(x, rows, 0, rows, k, offset, row_offset, planes, exponent);
-    return 0;
-}
-
-/* forward._norm: RMSNorm of hidden [rows, k] as planes, with its exponents.
- * Returns 0, or -1 when out of memory. */
+/* forward._norm of rows [r0, r1): RMSNorm as planes [2 * rows, k], with the exponents. */
 static int64_t norm_range(const int64_t *hidden, int64_t rows, int64_t r0, int64_t r1,
                           int64_t k, int64_t eps_term, const int32_t *rsqrt_table,
                           int64_t mantissa_bits, int8_t *planes, int64_t *exponent) {
@@ -127,13 +123,6 @@ static int64_t norm_range(const int64_t *hidden, int64_t rows, int64_t r0, int64
     return 0;
 }
 
-int64_t seqkv_norm(const int64_t *hidden, int64_t rows, int64_t k, int64_t eps_term,
-                   const int32_t *rsqrt_table, int64_t mantissa_bits, int8_t *planes,
-                   int64_t *exponent) {
-    return norm_range(hidden, rows, 0, rows, k, eps_term, rsqrt_table, mantissa_bits, planes,
-                      exponent);
-}
-
 /* forward._scale of one value */
 static inline int64_t scaled(int64_t acc, int64_t scale, int64_t amount, const int64_t *bias,
                              int64_t n) {
@@ -145,37 +134,6 @@ static inline int64_t scaled(int64_t acc, int64_t scale, int64_t amount, const i
 #include <immintrin.h>
 #define SEQKV_VNNI 1
 #endif
-
-/* The two dot products of one weight row with a row's activation planes, as
- * 128 * sum(w * high) + sum(w * low). */
-static int64_t plane_dot(const int8_t *w, const int8_t *high, const int8_t *low, int64_t k) {
-    int32_t a_high = 0, a_low = 0;
-    for (int64_t i = 0; i < k; ++i) {
-        a_high += (int32_t)w[i] * (int32_t)high[i];
-        a_low += (int32_t)w[i] * (int32_t)low[i];
-    }
-    return shl(a_high, PLANE_BITS) + a_low;
-}
-
-/* forward._linear for few rows, portable C: planes [2 * rows, k] times weight
- * [wplanes * n_out, k] (int8, row-major), combined and scaled to out_frac into out
- * [rows, out_stride]. */
-int64_t seqkv_linear(const int8_t *planes, int64_t rows, int64_t k, const int8_t *weight,
-                  int64_t wplanes, int64_t n_out, const int64_t *scale, int64_t scale_bits,
-                  const int64_t *exponent, int64_t out_frac, const int64_t *bias, int64_t *out,
-                  int64_t out_stride) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const int8_t *high = planes + r * k, *low = planes + (rows + r) * k;
-        int64_t amount = clamp(scale_bits - out_frac - exponent[r], 0, 62);
-        for (int64_t n = 0; n < n_out; ++n) {
-            int64_t acc = 0;
-            for (int64_t p = 0; p < wplanes; ++p)
-                acc = shl(acc, PLANE_BITS) + plane_dot(weight + (p * n_out + n) * k, high, low, k);
-            out[r * out_stride + n] = scaled(acc, scale[n], amount, bias, n);
-        }
-    }
-    return 0;
-}
 
 #ifdef SEQKV_VNNI
 #define LANES 16
@@ -220,7 +178,7 @@ int64_t seqkv_has_packed(void) {
  * 4 q + i] (rows past n_out are 0); row_sums [wplanes * blocks * 16] (int32, 0 past n_out).
  * k is a multiple of 4. threads: OpenMP threads (where built with it). Returns 0, or -1 when
  * out of memory or built without VNNI (nothing written). */
-int64_t seqkv_linear_packed(const int8_t *planes, int64_t rows, int64_t k, const int8_t *packed,
+static int64_t seqkv_linear_packed(const int8_t *planes, int64_t rows, int64_t k, const int8_t *packed,
                          const int32_t *row_sums, int64_t wplanes, int64_t n_out,
                          const int64_t *scale, int64_t scale_bits, const int64_t *exponent,
                          int64_t out_frac, const int64_t *bias, int64_t *out,
@@ -284,7 +242,7 @@ int64_t seqkv_linear_packed(const int8_t *planes, int64_t rows, int64_t k, const
 /* forward._attention's rotation and quantization of qkv [rows, vectors, d] (at 2**-20, rotated
  * in place for the first `rotated` vectors): planes [rows, vectors, 2, d], shifts [rows,
  * vectors]. cos, sin: [positions, d] (forward._cos, forward._sin). */
-int64_t seqkv_rope_quantize(int64_t *qkv, int64_t rows, int64_t vectors, int64_t rotated,
+static int64_t seqkv_rope_quantize(int64_t *qkv, int64_t rows, int64_t vectors, int64_t rotated,
                          int64_t d, const int64_t *positions, const int64_t *cos,
                          const int64_t *sin, int8_t *planes, int64_t *shifts) {
     int64_t half = d / 2;
@@ -401,7 +359,7 @@ static void attend_row(const int8_t *q_planes, const int64_t *q_shift, int64_t h
     *exponent = row_exponent;
 }
 
-int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
+static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
                      int64_t n, int64_t position, int64_t heads, int64_t kv_heads, int64_t d,
                      const int8_t *keys, const int8_t *values, int64_t token_stride,
                      const int8_t *key_shift, const int8_t *value_shift, int64_t shift_stride,
@@ -435,7 +393,7 @@ int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_v
 
 /* forward._mlp's SiLU and product: silu(gate) * up into x [rows * n] (quantized by the caller).
  * gate, up at 2**-frac_bits. */
-int64_t seqkv_silu_mul(const int64_t *gate, const int64_t *up, int64_t count, int64_t frac_bits,
+static int64_t seqkv_silu_mul(const int64_t *gate, const int64_t *up, int64_t count, int64_t frac_bits,
                     const int32_t *sigmoid, int64_t *x) {
     int64_t cell_bits = frac_bits - SIGMOID_STEP_BITS;
     int64_t bound = shl(SIGMOID_RANGE, frac_bits);
@@ -613,6 +571,21 @@ int64_t seqkv_layer(const seqkv_layer_t *L, int64_t index, int64_t *hidden, int6
 done:
     free(planes); free(exponent); free(qkv); free(qkv_planes); free(shift); free(attended);
     free(attended_exponent); free(gate); free(up); free(delta);
+    return status;
+}
+
+/* forward._head: the final RMSNorm (its weights folded into `head`) and the output layer, into
+ * logits [rows, head->n_out] at 2**-out_frac. L: any layer's description (for the norm's table
+ * and epsilon). Returns 0, or -1 when out of memory or built without VNNI. */
+int64_t seqkv_head(const seqkv_layer_t *L, const seqkv_linear_t *head, const int64_t *hidden,
+                   int64_t rows, int64_t out_frac, int64_t *logits, int64_t threads) {
+    int64_t status = -1;
+    int8_t *planes = malloc((size_t)(2 * rows * head->k));
+    int64_t *exponent = malloc(sizeof(int64_t) * (size_t)rows);
+    if (planes && exponent && !norm_rows(L, hidden, rows, planes, exponent, threads))
+        status = linear_into(head, planes, rows, exponent, out_frac, logits, threads);
+    free(planes);
+    free(exponent);
     return status;
 }
 

@@ -5,9 +5,10 @@ reference. A one-row decoding step runs about 18,000 of those operators; measure
 project's CPU (SmolLM2-135M, one thread, 128 tokens of context), the int8 products took 25 ms of
 a 69 ms step and operator dispatch most of the rest. ``native.c`` computes the same integers:
 ``seqkv_layer`` runs a whole decoder layer in one call (RMSNorm and quantization, the linear
-layers on weights packed for AVX-512 VNNI, RoPE, attention, SiLU, the KV pool writes), the other
-functions serve the output layer, the torch-shaped per-operation path (where VNNI is missing)
-and the coder tables (``seqkv_integer_tables``, the same operations as ``table.py``).
+layers on weights packed for AVX-512 VNNI, RoPE, attention, SiLU, the KV pool writes),
+``seqkv_head`` the final norm and output layer, and ``seqkv_integer_tables`` the coder tables
+(the same operations as ``table.py``). A build without VNNI (``NativeKernels.packed`` false)
+serves the tables only; the forward then runs its torch statement.
 ``tests/test_integer_native.py`` asserts the two paths' logits, KV planes and tables equal bit
 for bit over chunkings, batches, thread counts and weight planes, on a tiny model and on the
 embedded one.
@@ -28,7 +29,7 @@ OpenMP, sharing independent output blocks and rows, so the split cannot change a
 
 Fallback: where no compiler works, or ``SEQKV_INTEGER_BACKEND=torch`` is set, ``load()`` returns
 None and the forward and the tables run their torch and numpy statements (the same bits,
-slower); the reason is logged once.
+slower); a build failure is logged once with the compiler's error.
 
 Invariants:
 1. Every function here computes exactly what the torch or numpy code it replaces computes
@@ -76,14 +77,10 @@ BACKEND_ENV = "SEQKV_INTEGER_BACKEND"
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _SIGNATURES: dict[str, tuple[type, ...]] = {
-    "seqkv_quantize": (_P, _I, _I, _I, _P, _P, _P),
-    "seqkv_norm": (_P, _I, _I, _I, _P, _I, _P, _P),
-    "seqkv_linear": (_P, _I, _I, _P, _I, _I, _P, _I, _P, _I, _P, _P, _I),
-    "seqkv_linear_packed": (_P, _I, _I, _P, _P, _I, _I, _P, _I, _P, _I, _P, _P, _I, _I),
-    "seqkv_rope_quantize": (_P, _I, _I, _I, _I, _P, _P, _P, _P, _P),
-    "seqkv_attend": (_P, _P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _I, _I, _I, _P, _I,
-                     _P, _P, _I),
-    "seqkv_silu_mul": (_P, _P, _I, _I, _P, _P),
+    # layer description, index, hidden, rows, positions, spans, span count, threads
+    "seqkv_layer": (_P, _I, _P, _I, _P, _P, _I, _I),
+    # layer description, head, hidden, rows, out_frac, logits, threads
+    "seqkv_head": (_P, _P, _P, _I, _I, _P, _I),
     "seqkv_integer_tables": (_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _P),
 }
 
@@ -147,28 +144,19 @@ class NativeKernels:
             self._functions[name] = function
         library.seqkv_has_packed.restype = ctypes.c_int64
         self.packed = bool(library.seqkv_has_packed())
-        self._layer = library.seqkv_layer
-        self._layer.argtypes = [_P, _I, _P, _I, _P, _P, _I, _I]
-        self._layer.restype = ctypes.c_int64
-
-    def layer(self, layer: LayerStruct, index: int, hidden: torch.Tensor, positions: torch.Tensor,
-              spans: ctypes.Array[SpanStruct], threads: int) -> None:
-        """``hidden`` (int64 ``[rows, hidden]``, contiguous) through decoder layer ``index``
-        in place, writing the rows' keys and values into the spans' pools (needs ``packed``)."""
-        status = self._layer(ctypes.addressof(layer), index, hidden.data_ptr(), hidden.shape[0],
-                             positions.data_ptr(), ctypes.addressof(spans), len(spans), threads)
-        if status:
-            raise MemoryError("native.c's seqkv_layer could not allocate its working memory")
-
-    def call(self, name: str, *arguments: int | torch.Tensor | npt.NDArray[Any] | None) -> int:
-        """Call ``name`` with tensors and arrays passed as their data pointers (None as NULL)
-        and ints as int64; return its status (0, or -2 for a function-specific refusal). The
-        caller passes C-contiguous CPU tensors and arrays of the stated dtypes (the callers
-        allocate them so; ``check_arguments`` states the condition, not checked per call: a
-        check costs ~1 us a tensor, thousands of times a step)."""
+    def call(self, name: str,
+             *arguments: int | torch.Tensor | npt.NDArray[Any] | ctypes.Structure
+             | ctypes.Array[Any] | None) -> int:
+        """Call ``name`` with tensors and arrays passed as their data pointers, ctypes
+        structures by address, None as NULL and ints as int64; return its status (0, or -2 for a
+        function-specific refusal). The caller passes C-contiguous CPU tensors and arrays of the
+        dtypes the C signature states (the callers allocate them so; ``check_arguments`` states
+        the condition, not checked per call: a check costs ~1 us a tensor)."""
         status = int(self._functions[name](*[
             argument.data_ptr() if isinstance(argument, torch.Tensor)
-            else argument.ctypes.data if isinstance(argument, np.ndarray) else argument
+            else argument.ctypes.data if isinstance(argument, np.ndarray)
+            else ctypes.addressof(argument) if isinstance(argument, ctypes.Structure | ctypes.Array)
+            else argument
             for argument in arguments]))
         if status == -1:
             raise MemoryError(f"native.c's {name} could not allocate its working memory")
@@ -179,7 +167,7 @@ LANES = 16  # native.c: output rows per packed block
 
 
 class LinearStruct(ctypes.Structure):
-    """native.c's ``seqkv_linear_t``: a packed linear layer."""
+    """native.c's ``seqkv_linear_t``: a linear layer on packed weights."""
 
     _fields_ = [("packed", _P), ("sums", _P), ("scale", _P), ("bias", _P),
                 ("scale_bits", _I), ("planes", _I), ("n_out", _I), ("k", _I)]
@@ -206,8 +194,9 @@ class SpanStruct(ctypes.Structure):
 
 
 def pack_weight(weight: torch.Tensor, planes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``seqkv_linear_packed``'s layout of an int8 weight ``[planes * N, K]`` (``K`` a multiple
-    of 4) and its row sums (int32), rows padded with zeros to a multiple of 16 per plane."""
+    """native.c's packed layout (``seqkv_linear_packed``) of an int8 weight ``[planes * N, K]``
+    (``K`` a multiple of 4) and its row sums (int32), rows padded with zeros to a multiple of 16
+    per plane."""
     rows, k = weight.shape
     n = rows // planes
     blocks = -(-n // LANES)
