@@ -150,12 +150,6 @@ def test_packed_weights_hold_each_row_in_its_lane() -> None:
     assert not sums[:, n:].any()
 
 
-def test_check_arguments_refuses_what_the_kernels_cannot_read() -> None:
-    native.check_arguments(torch.zeros(4, 4), 3, None)
-    with pytest.raises(ValueError, match="contiguous CPU"):
-        native.check_arguments(torch.zeros(4, 4).t())
-
-
 @needs_native
 @pytest.mark.real_model
 def test_real_model_native_rows_equal_torch_rows(real_model: CausalLM) -> None:

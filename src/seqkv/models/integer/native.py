@@ -150,8 +150,8 @@ class NativeKernels:
         """Call ``name`` with tensors and arrays passed as their data pointers, ctypes
         structures by address, None as NULL and ints as int64; return its status (0, or -2 for a
         function-specific refusal). The caller passes C-contiguous CPU tensors and arrays of the
-        dtypes the C signature states (the callers allocate them so; ``check_arguments`` states
-        the condition, not checked per call: a check costs ~1 us a tensor)."""
+        dtypes the C signature states (the callers allocate them so; not checked per call: a check
+        costs ~1 us a tensor)."""
         status = int(self._functions[name](*[
             argument.data_ptr() if isinstance(argument, torch.Tensor)
             else argument.ctypes.data if isinstance(argument, np.ndarray)
@@ -204,15 +204,6 @@ def pack_weight(weight: torch.Tensor, planes: int) -> tuple[torch.Tensor, torch.
     padded[:, :n] = weight.view(planes, n, k)
     packed = padded.view(planes, blocks, LANES, k // 4, 4).permute(0, 1, 3, 2, 4).contiguous()
     return packed, padded.sum(-1, dtype=torch.int32).contiguous()
-
-
-def check_arguments(*arguments: int | torch.Tensor | None) -> None:
-    """Raise unless every tensor is a contiguous CPU tensor (what ``call`` assumes)."""
-    for argument in arguments:
-        if isinstance(argument, torch.Tensor) and (argument.device.type != "cpu"
-                                                   or not argument.is_contiguous()):
-            raise ValueError("native kernels take contiguous CPU tensors, got "
-                             f"{argument.device} {tuple(argument.shape)} {argument.stride()}")
 
 
 @cache
