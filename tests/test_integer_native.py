@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.models.integer import IntegerConfig, IntegerForward, integer_tables, native
@@ -122,6 +123,24 @@ def test_native_rows_equal_torch_for_each_weight_precision(weight_planes: int) -
     reference = IntegerForward(model, config=config, backend="torch")
     fast = IntegerForward(reference.weights, backend="native")
     assert np.array_equal(_rows(fast, TOKENS, [7, 8, 30]), _rows(reference, TOKENS, []))
+
+
+@needs_native
+def test_native_vector_and_plain_parts_of_a_head_equal_torch_past_a_value_flush() -> None:
+    """Heads of 48 components run 32 of them in native.c's vectors and 16 in its plain loops;
+    600 tokens in uneven chunks cross the 512-key flush of the value sums with odd key counts."""
+    config = LlamaConfig(vocab_size=512, hidden_size=96, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=48, max_position_embeddings=1024)
+    torch.manual_seed(3)
+    model = CausalLM(LlamaForCausalLM(config), None, "tiny-llama-head48")
+    reference = IntegerForward(model, backend="torch")
+    fast = IntegerForward(reference.weights, backend="native")
+    assert fast.backend == "native"
+    tokens = [int(t) for t in np.random.default_rng(6).integers(0, 512, 600)]
+    expected = _rows(reference, tokens, [300])
+    with pinned_threads(2):
+        assert np.array_equal(_rows(fast, tokens, [1, 257, 511, 513, 599]), expected)
 
 
 @needs_native

@@ -288,7 +288,7 @@ class IntegerForward:
         self.backend: Backend = "torch" if self._native is None else "native"
         # native.c's packed weights and their row sums, by (weight address, rows, planes)
         self._packed: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._layer_structs: list[native.LayerStruct] = []
+        self._layer_structs: ctypes.Array[native.LayerStruct] | None = None
         self._head_struct: native.LinearStruct | None = None
         digest = hashlib.sha256(f"{weights.digest()}:layers={self.num_layers}".encode())
         self.digest = PredictorDigest(digest.hexdigest())
@@ -357,12 +357,11 @@ class IntegerForward:
         position_ids = torch.tensor(positions, dtype=torch.long, device=device)
         shift = HIDDEN_FRAC - self.weights.embedding_frac
         hidden = self.weights.embedding[token_ids].to(torch.int64) << shift  # [N, hidden]
-        if self._native is not None:  # one native.c call per layer, the same integers
-            table = self._native_spans(spans)
+        if self._native is not None:  # one native.c call for the layers, the same integers
             threads = torch.get_num_threads()
-            for index in range(self.num_layers):
-                self._native.call("seqkv_layer", self._layer_struct(index), index, hidden,
-                                  hidden.shape[0], position_ids, table, len(spans), threads)
+            self._native.call("seqkv_layers", self._layer_array(), self.num_layers, hidden,
+                              hidden.shape[0], position_ids, self._native_spans(spans),
+                              len(spans), threads)
             return finish_call(calls, self._native_head(hidden, threads))
         writes = _pool_writes(spans, device)
         cos, sin = self._cos[position_ids][:, None], self._sin[position_ids][:, None]
@@ -385,15 +384,20 @@ class IntegerForward:
             entry.shift_layer_stride, entry.shift_kv_stride = shifts.stride(0), shifts.stride(1)
         return table
 
-    def _layer_struct(self, index: int) -> native.LayerStruct:
-        """native.c's description of layer ``index`` (built once; it points into tensors this
+    def _layer_array(self) -> ctypes.Array[native.LayerStruct]:
+        """native.c's descriptions of the layers (built once; they point into tensors this
         engine holds)."""
-        if index < len(self._layer_structs):
-            return self._layer_structs[index]
+        if self._layer_structs is None:
+            self._layer_structs = (native.LayerStruct * self.num_layers)(
+                *[self._layer_struct(index) for index in range(self.num_layers)])
+        return self._layer_structs
+
+    def _layer_struct(self, index: int) -> native.LayerStruct:
+        """native.c's description of layer ``index``."""
         layer, geometry = self._layers[index], self.geometry
         gate, up = self._gate_up[index]
         tables = self._tables
-        struct = native.LayerStruct(
+        return native.LayerStruct(
             qkv=self._linear_struct(layer.qkv), o=self._linear_struct(layer.o),
             gate=self._linear_struct(gate), up=self._linear_struct(up),
             down=self._linear_struct(layer.down), rsqrt=tables.rsqrt.data_ptr(),
@@ -404,8 +408,6 @@ class IntegerForward:
             score_scale=self._score_scale, score_shift=self._score_shift, qkv_frac=QKV_FRAC,
             hidden_frac=HIDDEN_FRAC, gate_frac=GATE_FRAC, mantissa_bits=RSQRT_MANTISSA_BITS,
             attention_offset=-(QKV_FRAC + SOFTMAX_BITS), mlp_offset=-2 * GATE_FRAC)
-        self._layer_structs.append(struct)
-        return struct
 
     def _linear_struct(self, linear: IntLinear) -> native.LinearStruct:
         packed, sums = self._packed_weight(linear)
@@ -429,7 +431,7 @@ class IntegerForward:
         if self._head_struct is None:
             self._head_struct = self._linear_struct(self.weights.head)
         logits = np.empty((hidden.shape[0], self.vocab_size), dtype=np.int64)
-        self._native.call("seqkv_head", self._layer_struct(0), self._head_struct, hidden,
+        self._native.call("seqkv_head", self._layer_array(), self._head_struct, hidden,
                           hidden.shape[0], LOGIT_FRAC, logits, threads)
         return logits
 

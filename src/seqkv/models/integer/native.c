@@ -2,8 +2,8 @@
  *
  * forward.py evaluates the integer predictor with torch operators; a one-row decoding step runs
  * about 18,000 of them, and their dispatch, not the arithmetic, is most of the step. Here a
- * decoder layer is one call (seqkv_layer), the final norm and output layer another (seqkv_head),
- * over plain C arrays; seqkv_integer_tables builds the coder's tables. Every helper computes
+ * forward's decoder layers are one call (seqkv_layers), the final norm and output layer
+ * another (seqkv_head), over plain C arrays; seqkv_integer_tables builds the coder's tables. Every helper computes
  * exactly what its torch counterpart computes (forward.py names each one); the tests compare the
  * two paths' logits, KV and tables bit for bit. The forward needs AVX-512 VNNI (its products run
  * only on packed weights); seqkv_has_packed says whether this build has it.
@@ -123,44 +123,104 @@ static int64_t norm_range(const int64_t *hidden, int64_t rows, int64_t r0, int64
     return 0;
 }
 
-/* forward._scale of one value */
-static inline int64_t scaled(int64_t acc, int64_t scale, int64_t amount, const int64_t *bias,
-                             int64_t n) {
-    int64_t result = asr(acc * scale, amount);  /* acc * scale < 2**58 */
-    return bias ? result + bias[n] : result;
-}
-
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512F__)
 #include <immintrin.h>
 #define SEQKV_VNNI 1
 #endif
 
 #ifdef SEQKV_VNNI
 #define LANES 16
-#define GROUP 6
-/* One block of 16 output rows for `count` activation rows (count <= GROUP, a constant after
- * inlining): the packed weights hold, per block, k / 4 vectors of 16 rows x 4 bytes, so one
- * vpdpbusd with 4 activation bytes broadcast adds 4 products to each of 16 outputs (no
- * horizontal sums). Each int32 lane sums k products below 2**15: exact for k <= 2**16. */
-static inline __attribute__((always_inline)) void packed_block(
-        const uint8_t *high_u, const uint8_t *low, int64_t k, const int8_t *w, int count,
-        int32_t high_out[GROUP][LANES], int32_t low_out[GROUP][LANES]) {
-    __m512i a[GROUP], b[GROUP];
-    for (int j = 0; j < count; ++j) a[j] = b[j] = _mm512_setzero_si512();
+/* The products run on tiles of packed weight blocks (16 output rows each) against activation
+ * rows, both activation planes at once. Per 4 bytes of k, one vpdpbusd with 4 activation bytes
+ * broadcast adds 4 products to each of a block's 16 outputs, so there are no horizontal sums.
+ * Each int32 lane sums k products below 2**15: exact for k <= 2**16.
+ * The accumulators are named variables, not arrays: GCC keeps arrays of vectors in memory and
+ * stores them back every iteration (measured 2x slower). Two tiles:
+ *   - 4 blocks x 3 rows (24 accumulators, 10 loads per 24 products) for prefills and drafts:
+ *     a 256-row prefill's products at 68% of this CPU's vpdpbusd peak (was 42% with 1 x 6);
+ *   - 8 blocks x 1 row (16 accumulators, 8 weight streams) for steps, which read each weight
+ *     once: a one-row step's products at 21 GB/s (was 14), near the 22-23 GB/s the two cores
+ *     read from memory. */
+#define DP(acc, v, x) acc = _mm512_dpbusd_epi32(acc, v, x)
+#define TILE_ROWS 3
+#define TILE_BLOCKS 8
+/* rows per work item of a linear layer (a multiple of TILE_ROWS): items small enough for two
+ * threads to share even a 576-output layer evenly */
+#define ROW_SPLIT 48
+
+static inline __m512i broadcast4(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+typedef int32_t tile_out_t[TILE_ROWS][TILE_BLOCKS][LANES];
+
+/* Blocks w[0..3] times rows h[0..2] (high planes, offset to unsigned) and l[0..2] (low). */
+static void tile_4x3(const uint8_t *const h[3], const uint8_t *const l[3], int64_t k,
+                     const int8_t *const w[4], tile_out_t high_out, tile_out_t low_out) {
+    __m512i z = _mm512_setzero_si512();
+    __m512i a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z,
+            a20 = z, a21 = z, a22 = z, a23 = z, b00 = z, b01 = z, b02 = z, b03 = z,
+            b10 = z, b11 = z, b12 = z, b13 = z, b20 = z, b21 = z, b22 = z, b23 = z;
+    const int8_t *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    const uint8_t *h0 = h[0], *h1 = h[1], *h2 = h[2], *l0 = l[0], *l1 = l[1], *l2 = l[2];
     for (int64_t q = 0; q < k / 4; ++q) {
-        __m512i x = _mm512_loadu_si512(w + q * 64);
-        for (int j = 0; j < count; ++j) {
-            int32_t h, l;
-            memcpy(&h, high_u + j * k + 4 * q, 4);
-            memcpy(&l, low + j * k + 4 * q, 4);
-            a[j] = _mm512_dpbusd_epi32(a[j], _mm512_set1_epi32(h), x);
-            b[j] = _mm512_dpbusd_epi32(b[j], _mm512_set1_epi32(l), x);
+        __m512i x0 = _mm512_loadu_si512(w0 + q * 64), x1 = _mm512_loadu_si512(w1 + q * 64),
+                x2 = _mm512_loadu_si512(w2 + q * 64), x3 = _mm512_loadu_si512(w3 + q * 64);
+#define ROW(j, plane, acc) {                                                              \
+            __m512i v = broadcast4(plane##j + 4 * q);                                   \
+            DP(acc##j##0, v, x0); DP(acc##j##1, v, x1); DP(acc##j##2, v, x2); DP(acc##j##3, v, x3); }
+        ROW(0, h, a) ROW(0, l, b) ROW(1, h, a) ROW(1, l, b) ROW(2, h, a) ROW(2, l, b)
+#undef ROW
+    }
+#define STORE(j, c) _mm512_storeu_si512(high_out[j][c], a##j##c); \
+                    _mm512_storeu_si512(low_out[j][c], b##j##c);
+    STORE(0, 0) STORE(0, 1) STORE(0, 2) STORE(0, 3) STORE(1, 0) STORE(1, 1) STORE(1, 2)
+    STORE(1, 3) STORE(2, 0) STORE(2, 1) STORE(2, 2) STORE(2, 3)
+#undef STORE
+}
+
+/* Blocks w[0..7] times one row (h0, l0). */
+static void tile_8x1(const uint8_t *h0, const uint8_t *l0, int64_t k, const int8_t *const w[8],
+                     tile_out_t high_out, tile_out_t low_out) {
+    __m512i z = _mm512_setzero_si512();
+    __m512i a0 = z, a1 = z, a2 = z, a3 = z, a4 = z, a5 = z, a6 = z, a7 = z,
+            b0 = z, b1 = z, b2 = z, b3 = z, b4 = z, b5 = z, b6 = z, b7 = z;
+    const int8_t *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4], *w5 = w[5],
+                 *w6 = w[6], *w7 = w[7];
+    for (int64_t q = 0; q < k / 4; ++q) {
+        __m512i v = broadcast4(h0 + 4 * q), u = broadcast4(l0 + 4 * q), x;
+#define BLOCK(c) x = _mm512_loadu_si512(w##c + q * 64); DP(a##c, v, x); DP(b##c, u, x);
+        BLOCK(0) BLOCK(1) BLOCK(2) BLOCK(3) BLOCK(4) BLOCK(5) BLOCK(6) BLOCK(7)
+#undef BLOCK
+    }
+#define STORE(c) _mm512_storeu_si512(high_out[0][c], a##c); \
+                 _mm512_storeu_si512(low_out[0][c], b##c);
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) STORE(6) STORE(7)
+#undef STORE
+}
+
+/* The plane's dot products of a tile (rows x blocks) folded into int64 totals [row][n]: the
+ * high plane's offset of 128 taken back through the weights' row sums, then (for a second
+ * weight plane) the earlier planes shifted up, as forward._linear sums them. */
+static void fold_plane(tile_out_t high, tile_out_t low, const int32_t *sums, int64_t p,
+                       int count, int blocks,
+                       int64_t total[TILE_ROWS][TILE_BLOCKS * LANES]) {
+    for (int j = 0; j < count; ++j)
+        for (int c = 0; c < 2 * blocks; ++c) {  /* 8 lanes at a time, in int64 */
+            int block = c / 2, at = 8 * (c % 2);
+            __m512i hv = _mm512_cvtepi32_epi64(_mm256_loadu_si256((const void *)(high[j][block] + at)));
+            __m512i lv = _mm512_cvtepi32_epi64(_mm256_loadu_si256((const void *)(low[j][block] + at)));
+            __m512i sv = _mm512_cvtepi32_epi64(_mm256_loadu_si256((const void *)(sums + block * LANES + at)));
+            __m512i dot = _mm512_add_epi64(
+                _mm512_slli_epi64(_mm512_sub_epi64(hv, _mm512_slli_epi64(sv, PLANE_BITS)), PLANE_BITS),
+                lv);
+            int64_t *t = total[j] + 8 * c;
+            if (p) dot = _mm512_add_epi64(_mm512_slli_epi64(_mm512_loadu_si512(t), PLANE_BITS), dot);
+            _mm512_storeu_si512(t, dot);
         }
-    }
-    for (int j = 0; j < count; ++j) {
-        _mm512_storeu_si512(high_out[j], a[j]);
-        _mm512_storeu_si512(low_out[j], b[j]);
-    }
 }
 #endif
 
@@ -185,46 +245,61 @@ static int64_t seqkv_linear_packed(const int8_t *planes, int64_t rows, int64_t k
                          int64_t out_stride, int64_t threads) {
 #ifdef SEQKV_VNNI
     int64_t blocks = (n_out + LANES - 1) / LANES;
+    int one_row = rows < TILE_ROWS;  /* 1 or 2 rows: each row on its own 8-block tiles */
+    int tile_blocks = one_row ? 8 : 4, tile_rows = one_row ? 1 : TILE_ROWS;
+    int64_t groups = (blocks + tile_blocks - 1) / tile_blocks;
+    int64_t chunks = (rows + ROW_SPLIT - 1) / ROW_SPLIT;
+    int64_t block_bytes = (k / 4) * 64;
     uint8_t *scratch = malloc((size_t)(rows * k));
     if (!scratch) return -1;
     for (int64_t i = 0; i < rows * k; ++i) scratch[i] = (uint8_t)(planes[i] + 128);
-    /* Blocks of output rows are independent, so threads share them dynamically (a thread
-     * that another process delays takes fewer); the results do not depend on the split. */
+    /* Groups of output blocks times chunks of rows are independent, so threads share them
+     * dynamically (a thread that another process delays takes fewer); the results do not
+     * depend on the split. */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 4) num_threads((int)threads) if (threads > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1)
 #endif
-    for (int64_t block = 0; block < blocks; ++block) {
-        int32_t high[GROUP][LANES], low[GROUP][LANES];
-        int64_t total[GROUP][LANES];
-        for (int64_t r0 = 0; r0 < rows; r0 += GROUP) {
-            int count = rows - r0 < GROUP ? (int)(rows - r0) : GROUP;
+    for (int64_t item = 0; item < groups * chunks; ++item) {
+        int64_t g = item / chunks, first = (item % chunks) * ROW_SPLIT;
+        int64_t last = first + ROW_SPLIT < rows ? first + ROW_SPLIT : rows;
+        int64_t b0 = g * tile_blocks;
+        int count_blocks = blocks - b0 < tile_blocks ? (int)(blocks - b0) : tile_blocks;
+        tile_out_t high, low;
+        int64_t total[TILE_ROWS][TILE_BLOCKS * LANES];
+        for (int64_t r0 = first; r0 < last; r0 += tile_rows) {
+            int count = last - r0 < tile_rows ? (int)(last - r0) : tile_rows;
             for (int64_t p = 0; p < wplanes; ++p) {
-                const int8_t *w = packed + (p * blocks + block) * (k / 4) * 64;
-                const uint8_t *h = scratch + r0 * k;
-                const uint8_t *l = (const uint8_t *)(planes + (rows + r0) * k);
-                switch (count) {  /* constant counts, so the accumulators stay in registers */
-                    case 1: packed_block(h, l, k, w, 1, high, low); break;
-                    case 2: packed_block(h, l, k, w, 2, high, low); break;
-                    case 3: packed_block(h, l, k, w, 3, high, low); break;
-                    case 4: packed_block(h, l, k, w, 4, high, low); break;
-                    case 5: packed_block(h, l, k, w, 5, high, low); break;
-                    default: packed_block(h, l, k, w, GROUP, high, low); break;
+                /* A tile past the last block or row repeats the first one; those sums are
+                 * computed and dropped. */
+                const int8_t *w[TILE_BLOCKS];
+                for (int c = 0; c < tile_blocks; ++c)
+                    w[c] = packed + (p * blocks + b0 + (c < count_blocks ? c : 0)) * block_bytes;
+                const uint8_t *h[TILE_ROWS], *l[TILE_ROWS];
+                for (int j = 0; j < TILE_ROWS; ++j) {
+                    int64_t row = r0 + (j < count ? j : 0);  /* rows of the item's chunk */
+                    h[j] = scratch + row * k;
+                    l[j] = (const uint8_t *)(planes + (rows + row) * k);
                 }
-                const int32_t *sums = row_sums + (p * blocks + block) * LANES;
-                for (int j = 0; j < count; ++j)
-                    for (int lane = 0; lane < LANES; ++lane) {
-                        int64_t dot = shl((int64_t)high[j][lane] - shl(sums[lane], PLANE_BITS),
-                                          PLANE_BITS) + low[j][lane];
-                        total[j][lane] = p ? shl(total[j][lane], PLANE_BITS) + dot : dot;
-                    }
+                if (one_row) tile_8x1(h[0], l[0], k, w, high, low);
+                else tile_4x3(h, l, k, w, high, low);
+                fold_plane(high, low, row_sums + (p * blocks + b0) * LANES, p, count,
+                           count_blocks, total);
             }
+            /* forward._scale, 8 outputs at a time: vpsraq is asr (a floor shift) and vpmullq
+             * the wrapped product */
             for (int j = 0; j < count; ++j) {
-                int64_t amount = clamp(scale_bits - out_frac - exponent[r0 + j], 0, 62);
-                for (int lane = 0; lane < LANES; ++lane) {
-                    int64_t n = block * LANES + lane;
-                    if (n < n_out)
-                        out[(r0 + j) * out_stride + n] = scaled(total[j][lane], scale[n], amount,
-                                                                bias, n);
+                __m128i amount = _mm_cvtsi64_si128(
+                    clamp(scale_bits - out_frac - exponent[r0 + j], 0, 62));
+                for (int c = 0; c < 2 * count_blocks; ++c) {
+                    int64_t n = b0 * LANES + 8 * c;
+                    if (n >= n_out) break;
+                    __mmask8 mask = n_out - n >= 8 ? 0xff : (__mmask8)((1u << (n_out - n)) - 1);
+                    __m512i v = _mm512_sra_epi64(
+                        _mm512_mullo_epi64(_mm512_loadu_si512(total[j] + 8 * c),
+                                           _mm512_maskz_loadu_epi64(mask, scale + n)),
+                        amount);
+                    if (bias) v = _mm512_add_epi64(v, _mm512_maskz_loadu_epi64(mask, bias + n));
+                    _mm512_mask_storeu_epi64(out + (r0 + j) * out_stride + n, mask, v);
                 }
             }
         }
@@ -273,121 +348,196 @@ static inline int64_t plane_value(const int8_t *plane, int64_t i, int64_t d) {
     return shl(plane[i], PLANE_BITS) + plane[d + i];
 }
 
+/* One query head of one row of seqkv_attend (see there) over keys 0 .. end - 1: out [d] before
+ * the row's common exponent, and the head's own exponent (`running`). key_high and key_low:
+ * the head's key planes as int16 [tokens, d]; z and weight: scratch of `end` int64 each.
+ * Sums of plane products run in int32: |q| < 2**14 times a key plane (|.| <= 128) over d <= 1024
+ * terms stays below 2**31 (and so does any part of such a sum); a weight (< 2**14) times a value
+ * plane, below 2**21, is summed in int32 for at most 512 keys at a time (2**30) and then added
+ * into int64. */
+static int64_t attend_head(const int8_t *q_plane, int64_t q_shift, int64_t h, int64_t g,
+                           int64_t kv_heads, int64_t d, int64_t end, const int16_t *key_high,
+                           const int16_t *key_low, const int8_t *values, int64_t token_stride,
+                           const int8_t *key_shift, const int8_t *value_shift,
+                           int64_t shift_stride, int64_t score_scale, int64_t score_shift,
+                           const int64_t *softmax, int64_t softmax_size, int64_t *z,
+                           int64_t *weight, int64_t *out) {
+    int16_t qv[1024];  /* 14-bit queries and 8-bit key planes: int16 products summed in int32 */
+    int32_t high[1024], low[1024];
+    for (int64_t i = 0; i < d; ++i) qv[i] = (int16_t)plane_value(q_plane, i, d);
+    int64_t wide = 0;  /* the part of d that vpdpwssd sums, 32 products per vector */
+#ifdef SEQKV_VNNI
+    wide = d - d % 32;
+#endif
+    int64_t top = MASKED, running = 0;
+    for (int64_t t = 0; t < end; ++t) {
+        const int16_t *kh = key_high + t * d, *kl = key_low + t * d;
+        int32_t dot_high = 0, dot_low = 0;
+#ifdef SEQKV_VNNI
+        __m512i acc_high = _mm512_setzero_si512(), acc_low = _mm512_setzero_si512();
+        for (int64_t i = 0; i < wide; i += 32) {
+            __m512i q = _mm512_loadu_si512(qv + i);
+            acc_high = _mm512_dpwssd_epi32(acc_high, q, _mm512_loadu_si512(kh + i));
+            acc_low = _mm512_dpwssd_epi32(acc_low, q, _mm512_loadu_si512(kl + i));
+        }
+        dot_high = _mm512_reduce_add_epi32(acc_high);
+        dot_low = _mm512_reduce_add_epi32(acc_low);
+#endif
+        for (int64_t i = wide; i < d; ++i) {
+            dot_high += (int32_t)qv[i] * (int32_t)kh[i];
+            dot_low += (int32_t)qv[i] * (int32_t)kl[i];
+        }
+        int64_t dot = shl(dot_high, PLANE_BITS) + dot_low;  /* < d * 2**28 */
+        int64_t amount = clamp(score_shift - q_shift - key_shift[t * shift_stride + h], 0, 62);
+        z[t] = asr(dot * score_scale, amount);
+        top = z[t] > top ? z[t] : top;
+        int64_t vs = value_shift[t * shift_stride + h];
+        running = (t == 0 || vs > running) ? vs : running;
+    }
+    int64_t total = 0;
+    for (int64_t t = 0; t < end; ++t) {
+        int64_t gap = top - z[t];
+        int64_t w = softmax[gap < softmax_size - 1 ? gap : softmax_size - 1];
+        total += w;
+        weight[t] = asr(w, clamp(running - value_shift[t * shift_stride + h], 0, 62));
+    }
+    for (int64_t i = 0; i < d; ++i) out[i] = 0;
+    for (int64_t t0 = 0; t0 < end; t0 += 512) {
+        int64_t t1 = t0 + 512 < end ? t0 + 512 : end;
+        for (int64_t i = 0; i < d; ++i) high[i] = low[i] = 0;
+        int64_t narrow = 0;  /* where the plain loop below starts */
+#ifdef SEQKV_VNNI
+        /* Two keys at a time, 32 components: their value planes' components interleaved as
+         * int16 pairs (v_t[i], v_t+1[i]) against the weight pair (w_t, w_t+1), one vpdpwssd
+         * per 16 components (a weight fits int16: it is at most 2**14). unpack*_epi16 pairs
+         * components within 128-bit lanes, so lane 4L + m of `even` holds component 8L + m and
+         * of `odd` 8L + 4 + m. */
+        narrow = d - d % 32;
+        for (int64_t c = 0; c < narrow; c += 32) {
+            __m512i even_high = _mm512_setzero_si512(), odd_high = even_high;
+            __m512i even_low = even_high, odd_low = even_high;
+            for (int64_t t = t0; t < t1; t += 2) {
+                int64_t u = t + 1 < t1 ? t + 1 : t;  /* a last odd key pairs with weight 0 */
+                int32_t w0 = (int32_t)weight[t], w1 = u > t ? (int32_t)weight[u] : 0;
+                if (!w0 && !w1) continue;
+                __m512i pair = _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)w0 |
+                                                           ((uint32_t)(uint16_t)w1 << 16)));
+                const int8_t *v0 = values + t * token_stride + g * d + c;
+                const int8_t *v1 = values + u * token_stride + g * d + c;
+                for (int64_t plane = 0; plane < 2; ++plane) {
+                    __m512i a = _mm512_cvtepi8_epi16(
+                        _mm256_loadu_si256((const void *)(v0 + plane * kv_heads * d)));
+                    __m512i b = _mm512_cvtepi8_epi16(
+                        _mm256_loadu_si256((const void *)(v1 + plane * kv_heads * d)));
+                    __m512i *even = plane ? &even_low : &even_high;
+                    __m512i *odd = plane ? &odd_low : &odd_high;
+                    *even = _mm512_dpwssd_epi32(*even, _mm512_unpacklo_epi16(a, b), pair);
+                    *odd = _mm512_dpwssd_epi32(*odd, _mm512_unpackhi_epi16(a, b), pair);
+                }
+            }
+            int32_t lanes[4][16];
+            _mm512_storeu_si512(lanes[0], even_high);
+            _mm512_storeu_si512(lanes[1], odd_high);
+            _mm512_storeu_si512(lanes[2], even_low);
+            _mm512_storeu_si512(lanes[3], odd_low);
+            for (int lane = 0; lane < 4; ++lane)
+                for (int m = 0; m < 4; ++m) {
+                    high[c + 8 * lane + m] = lanes[0][4 * lane + m];
+                    high[c + 8 * lane + 4 + m] = lanes[1][4 * lane + m];
+                    low[c + 8 * lane + m] = lanes[2][4 * lane + m];
+                    low[c + 8 * lane + 4 + m] = lanes[3][4 * lane + m];
+                }
+        }
+#endif
+        for (int64_t t = t0; t < t1 && narrow < d; ++t) {
+            int32_t w = (int32_t)weight[t];
+            if (!w) continue;
+            const int8_t *vp = values + t * token_stride + g * d;
+            const int8_t *vl = vp + kv_heads * d;
+            for (int64_t i = narrow; i < d; ++i) {
+                high[i] += w * (int32_t)vp[i];
+                low[i] += w * (int32_t)vl[i];
+            }
+        }
+        for (int64_t i = 0; i < d; ++i) out[i] += shl(high[i], PLANE_BITS) + low[i];
+    }
+    /* |out| <= tokens * 2**28 <= 2**41: shifted by 14 it stays below 2**55 */
+    for (int64_t i = 0; i < d; ++i) out[i] = floor_div(shl(out[i], SOFTMAX_BITS), total);
+    return running;
+}
+
 /* forward._attend: rows [0, n) of one sequence at positions position .. position + n - 1.
  *   q_planes [n, q_vectors, 2, d] (int8), q_shift [n, q_vectors] (int64): the first `heads`
  *   vectors of each row are the queries;
  *   keys, values: the slot's planes [tokens, 2, kv_heads, d] (int8) with row stride
  *   token_stride (elements), key_shift, value_shift [tokens, heads] (int8, stride shift_stride);
- *   out [n, heads, d], exponent [n]. Returns 0, or -1 when out of memory. */
-/* One row of seqkv_attend (see there); z and weight: scratch of `end` int64 each, kv_high and
- * kv_low of end * d int16 each.
- * Sums of plane products run in int32: |q| < 2**14 times a key plane (|.| <= 128) over d <= 1024
- * terms stays below 2**31; a weight (< 2**14) times a value plane, below 2**21, is summed in
- * int32 for at most 512 keys at a time (2**30) and then added into int64. */
-static void attend_row(const int8_t *q_planes, const int64_t *q_shift, int64_t heads,
-                       int64_t kv_heads, int64_t d, int64_t end, const int8_t *keys,
-                       const int8_t *values, int64_t token_stride, const int8_t *key_shift,
-                       const int8_t *value_shift, int64_t shift_stride, int64_t score_scale,
-                       int64_t score_shift, const int64_t *softmax, int64_t softmax_size,
-                       int64_t *z, int64_t *weight, int16_t *kv_high, int16_t *kv_low,
-                       int64_t *out, int64_t *exponent) {
-    int64_t group = heads / kv_heads;
-    int16_t qv[1024];  /* 14-bit queries and 8-bit key planes: int16 products summed in int32 */
-    int32_t high[1024], low[1024];
-    int64_t running_of[1024];
-    int64_t row_exponent = 0;
-    for (int64_t h = 0; h < heads; ++h) {
-        int64_t g = h / group;
-        if (h % group == 0)  /* the group's key planes as int16, once for its query heads */
-            for (int64_t t = 0; t < end; ++t) {
-                const int8_t *kp = keys + t * token_stride + g * d;  /* planes kv_heads*d apart */
-                for (int64_t i = 0; i < d; ++i) {
-                    kv_high[t * d + i] = kp[i];
-                    kv_low[t * d + i] = kp[kv_heads * d + i];
-                }
-            }
-        const int8_t *qp = q_planes + h * 2 * d;
-        for (int64_t i = 0; i < d; ++i) qv[i] = (int16_t)plane_value(qp, i, d);
-        int64_t top = MASKED, running = 0;
-        for (int64_t t = 0; t < end; ++t) {
-            int32_t dot_high = 0, dot_low = 0;
-            for (int64_t i = 0; i < d; ++i) {
-                dot_high += (int32_t)qv[i] * (int32_t)kv_high[t * d + i];
-                dot_low += (int32_t)qv[i] * (int32_t)kv_low[t * d + i];
-            }
-            int64_t dot = shl(dot_high, PLANE_BITS) + dot_low;  /* < d * 2**28 */
-            int64_t amount = clamp(score_shift - q_shift[h] - key_shift[t * shift_stride + h],
-                                   0, 62);
-            z[t] = asr(dot * score_scale, amount);
-            top = z[t] > top ? z[t] : top;
-            int64_t vs = value_shift[t * shift_stride + h];
-            running = (t == 0 || vs > running) ? vs : running;
-        }
-        int64_t total = 0;
-        for (int64_t t = 0; t < end; ++t) {
-            int64_t gap = top - z[t];
-            int64_t w = softmax[gap < softmax_size - 1 ? gap : softmax_size - 1];
-            total += w;
-            weight[t] = asr(w, clamp(running - value_shift[t * shift_stride + h], 0, 62));
-        }
-        int64_t *o = out + h * d;
-        for (int64_t i = 0; i < d; ++i) o[i] = 0;
-        for (int64_t t0 = 0; t0 < end; t0 += 512) {
-            int64_t t1 = t0 + 512 < end ? t0 + 512 : end;
-            for (int64_t i = 0; i < d; ++i) high[i] = low[i] = 0;
-            for (int64_t t = t0; t < t1; ++t) {
-                int32_t w = (int32_t)weight[t];
-                if (!w) continue;
-                const int8_t *vp = values + t * token_stride + g * d;
-                const int8_t *vl = vp + kv_heads * d;
-                for (int64_t i = 0; i < d; ++i) {
-                    high[i] += w * (int32_t)vp[i];
-                    low[i] += w * (int32_t)vl[i];
-                }
-            }
-            for (int64_t i = 0; i < d; ++i) o[i] += shl(high[i], PLANE_BITS) + low[i];
-        }
-        /* |o| <= tokens * 2**28 <= 2**41: shifted by 14 it stays below 2**55 */
-        for (int64_t i = 0; i < d; ++i) o[i] = floor_div(shl(o[i], SOFTMAX_BITS), total);
-        running_of[h] = running;
-        row_exponent = (h == 0 || running > row_exponent) ? running : row_exponent;
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-        int64_t *o = out + h * d;
-        for (int64_t i = 0; i < d; ++i) o[i] = asr(o[i], row_exponent - running_of[h]);
-    }
-    *exponent = row_exponent;
-}
-
+ *   out [n, heads, d], exponent [n]. Returns 0, or -1 when out of memory.
+ * The keys are widened to int16 once per call, for every row and head; threads share the
+ * (row, head) pairs, so a one-row step's heads run in parallel too. */
 static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
                      int64_t n, int64_t position, int64_t heads, int64_t kv_heads, int64_t d,
                      const int8_t *keys, const int8_t *values, int64_t token_stride,
                      const int8_t *key_shift, const int8_t *value_shift, int64_t shift_stride,
                      int64_t score_scale, int64_t score_shift, const int64_t *softmax,
                      int64_t softmax_size, int64_t *out, int64_t *exponent, int64_t threads) {
-    int64_t failed = 0;
-    /* rows are independent: threads share them (results do not depend on the split) */
+    int64_t tokens = position + n, group = heads / kv_heads, pairs = n * heads;
+    int16_t *widened = malloc(sizeof(int16_t) * (size_t)(2 * kv_heads * tokens * d));
+    int64_t *running = malloc(sizeof(int64_t) * (size_t)pairs);
+    int64_t failed = !widened || !running;
+    /* widened [kv_heads, 2, tokens, d]: each group's key planes */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 4) num_threads((int)threads) if (threads > 1 && n > 4)
+#pragma omp parallel for schedule(static) num_threads((int)threads) if (!failed && threads > 1 && tokens >= 64)
 #endif
-    for (int64_t r = 0; r < n; ++r) {
-        int64_t end = position + r + 1;  /* keys 0 .. position + r */
-        int64_t *scratch = malloc((sizeof(int64_t) * 2 + sizeof(int16_t) * 2 * (size_t)d)
-                                  * (size_t)end);
+    for (int64_t t = 0; t < (failed ? 0 : tokens); ++t)
+        for (int64_t g = 0; g < kv_heads; ++g)
+            for (int64_t plane = 0; plane < 2; ++plane) {
+                int16_t *to = widened + ((g * 2 + plane) * tokens + t) * d;
+                const int8_t *from = keys + t * token_stride + (plane * kv_heads + g) * d;
+                for (int64_t i = 0; i < d; ++i) to[i] = from[i];
+            }
+    /* (row, head) pairs are independent: threads share them (results do not depend on the
+     * split) */
+#ifdef _OPENMP
+#pragma omp parallel num_threads((int)threads) if (!failed && threads > 1 && pairs > 1)
+#endif
+    {
+        int64_t *scratch = failed ? NULL : malloc(sizeof(int64_t) * 2 * (size_t)tokens);
         if (!scratch) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
             failed = 1;
-            continue;
         }
-        attend_row(q_planes + r * q_vectors * 2 * d, q_shift + r * q_vectors, heads, kv_heads, d,
-                   end, keys, values, token_stride, key_shift, value_shift, shift_stride,
-                   score_scale, score_shift, softmax, softmax_size, scratch, scratch + end,
-                   (int16_t *)(scratch + 2 * end), (int16_t *)(scratch + 2 * end) + end * d,
-                   out + r * heads * d, exponent + r);
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t pair = 0; pair < pairs; ++pair) {
+            if (!scratch) continue;
+            int64_t r = pair / heads, h = pair % heads, g = h / group;
+            const int16_t *key_high = widened + g * 2 * tokens * d;
+            running[pair] = attend_head(
+                q_planes + (r * q_vectors + h) * 2 * d, q_shift[r * q_vectors + h], h, g,
+                kv_heads, d, position + r + 1, key_high, key_high + tokens * d, values,
+                token_stride, key_shift, value_shift, shift_stride, score_scale, score_shift,
+                softmax, softmax_size, scratch, scratch + tokens, out + pair * d);
+        }
         free(scratch);
     }
+    if (!failed)  /* each row's heads to its largest exponent */
+        for (int64_t r = 0; r < n; ++r) {
+            int64_t row_exponent = running[r * heads];
+            for (int64_t h = 1; h < heads; ++h)
+                row_exponent = running[r * heads + h] > row_exponent ? running[r * heads + h]
+                                                                     : row_exponent;
+            for (int64_t h = 0; h < heads; ++h) {
+                int64_t *o = out + (r * heads + h) * d;
+                for (int64_t i = 0; i < d; ++i)
+                    o[i] = asr(o[i], row_exponent - running[r * heads + h]);
+            }
+            exponent[r] = row_exponent;
+        }
+    free(widened);
+    free(running);
     return failed ? -1 : 0;
 }
 
@@ -398,7 +548,21 @@ static int64_t seqkv_silu_mul(const int64_t *gate, const int64_t *up, int64_t co
     int64_t cell_bits = frac_bits - SIGMOID_STEP_BITS;
     int64_t bound = shl(SIGMOID_RANGE, frac_bits);
     int64_t half_cell = shl(1, cell_bits - 1);
-    for (int64_t i = 0; i < count; ++i) {
+    int64_t i = 0;
+#ifdef SEQKV_VNNI
+    /* 8 at a time: vpsraq is asr, vpmullq the wrapped product, a gather the table lookup */
+    __m512i offset = _mm512_set1_epi64(bound + half_cell), top = _mm512_set1_epi64(2 * bound - 1);
+    __m128i cell = _mm_cvtsi64_si128(cell_bits), table_bits = _mm_cvtsi64_si128(TABLE_BITS);
+    for (; i + 8 <= count; i += 8) {
+        __m512i g = _mm512_loadu_si512(gate + i);
+        __m512i index = _mm512_sra_epi64(_mm512_min_epi64(_mm512_max_epi64(
+            _mm512_add_epi64(g, offset), _mm512_setzero_si512()), top), cell);
+        __m512i sig = _mm512_cvtepi32_epi64(_mm512_i64gather_epi32(index, sigmoid, 4));
+        __m512i silu = _mm512_sra_epi64(_mm512_mullo_epi64(g, sig), table_bits);
+        _mm512_storeu_si512(x + i, _mm512_mullo_epi64(silu, _mm512_loadu_si512(up + i)));
+    }
+#endif
+    for (; i < count; ++i) {
         int64_t index = asr(clamp(gate[i] + (bound + half_cell), 0, 2 * bound - 1), cell_bits);
         int64_t silu = asr(gate[i] * sigmoid[index], TABLE_BITS);
         x[i] = silu * up[i];  /* |silu|, |up| < 2**23 */
@@ -476,34 +640,57 @@ static int64_t linear_into(const seqkv_linear_t *w, const int8_t *planes, int64_
                                w->n_out, threads);
 }
 
+/* The working memory of one layer for `rows` rows, allocated once for all layers of a forward
+ * (a fresh allocation per layer costs its page faults again: 10% of a prefill, measured). */
+typedef struct {
+    int8_t *planes, *qkv_planes;
+    int64_t *exponent, *qkv, *shift, *attended, *attended_exponent, *gate, *up, *delta;
+} workspace_t;
+
+static void workspace_free(workspace_t *ws) {
+    free(ws->planes); free(ws->exponent); free(ws->qkv); free(ws->qkv_planes); free(ws->shift);
+    free(ws->attended); free(ws->attended_exponent); free(ws->gate); free(ws->up);
+    free(ws->delta);
+}
+
+static int64_t workspace_alloc(const seqkv_layer_t *L, int64_t rows, workspace_t *ws) {
+    int64_t heads = L->heads, d = L->head_dim, width = L->qkv.k, inner = L->gate.n_out;
+    int64_t vectors = heads + 2 * L->kv_heads;
+    int64_t wide = inner > width ? inner : width;
+    wide = heads * d > wide ? heads * d : wide;
+    ws->planes = malloc((size_t)(2 * rows * wide));
+    ws->exponent = malloc(sizeof(int64_t) * (size_t)rows);
+    ws->qkv = malloc(sizeof(int64_t) * (size_t)(rows * vectors * d));
+    ws->qkv_planes = malloc((size_t)(rows * vectors * 2 * d));
+    ws->shift = malloc(sizeof(int64_t) * (size_t)(rows * vectors));
+    ws->attended = malloc(sizeof(int64_t) * (size_t)(rows * heads * d));
+    ws->attended_exponent = malloc(sizeof(int64_t) * (size_t)rows);
+    ws->gate = malloc(sizeof(int64_t) * (size_t)(rows * inner));
+    ws->up = malloc(sizeof(int64_t) * (size_t)(rows * inner));
+    ws->delta = malloc(sizeof(int64_t) * (size_t)(rows * width));
+    if (ws->planes && ws->exponent && ws->qkv && ws->qkv_planes && ws->shift && ws->attended &&
+        ws->attended_exponent && ws->gate && ws->up && ws->delta)
+        return 0;
+    workspace_free(ws);
+    return -1;
+}
+
 /* hidden [rows, hidden] += attention(hidden), then += mlp(hidden), for layer `index` of every
  * span's pool (whose keys and values at the rows' positions it writes). Returns 0, or -1 when
  * out of memory or built without VNNI (hidden is then unspecified). */
-int64_t seqkv_layer(const seqkv_layer_t *L, int64_t index, int64_t *hidden, int64_t rows,
-                    const int64_t *positions, const seqkv_span_t *spans, int64_t span_count,
-                    int64_t threads) {
+static int64_t layer(const seqkv_layer_t *L, int64_t index, const workspace_t *ws,
+                     int64_t *hidden, int64_t rows, const int64_t *positions,
+                     const seqkv_span_t *spans, int64_t span_count, int64_t threads) {
     int64_t heads = L->heads, kvh = L->kv_heads, d = L->head_dim;
     int64_t vectors = heads + 2 * kvh, group = heads / kvh, width = L->qkv.k;
     int64_t inner = L->gate.n_out;
-    int64_t wide = inner > width ? inner : width;
-    int64_t attention_width = heads * d > width ? heads * d : width;
-    int64_t status = -1;
-    int8_t *planes = malloc((size_t)(2 * rows * (wide > attention_width ? wide : attention_width)));
-    int64_t *exponent = malloc(sizeof(int64_t) * (size_t)rows);
-    int64_t *qkv = malloc(sizeof(int64_t) * (size_t)(rows * vectors * d));
-    int8_t *qkv_planes = malloc((size_t)(rows * vectors * 2 * d));
-    int64_t *shift = malloc(sizeof(int64_t) * (size_t)(rows * vectors));
-    int64_t *attended = malloc(sizeof(int64_t) * (size_t)(rows * heads * d));
-    int64_t *attended_exponent = malloc(sizeof(int64_t) * (size_t)rows);
-    int64_t *gate = malloc(sizeof(int64_t) * (size_t)(rows * inner));
-    int64_t *up = malloc(sizeof(int64_t) * (size_t)(rows * inner));
-    int64_t *delta = malloc(sizeof(int64_t) * (size_t)(rows * width));
-    if (!planes || !exponent || !qkv || !qkv_planes || !shift || !attended ||
-        !attended_exponent || !gate || !up || !delta)
-        goto done;
+    int8_t *planes = ws->planes, *qkv_planes = ws->qkv_planes;
+    int64_t *exponent = ws->exponent, *qkv = ws->qkv, *shift = ws->shift;
+    int64_t *attended = ws->attended, *attended_exponent = ws->attended_exponent;
+    int64_t *gate = ws->gate, *up = ws->up, *delta = ws->delta;
     /* attention */
-    if (norm_rows(L, hidden, rows, planes, exponent, threads)) goto done;
-    if (linear_into(&L->qkv, planes, rows, exponent, L->qkv_frac, qkv, threads)) goto done;
+    if (norm_rows(L, hidden, rows, planes, exponent, threads)) return -1;
+    if (linear_into(&L->qkv, planes, rows, exponent, L->qkv_frac, qkv, threads)) return -1;
     int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1 && chunks > 1)
@@ -546,16 +733,16 @@ int64_t seqkv_layer(const seqkv_layer_t *L, int64_t index, int64_t *hidden, int6
                          key_shift + span->shift_kv_stride, heads, L->score_scale,
                          L->score_shift, L->softmax, L->softmax_size,
                          attended + span->start * heads * d, attended_exponent + span->start,
-                         threads)) goto done;
+                         threads)) return -1;
     }
     quantize_rows(attended, rows, heads * d, L->attention_offset, attended_exponent, planes,
                   exponent, threads);
-    if (linear_into(&L->o, planes, rows, exponent, L->hidden_frac, delta, threads)) goto done;
+    if (linear_into(&L->o, planes, rows, exponent, L->hidden_frac, delta, threads)) return -1;
     for (int64_t i = 0; i < rows * width; ++i) hidden[i] += delta[i];
     /* mlp */
-    if (norm_rows(L, hidden, rows, planes, exponent, threads)) goto done;
-    if (linear_into(&L->gate, planes, rows, exponent, L->gate_frac, gate, threads)) goto done;
-    if (linear_into(&L->up, planes, rows, exponent, L->gate_frac, up, threads)) goto done;
+    if (norm_rows(L, hidden, rows, planes, exponent, threads)) return -1;
+    if (linear_into(&L->gate, planes, rows, exponent, L->gate_frac, gate, threads)) return -1;
+    if (linear_into(&L->up, planes, rows, exponent, L->gate_frac, up, threads)) return -1;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1 && chunks > 1)
 #endif
@@ -565,12 +752,24 @@ int64_t seqkv_layer(const seqkv_layer_t *L, int64_t index, int64_t *hidden, int6
                        L->sigmoid, gate + r0 * inner);
     }
     quantize_rows(gate, rows, inner, L->mlp_offset, NULL, planes, exponent, threads);
-    if (linear_into(&L->down, planes, rows, exponent, L->hidden_frac, delta, threads)) goto done;
+    if (linear_into(&L->down, planes, rows, exponent, L->hidden_frac, delta, threads)) return -1;
     for (int64_t i = 0; i < rows * width; ++i) hidden[i] += delta[i];
-    status = 0;
-done:
-    free(planes); free(exponent); free(qkv); free(qkv_planes); free(shift); free(attended);
-    free(attended_exponent); free(gate); free(up); free(delta);
+    return 0;
+}
+
+/* Layers 0 .. count - 1 (descriptions layers[0 .. count - 1]) over hidden, in order: see
+ * layer(). Returns 0, or -1 when out of memory or built without VNNI. */
+int64_t seqkv_layers(const seqkv_layer_t *layers, int64_t count, int64_t *hidden, int64_t rows,
+                     const int64_t *positions, const seqkv_span_t *spans, int64_t span_count,
+                     int64_t threads) {
+    if (count < 1) return 0;
+    workspace_t ws;
+    if (workspace_alloc(&layers[0], rows, &ws)) return -1;
+    int64_t status = 0;
+    for (int64_t index = 0; index < count && !status; ++index)
+        status = layer(&layers[index], index, &ws, hidden, rows, positions, spans, span_count,
+                       threads);
+    workspace_free(&ws);
     return status;
 }
 

@@ -4,7 +4,7 @@
 reference. A one-row decoding step runs about 18,000 of those operators; measured on this
 project's CPU (SmolLM2-135M, one thread, 128 tokens of context), the int8 products took 25 ms of
 a 69 ms step and operator dispatch most of the rest. ``native.c`` computes the same integers:
-``seqkv_layer`` runs a whole decoder layer in one call (RMSNorm and quantization, the linear
+``seqkv_layers`` runs every decoder layer in one call (RMSNorm and quantization, the linear
 layers on weights packed for AVX-512 VNNI, RoPE, attention, SiLU, the KV pool writes),
 ``seqkv_head`` the final norm and output layer, and ``seqkv_integer_tables`` the coder tables
 (the same operations as ``table.py``). A build without VNNI (``NativeKernels.packed`` false)
@@ -77,8 +77,8 @@ BACKEND_ENV = "SEQKV_INTEGER_BACKEND"
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _SIGNATURES: dict[str, tuple[type, ...]] = {
-    # layer description, index, hidden, rows, positions, spans, span count, threads
-    "seqkv_layer": (_P, _I, _P, _I, _P, _P, _I, _I),
+    # layer descriptions, layer count, hidden, rows, positions, spans, span count, threads
+    "seqkv_layers": (_P, _I, _P, _I, _P, _P, _I, _I),
     # layer description, head, hidden, rows, out_frac, logits, threads
     "seqkv_head": (_P, _P, _P, _I, _I, _P, _I),
     "seqkv_integer_tables": (_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _P),
