@@ -3,10 +3,11 @@
  * forward.py evaluates the integer predictor with torch operators; a one-row decoding step runs
  * about 18,000 of them, and their dispatch, not the arithmetic, is most of the step. Here a
  * forward's decoder layers are one call (seqkv_layers), the final norm and output layer
- * another (seqkv_head), over plain C arrays; seqkv_integer_tables builds the coder's tables. Every helper computes
- * exactly what its torch counterpart computes (forward.py names each one); the tests compare the
- * two paths' logits, KV and tables bit for bit. The forward needs AVX-512 VNNI (its products run
- * only on packed weights); seqkv_has_packed says whether this build has it.
+ * another (seqkv_head), over plain C arrays; seqkv_integer_tables builds the coder's tables.
+ * Every helper computes exactly what its torch counterpart computes (forward.py names each one);
+ * the tests compare the two paths' logits, KV and tables bit for bit. The forward needs AVX-512
+ * VNNI (its products run only on packed weights); seqkv_has_packed says whether this build has
+ * it.
  *
  * Exactness rules (each result is one defined integer on every C99 compiler and CPU):
  *   - right shifts go through asr(), a floor shift written without implementation-defined
@@ -171,7 +172,8 @@ static void tile_4x3(const uint8_t *const h[3], const uint8_t *const l[3], int64
                 x2 = _mm512_loadu_si512(w2 + q * 64), x3 = _mm512_loadu_si512(w3 + q * 64);
 #define ROW(j, plane, acc) {                                                              \
             __m512i v = broadcast4(plane##j + 4 * q);                                   \
-            DP(acc##j##0, v, x0); DP(acc##j##1, v, x1); DP(acc##j##2, v, x2); DP(acc##j##3, v, x3); }
+            DP(acc##j##0, v, x0); DP(acc##j##1, v, x1);                                 \
+            DP(acc##j##2, v, x2); DP(acc##j##3, v, x3); }
         ROW(0, h, a) ROW(0, l, b) ROW(1, h, a) ROW(1, l, b) ROW(2, h, a) ROW(2, l, b)
 #undef ROW
     }
@@ -202,6 +204,10 @@ static void tile_8x1(const uint8_t *h0, const uint8_t *l0, int64_t k, const int8
 #undef STORE
 }
 
+static inline __m512i widen8(const int32_t *p) {  /* 8 int32 to int64 */
+    return _mm512_cvtepi32_epi64(_mm256_loadu_si256((const void *)p));
+}
+
 /* The plane's dot products of a tile (rows x blocks) folded into int64 totals [row][n]: the
  * high plane's offset of 128 taken back through the weights' row sums, then (for a second
  * weight plane) the earlier planes shifted up, as forward._linear sums them. */
@@ -211,9 +217,8 @@ static void fold_plane(tile_out_t high, tile_out_t low, const int32_t *sums, int
     for (int j = 0; j < count; ++j)
         for (int c = 0; c < 2 * blocks; ++c) {  /* 8 lanes at a time, in int64 */
             int block = c / 2, at = 8 * (c % 2);
-            __m512i hv = _mm512_cvtepi32_epi64(_mm256_loadu_si256((const void *)(high[j][block] + at)));
-            __m512i lv = _mm512_cvtepi32_epi64(_mm256_loadu_si256((const void *)(low[j][block] + at)));
-            __m512i sv = _mm512_cvtepi32_epi64(_mm256_loadu_si256((const void *)(sums + block * LANES + at)));
+            __m512i hv = widen8(high[j][block] + at), lv = widen8(low[j][block] + at);
+            __m512i sv = widen8(sums + block * LANES + at);
             __m512i dot = _mm512_add_epi64(
                 _mm512_slli_epi64(_mm512_sub_epi64(hv, _mm512_slli_epi64(sv, PLANE_BITS)), PLANE_BITS),
                 lv);
@@ -486,7 +491,8 @@ static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int6
     int64_t failed = !widened || !running;
     /* widened [kv_heads, 2, tokens, d]: each group's key planes */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads((int)threads) if (!failed && threads > 1 && tokens >= 64)
+#pragma omp parallel for schedule(static) num_threads((int)threads) \
+    if (!failed && threads > 1 && tokens >= 64)
 #endif
     for (int64_t t = 0; t < (failed ? 0 : tokens); ++t)
         for (int64_t g = 0; g < kv_heads; ++g)
@@ -798,12 +804,18 @@ int64_t seqkv_head(const seqkv_layer_t *L, const seqkv_linear_t *head, const int
  * IEEE-754 float64 elementwise operations (int64 -> double conversions, one division, one
  * multiplication, floor), each correctly rounded; native.py builds with -ffp-contract=off so
  * that no multiply-add is fused. fine_high, fine_low: fixedpoint.fine_tables (1,024 each).
- * Returns 0, or -2 when a row's largest count would fall below 1 (table.py asserts it). */
+ * threads: OpenMP threads sharing the rows. Returns 0, or -2 when a row's largest count would
+ * fall below 1 (table.py asserts it). */
 int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
                              int64_t top_bits, int64_t log2e_fixed, int64_t gap_shift,
                              int64_t max_gap, const int64_t *fine_high, const int64_t *fine_low,
                              int64_t total_frequency, double *log2p, int64_t *cumulative,
-                             int64_t *totals) {
+                             int64_t *totals, int64_t threads) {
+    int64_t failed = 0;
+    /* rows are independent: threads share them (results do not depend on the split) */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1 && rows > 1)
+#endif
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t *row = logits + r * vocab;
         double *lr = log2p + r * vocab;
@@ -831,9 +843,14 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
             if (counts[j] > counts[best]) best = j;
         }
         counts[best] += total_frequency - sum;
-        if (counts[best] < 1) return -2;
+        if (counts[best] < 1) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
         counts[-1] = 0;
         for (int64_t j = 0; j < vocab; ++j) counts[j] += counts[j - 1];
     }
-    return 0;
+    return failed ? -2 : 0;
 }

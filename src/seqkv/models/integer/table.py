@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from seqkv.coding.frequencies import FREQUENCY_BITS, MAX_VOCAB, TOTAL_FREQUENCY
 from seqkv.models.integer import native
@@ -106,7 +107,7 @@ def integer_tables(logits: npt.NDArray[np.integer]
     it in exp2_neg_fine's table lookups.
     """
     rows = np.ascontiguousarray(_checked(logits, 2))
-    kernels = native.load()
+    kernels = native.load()  # on torch's thread count (the caller pins it)
     if kernels is not None:
         return _native_tables(kernels, rows)
     return numpy_tables(rows)
@@ -122,7 +123,7 @@ def _native_tables(kernels: native.NativeKernels, rows: IntArray
     total = np.empty((count, 1), dtype=np.int64)
     status = kernels.call("seqkv_integer_tables", rows, count, vocab, top_bits, LOG2E_FIXED,
                           _GAP_SHIFT, _MAX_GAP, high, low, TOTAL_FREQUENCY, log2p, cumulative,
-                          total)
+                          total, torch.get_num_threads())
     assert status == 0, "a table's most likely token got a count below 1"
     # in place: numpy_tables' (top_bits - z * 2**-20) - log2(S), the same two roundings
     log2p -= log2_fine(total)
