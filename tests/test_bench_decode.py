@@ -40,3 +40,8 @@ def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
     assert [(b["level"], b["sessions"], b["exact"]) for b in figures["batched_by_level"]] == [
         ("portable", 4, True)]
     assert "The same 4 sessions at the portable level decoded together" in table
+    # only the portable level encodes the tokens alone, and the table gives both encode speeds
+    without_kv = {level["name"]: level["encode_tokens_per_second_without_kv"]
+                  for level in figures["levels"]}
+    assert without_kv.pop("portable") > 0 and set(without_kv.values()) == {None}
+    assert "Encode at portable against one prefill" in table

@@ -1,4 +1,4 @@
-"""The .skv container: compact format 3, every kind of damage gets its own clear error, old
+"""The .skv container: compact formats 3 and 4, every kind of damage gets its own clear error, old
 formats still read and upgrade without re-coding, writes are atomic."""
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ from seqkv.models import CausalLM
 
 LEGACY = Path(__file__).parent / "data" / "legacy"
 LEGACY_TOKENS = json.loads((LEGACY / "tokens.json").read_text())
+# Format-3 files written by the last release that wrote format 3 (tiny_random_llama(seed=0),
+# LEGACY_TOKENS, level portable, with and without the KV given)
+FORMAT_3 = Path(__file__).parent / "data" / "v3"
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +184,55 @@ def test_the_header_dataclasses_hold_no_mutable_state(skv_bytes: bytes) -> None:
     header = decode_container(skv_bytes).header
     with pytest.raises(dataclasses.FrozenInstanceError):
         header.count = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("name", ["v3-portable.skv", "v3-portable-no-kv-given.skv"])
+def test_format_3_files_decode_and_are_written_back_as_format_3(tiny_model: CausalLM,
+                                                                 name: str) -> None:
+    data = (FORMAT_3 / name).read_bytes()
+    container = decode_container(data)
+    assert container.header.format_version == 3 and container.header.kv_digest is not None
+    assert encode_container(container) == data
+    assert decompress(tiny_model, data).tokens == LEGACY_TOKENS
+
+
+def _no_kv_file(tiny_model: CausalLM) -> bytes:
+    return compress(tiny_model, LEGACY_TOKENS, level="portable").data
+
+
+def test_a_portable_file_coded_without_its_kv_is_format_4_without_a_kv_digest(
+        tiny_model: CausalLM) -> None:
+    data = _no_kv_file(tiny_model)
+    container = decode_container(data)
+    assert container.header.format_version == FORMAT_VERSION == 4
+    assert container.header.kv_digest is None and container.residual is None
+    assert encode_container(container) == data
+    with_digest = compress(tiny_model, LEGACY_TOKENS, level="portable", record_kv=True).data
+    assert len(with_digest) == len(data) + 8  # the KV digest, and nothing else
+
+
+def _with_header_byte(data: bytes, index: int, value: int, version: int | None = None) -> bytes:
+    body = bytearray(data[:-4])
+    body[6 + 2 + index] = value  # after magic, version, count and two one-byte section lengths
+    if version is not None:
+        body[4] = version
+    return _reframe(bytes(body))
+
+
+def test_the_no_kv_flag_is_corruption_in_format_3_and_at_float_levels(
+        tiny_model: CausalLM) -> None:
+    data = _no_kv_file(tiny_model)
+    flags = data[8]
+    assert flags & 0b10000 and len(decode_container(data).header.level) > 0
+    with pytest.raises(CorruptFileError, match="unknown flags 0x10 for format 3"):
+        decode_container(_with_header_byte(data, 0, flags, version=3))
+    with pytest.raises(CorruptFileError, match="only a portable level may omit, not rows"):
+        decode_container(_with_header_byte(data, 1, LEVEL_IDS.index("rows")))
+
+
+def test_a_residual_without_a_kv_digest_is_refused(tiny_model: CausalLM) -> None:
+    container = decode_container(compress(tiny_model, LEGACY_TOKENS, kv=tiny_model.prefill(
+        LEGACY_TOKENS), level="portable").data)
+    header = dataclasses.replace(container.header, kv_digest=None)
+    with pytest.raises(ValueError, match="no residual"):
+        encode_container(dataclasses.replace(container, header=header))

@@ -24,6 +24,7 @@ from seqkv.errors import (
     CorruptFileError,
     EnvironmentMismatchError,
     InvalidLevelError,
+    KVNotRecordedError,
     UnsupportedVersionError,
 )
 from seqkv.kvcache import tensor_from_cache
@@ -191,6 +192,22 @@ def test_portable_levels_decode_under_another_profile_with_an_inexact_kv(
     with pytest.raises(EnvironmentMismatchError, match="device_class"):
         decompress(tiny_model, moved, descriptions=descriptions, require_exact_kv=True)
     assert decompress_tokens(moved) == [1, 2, 3]
+
+
+def test_a_portable_file_coded_without_its_kv_decodes_exact_tokens_and_an_unverified_kv(
+        tiny_model: CausalLM) -> None:
+    tokens = [5, 17, 17, 3, 99, 5, 17]
+    result = compress(tiny_model, tokens, level="portable")
+    assert result.kv is None and result.header.kv_digest is None
+    decoded = decompress(tiny_model, result.data)
+    assert decoded.tokens == tokens and not decoded.kv_exact
+    assert decoded.stats.tokens_verified and not decoded.stats.kv_verified
+    # the recomputed KV is the prefill schedule's, as a file with its KV recorded holds
+    recorded = compress(tiny_model, tokens, level="portable", record_kv=True)
+    assert recorded.kv is not None and decoded.kv.equal(recorded.kv)
+    assert decompress(tiny_model, recorded.data).kv_exact
+    with pytest.raises(KVNotRecordedError, match="records no KV"):
+        decompress(tiny_model, result.data, require_exact_kv=True)
 
 
 @given(st.lists(st.integers(0, 1000), min_size=1, max_size=300))

@@ -63,6 +63,7 @@ from seqkv.errors import (
     InvalidKVError,
     InvalidLevelError,
     InvalidTokensError,
+    KVNotRecordedError,
     ModelMismatchError,
     PrefixMismatchError,
     PrefixUnavailableError,
@@ -176,7 +177,8 @@ class CompressResult:
     # The full descriptions the file names by digest (keep them: ``seqkv.descriptions``).
     model_identity: ModelIdentity
     profile: ExecutionProfile
-    kv: torch.Tensor  # the KV a decode rebuilds, bit for bit
+    # The KV a decode rebuilds, bit for bit; None for a portable file coded without its KV.
+    kv: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -213,8 +215,9 @@ class DecompressResult:
     stats: DecompressStats
     trace: CodingTrace
     # The KV is bit for bit the encoder's (verified against the file's digest). False only at a
-    # portable level decoded under another execution profile: the tokens are exact and
-    # verified, the KV is this machine's recomputation with the stored residual applied.
+    # portable level decoded under another execution profile, or coded without its KV (no
+    # digest recorded): the tokens are exact and verified, the KV is this machine's
+    # recomputation with the stored residual (if any) applied.
     kv_exact: bool
 
 
@@ -282,6 +285,7 @@ def compress(
     *,
     on_violation: Literal["raise", "return"] = "raise",
     dictionary: Dictionary | None = None,
+    record_kv: bool = False,
 ) -> CompressResult:
     """Code ``tokens`` (and the residual of ``kv``, a cache those tokens produced) into .skv bytes.
 
@@ -290,6 +294,12 @@ def compress(
     ``level`` sets the rate-compute dial (``seqkv.levels``): ``tokens`` (default), ``rows``,
     ``segments:N``, ``ngram``, ``plain``, ``portable``, ``portable+mix`` (with a mixing
     ``dictionary``, ``seqkv.mixing``), or a ``CodingLevel``.
+
+    Without ``kv``, a portable level codes the tokens alone: its coding runs no float model (the
+    bounds below still run the float reference) and the file records no KV (its decoder
+    recomputes one and reports it unverified, ``kv_exact`` False); ``record_kv=True`` records
+    the KV of the ``prefill`` schedule anyway (one float prefill). Every other level records
+    the KV it computes while coding.
 
     Every run evaluates the bounds of ``seqkv.bounds`` on what it coded and raises
     ``BoundViolationError`` when one fails; ``on_violation="return"`` returns the result with its
@@ -317,13 +327,15 @@ def compress(
     if dictionary is not None and not coding_level.spec.mixes:
         raise InvalidLevelError(f"level {coding_level.spec.name!r} takes no dictionary: code "
                                 "at portable+mix to use one")
+    with_kv = target is not None or record_kv
     encoded = coding_level.encode(EncodeRequest(model, tail, prefix, context, encoder, progress,
-                                                dictionary))
+                                                dictionary, with_kv=with_kv))
     token_code = encoder.finish()
     residual = None
     rebuilt = encoded.kv
     max_error = None
     if target is not None:
+        assert encoded.kv is not None, "a level returns the KV when asked for it"
         residual, rebuilt = encode_residual(target, encoded.kv, tolerance)
         max_error = float((rebuilt - target).abs().max())
     encode_seconds = time.perf_counter() - started
@@ -338,7 +350,7 @@ def compress(
         model_digest=model_digest(model.identity),
         profile_digest=profile_digest(profile),
         tokens_digest=tokens_digest(token_list),
-        kv_digest=kv_digest(rebuilt),
+        kv_digest=None if rebuilt is None else kv_digest(rebuilt),
         prefix=None if prefix is None or prefix.kv is None else PrefixRef(
             str(prefix.prefix_hash), len(prefix.tokens), kv_digest(prefix.kv)),
         dictionary=None if dictionary is None else str(dictionary.digest),
@@ -411,7 +423,7 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
     """Raise unless ``model`` on this machine can decode the file; return whether its KV can be
     reproduced (and so verified) here.
 
-    A format-3 file names its model and execution profile by digest; when ``descriptions``
+    A format-3 or 4 file names its model and execution profile by digest; when ``descriptions``
     holds the file's profile, a mismatch is explained field by field, else by digest. At a
     portable level (tokens coded without float probabilities) another profile is no refusal:
     the tokens decode and verify anywhere, and the KV is reported inexact, unless
@@ -433,6 +445,13 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
             f"{model.identity.weights_sha256[:12]}, digest "
             f"{model_digest(model.identity).hex()}): decode it with the model that coded it"
         )
+    if header.kv_digest is None:  # a portable file coded without its KV: tokens only
+        if require_exact_kv:
+            raise KVNotRecordedError(
+                "the file records no KV (it was coded without one), so no decoder can verify "
+                "the KV it recomputes: decode without require_exact_kv (CLI: without "
+                "--require-exact-kv) for the exact tokens and a recomputed KV")
+        return False
     here = execution_profile(model, level.spec.schedule)
     if header.legacy is not None:
         # Files of formats 1 and 2 predate the CPU model and row block: compare the rest.

@@ -1,18 +1,21 @@
 """The .skv container: a compact binary header, the token code, the KV residual code.
 
-Format 3 (written since this version) frames three sections with ``seqkv.framing`` (4-byte magic
+Format 4 (written since this version) frames three sections with ``seqkv.framing`` (4-byte magic
 ``\\x89SKV``, version byte, section lengths, CRC-32)::
 
     header    flags            u8      bit 0 prefix, bit 1 residual, bit 2 vocabulary size
-                                       stored, bit 3 dictionary, bits 5-7 unused bits at the
-                                       token code's end
+                                       stored, bit 3 dictionary, bit 4 no KV digest (format 4),
+                                       bits 5-7 unused bits at the token code's end
               level            u8      ``LEVEL_IDS``; then a varint parameter (segments N, else 0)
               count            varint  tokens coded (after the prefix)
               [vocab size]     varint  only for levels that decode without the model
               model digest     8 bytes ``seqkv.digests.model_digest``: config, weights, tokenizer
               profile digest   8 bytes ``seqkv.digests.profile_digest`` of the execution profile
               tokens digest    8 bytes SHA-256 of all tokens (prefix included), truncated
-              KV digest        8 bytes SHA-256 of the KV the decoder must end with, truncated
+              [KV digest]      8 bytes SHA-256 of the KV the decoder must end with, truncated;
+                                       absent when bit 4 says the encoder computed no KV (a
+                                       portable level coded without the caller's KV: tokens
+                                       only, no residual either)
               [prefix]         32-byte content hash, varint token count, 8-byte KV digest
               [dictionary]     32-byte digest of the mixing dictionary (bit 3 of the flags)
     token code                 the arithmetic code's bytes
@@ -25,8 +28,9 @@ Format 3 (written since this version) frames three sections with ``seqkv.framing
 
 The full model identity and execution profile are not in the file: they are named by digest and
 kept once where they are needed (``seqkv.descriptions``; a store keeps its own), so a session of
-586 tokens costs 400 bytes instead of 1,783. Files of formats 1 and 2 (a JSON header,
-``seqkv.container_legacy``) still read, and ``seqkv upgrade`` rewrites them in format 3 without
+586 tokens costs 400 bytes instead of 1,783. Format 3 is format 4 without bit 4: its files
+still read, and are written back as format 3. Files of formats 1 and 2 (a JSON header,
+``seqkv.container_legacy``) still read, and ``seqkv upgrade`` rewrites them in format 4 without
 re-coding.
 
 Invariants:
@@ -34,7 +38,7 @@ Invariants:
    anything (``seqkv.framing``), so each kind of damage gets its own error: EmptyInputError,
    NotASeqKVFileError, UnsupportedVersionError, TruncatedFileError, CorruptFileError (enforced;
    one test each). A header that passes the checksum but does not parse is CorruptFileError.
-2. ``decode_container(encode_container(c)) == c`` for a format-3 container, and
+2. ``decode_container(encode_container(c)) == c`` for a format-3 or 4 container, and
    ``encode_container(decode_container(d)) == d`` for any bytes ``d`` it accepts: every field is
    read in the one form the encoder writes (minimal varints, zero padding bits, no bitmap bits
    past the groups, no zero scale marked used), so no two files decode alike (enforced; checked
@@ -79,8 +83,10 @@ from seqkv.framing import (
 from seqkv.types import ExecutionProfile, ModelIdentity
 
 MAGIC = b"\x89SKV"
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+# Format 3 is format 4 without the flag of a file that records no KV digest (bit 4).
+FRAMED_VERSIONS = (3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4)
 # The file's level ids: an id is never reused; a new level appends its family name here.
 LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain", "portable",
                                "portable+mix")
@@ -102,7 +108,7 @@ PREFIX_HASH_BYTES = 32
 _ERRORS = FramingErrors(EmptyInputError, NotASeqKVFileError, UnsupportedVersionError,
                         TruncatedFileError, CorruptFileError)
 _WHAT = "the .skv file"
-_FLAG_PREFIX, _FLAG_RESIDUAL, _FLAG_VOCAB, _FLAG_DICTIONARY, _FLAG_RESERVED = 1, 2, 4, 8, 0b10000
+_FLAG_PREFIX, _FLAG_RESIDUAL, _FLAG_VOCAB, _FLAG_DICTIONARY, _FLAG_NO_KV = 1, 2, 4, 8, 0b10000
 DICTIONARY_DIGEST_BYTES = 32
 
 
@@ -136,7 +142,8 @@ class Header:
     model_digest: Digest
     profile_digest: Digest
     tokens_digest: Digest
-    kv_digest: Digest
+    # The KV the decoder must end with; None where the encoder computed no KV (format 4 only).
+    kv_digest: Digest | None
     prefix: PrefixRef | None
     legacy: Legacy | None = None  # set for files of formats 1 and 2
     # The mixing dictionary the token code was coded with (64 hex digits), if any.
@@ -171,20 +178,29 @@ def encode_container(container: Container) -> bytes:
 
 
 def encode_container_with_sections(container: Container) -> tuple[bytes, dict[str, int]]:
-    """The file's bytes (format 3) and the size of each of its parts, in file order."""
+    """The file's bytes (in the header's format, 3 or 4) and the size of each of its parts, in
+    file order."""
     header = container.header
+    # a format-1 or 2 file's container is written in the current format
+    version = FORMAT_VERSION if header.legacy is not None else header.format_version
+    if version not in FRAMED_VERSIONS:
+        raise ValueError(f"format {version} is not written; {FRAMED_VERSIONS} are")
+    if header.kv_digest is None and (version < 4 or container.residual is not None):
+        raise ValueError("a file without a KV digest is format 4 and holds no residual")
     code = container.token_code
     padding = 8 * len(code.data) - code.num_bits
     flags = ((_FLAG_PREFIX if header.prefix is not None else 0)
              | (_FLAG_RESIDUAL if container.residual is not None else 0)
              | (_FLAG_VOCAB if header.vocab_size is not None else 0)
-             | (_FLAG_DICTIONARY if header.dictionary is not None else 0) | padding << 5)
+             | (_FLAG_DICTIONARY if header.dictionary is not None else 0)
+             | (_FLAG_NO_KV if header.kv_digest is None else 0) | padding << 5)
     level_id, parameter = _level_parts(header.level)
     fields = [bytes([flags, level_id]), encode_varint(parameter), encode_varint(header.count)]
     if header.vocab_size is not None:
         fields.append(encode_varint(header.vocab_size))
-    fields += [header.model_digest, header.profile_digest, header.tokens_digest,
-               header.kv_digest]
+    fields += [header.model_digest, header.profile_digest, header.tokens_digest]
+    if header.kv_digest is not None:
+        fields.append(header.kv_digest)
     if header.prefix is not None:
         fields += [bytes.fromhex(header.prefix.prefix_hash), encode_varint(header.prefix.tokens),
                    header.prefix.kv_digest]
@@ -193,7 +209,7 @@ def encode_container_with_sections(container: Container) -> tuple[bytes, dict[st
     sections = [b"".join(fields), code.data]
     if container.residual is not None:
         sections.append(encode_residual_section(container.residual))
-    data = frame(MAGIC, FORMAT_VERSION, sections)
+    data = frame(MAGIC, version, sections)
     parts = {"framing": framing_overhead(sections), "header": len(sections[0]),
              "token_code": len(code.data),
              "residual_code": len(sections[2]) if len(sections) > 2 else 0}
@@ -220,14 +236,16 @@ def decode_container(data: bytes) -> Container:
     """Parse .skv bytes of any readable format (see the module invariants)."""
     if len(data) >= len(LEGACY_MAGIC) and data[: len(LEGACY_MAGIC)] == LEGACY_MAGIC:
         return _from_legacy(read_legacy(data))
-    _, sections = unframe(data, MAGIC, (FORMAT_VERSION,), _ERRORS, _WHAT, READABLE_VERSIONS)
+    version, sections = unframe(data, MAGIC, FRAMED_VERSIONS, _ERRORS, _WHAT, READABLE_VERSIONS)
     if len(sections) not in (2, 3):
         raise CorruptFileError(f"the .skv file has {len(sections)} sections, not 2 or 3")
-    header, flags = _decode_header(sections[0])
+    header, flags = _decode_header(sections[0], version)
     token_code = _token_code(sections[1], flags >> 5)
     has_residual = bool(flags & _FLAG_RESIDUAL)
     if has_residual != (len(sections) == 3):
         raise CorruptFileError("the .skv file's residual flag and sections disagree")
+    if has_residual and header.kv_digest is None:
+        raise CorruptFileError("the .skv file holds a KV residual but records no KV digest")
     residual = decode_residual_section(sections[2]) if has_residual else None
     return Container(header, token_code, residual)
 
@@ -241,12 +259,13 @@ def _token_code(data: bytes, padding: int) -> BitStream:
     return BitStream(data, 8 * len(data) - padding)
 
 
-def _decode_header(section: bytes) -> tuple[Header, int]:
+def _decode_header(section: bytes, version: int) -> tuple[Header, int]:
     reader = SectionReader(section, "the .skv header", CorruptFileError)
     flags = reader.u8("flags")
     level_id = reader.u8("level id")
-    if flags & _FLAG_RESERVED:
-        raise CorruptFileError(f"the .skv header has unknown flags {flags & _FLAG_RESERVED:#x}")
+    if flags & _FLAG_NO_KV and version < 4:
+        raise CorruptFileError(f"the .skv header has unknown flags {_FLAG_NO_KV:#x} for format "
+                               f"{version}")
     if level_id >= len(LEVEL_IDS):
         raise CorruptFileError(f"the .skv header has unknown level id {level_id}: use the "
                                "seqkv release that wrote it")
@@ -259,9 +278,12 @@ def _decode_header(section: bytes) -> tuple[Header, int]:
                                f"a vocabulary size, which the {family} level "
                                f"{'does not' if flags & _FLAG_VOCAB else 'does'} record")
     vocab = reader.varint("vocabulary size", 1, MAX_VOCAB) if flags & _FLAG_VOCAB else None
-    model, profile, tokens, kv = (Digest(reader.take(DIGEST_BYTES, name))
-                                  for name in ("model digest", "profile digest",
-                                               "tokens digest", "KV digest"))
+    model, profile, tokens = (Digest(reader.take(DIGEST_BYTES, name))
+                              for name in ("model digest", "profile digest", "tokens digest"))
+    kv = None if flags & _FLAG_NO_KV else Digest(reader.take(DIGEST_BYTES, "KV digest"))
+    if kv is None and not family.startswith("portable"):
+        raise CorruptFileError(f"the .skv header records no KV digest, which only a portable "
+                               f"level may omit, not {family}")
     prefix = None
     if flags & _FLAG_PREFIX:
         prefix_hash = reader.take(PREFIX_HASH_BYTES, "prefix hash").hex()
@@ -275,7 +297,7 @@ def _decode_header(section: bytes) -> tuple[Header, int]:
     level = f"{family}:{parameter}" if parameter else family
     # Only the segments level splits its tokens; another level's parameter is no count.
     segments = tuple(split_lengths(count, parameter)) if family == "segments" else (count,)
-    header = Header(format_version=FORMAT_VERSION, level=level, count=count, segments=segments,
+    header = Header(format_version=version, level=level, count=count, segments=segments,
                     vocab_size=vocab, model_digest=model, profile_digest=profile,
                     tokens_digest=tokens, kv_digest=kv, prefix=prefix, dictionary=dictionary)
     return header, flags

@@ -1,6 +1,6 @@
 """Where the full descriptions behind a compact file's digests live: a folder of small JSON files.
 
-A format-3 ``.skv`` file names its model and execution profile by 8-byte digests
+A format-3 or 4 ``.skv`` file names its model and execution profile by 8-byte digests
 (``seqkv.digests``). The descriptions themselves (model name and hashes; schedule, dtype, device,
 CPU, thread count, library versions) are kept once per machine in this registry, written by
 ``seqkv compress`` and ``seqkv upgrade``, so that ``seqkv inspect`` can print them and a decoder

@@ -56,6 +56,10 @@ class EnvironmentMismatchError(SeqKVError):
     """
 
 
+class KVNotRecordedError(SeqKVError):
+    """Exact KV was required of a file that records none (coded without its KV)."""
+
+
 class DecodeVerificationError(SeqKVError):
     """Decoding finished but the result does not match the checksums stored at encode time."""
 

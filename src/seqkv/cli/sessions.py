@@ -215,7 +215,7 @@ def inspect_figures(container: Container, file_bytes: int,
         "model_digest": header.model_digest.hex(),
         "profile_digest": header.profile_digest.hex(),
         "tokens_digest": header.tokens_digest.hex(),
-        "kv_digest": header.kv_digest.hex(),
+        "kv_digest": None if header.kv_digest is None else header.kv_digest.hex(),
         "prefix": None if header.prefix is None else {
             "prefix_hash": header.prefix.prefix_hash, "tokens": header.prefix.tokens,
             "kv_digest": header.prefix.kv_digest.hex()},

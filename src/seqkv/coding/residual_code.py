@@ -6,9 +6,10 @@ inspected and rewritten (``seqkv.container``) without the numerical stack.
 Invariants:
 1. ``num_bits`` counts everything the residual decoder reads: the range coder's words, the
    escaped float32 values, one flag bit per group and a float32 per used scale (enforced).
-2. ``shape`` is ``[layers, 2, kv_heads, tokens, head_dim]``; a file of format 3 does not store it
-   (the decoder knows it from the model and the token count), so a parsed code has ``()`` until
-   ``with_shape`` sets it (enforced: the residual decoder refuses a code of another shape).
+2. ``shape`` is ``[layers, 2, kv_heads, tokens, head_dim]``; a file of format 3 or 4 does not
+   store it (the decoder knows it from the model and the token count), so a parsed code has
+   ``()`` until ``with_shape`` sets it (enforced: the residual decoder refuses a code of another
+   shape).
 3. ``check`` accepts exactly the codes ``seqkv.coding.residual.encode_residual`` can write: a
    tolerance that is finite and in ``(0, MAX_TOLERANCE]`` (quantized) or 0 (bit-exact), scales
    that are 0 or finite in ``[MIN_SCALE, MAX_SCALE]``, whole 32-bit words and escapes

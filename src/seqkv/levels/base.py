@@ -101,12 +101,17 @@ class EncodeRequest:
     encoder: ArithmeticEncoder
     progress: bool = False
     dictionary: Dictionary | None = None  # for levels that mix (``portable+mix``)
+    # Whether the file records the KV the decoder rebuilds. A portable level computes that KV
+    # only for it (one float prefill); other levels have it from coding and always return it.
+    with_kv: bool = True
 
 
 @dataclass(frozen=True)
 class EncodeOutput:
     trace: TraceColumns
-    kv: torch.Tensor  # [layers, 2, kv_heads, prefix + tail, head_dim]: what the decoder rebuilds
+    # [layers, 2, kv_heads, prefix + tail, head_dim]: what the decoder rebuilds; None only where
+    # the request asked for no KV and the level computes it for the file alone (portable)
+    kv: torch.Tensor | None
     segments: list[int]  # segment lengths, in coding order
     forwards: int  # model forwards run (a start row served from a cache counts as one)
 

@@ -15,7 +15,9 @@ prefill, token-by-token steps, any chunking, any batch and any machine. Coding u
 The KV is restored by one float prefill of the decoded tokens (continuing the shared prefix's
 stored KV when there is one), with the caller's residual applied. It is bit-exact on the
 encoder's execution profile (the ``prefill`` schedule); elsewhere the decoder returns the
-recomputed KV with ``kv_exact = False`` (``seqkv.codec``).
+recomputed KV with ``kv_exact = False`` (``seqkv.codec``). Coded without the caller's KV
+(``compress(..., kv=None)``), the file records no KV at all (format 4's flag): the coding runs no
+float model, and every decoder reports its recomputed KV unverified (``kv_exact = False``).
 
 ``portable:N`` runs only the first N layers (then the final norm and head): less compute per
 token, more bits per token (measured: not worth it on SmolLM2-135M, see the README).
@@ -179,7 +181,7 @@ class PortableLevel:
         engine = integer_predictor(request.model, self.layers)
         with pinned_threads(integer_threads(engine)):
             trace, forwards = self._code(request)
-        kv = prefill_kv(request.model, request.tail, request.prefix)
+        kv = prefill_kv(request.model, request.tail, request.prefix) if request.with_kv else None
         return EncodeOutput(trace, kv, [len(request.tail)], forwards)
 
     def _mixer(self, vocab: int, dictionary: Dictionary | None,

@@ -1,7 +1,7 @@
 """Two ``SessionCodec``s: the store's adapter over ``seqkv.compress``, and a model-free one.
 
 ``SkvCodec`` codes a span with ``seqkv.compress`` (any level, the stored prefix as a
-``ResolvedPrefix``) and keeps, of the format-3 ``.skv`` it returns, only what differs from span
+``ResolvedPrefix``) and keeps, of the ``.skv`` it returns, only what differs from span
 to span: the token count, the token code, the residual section, and one 8-byte digest of the
 tokens and KV digests together. The rest of the file (model and profile digests, level,
 vocabulary, segment lengths, the prefix reference) is the same for every span of the codec
@@ -83,6 +83,11 @@ DEFAULT_STORE_LEVEL = "portable"
 """The level a store codes at unless told otherwise: tokens that decode on any machine."""
 _DICTIONARY_BYTES = DICTIONARY_DIGEST_BYTES
 
+# NOTE: the .skv format the records' fields were defined against, part of the codec's identity.
+# Format 4 changed nothing a record holds (its flag marks a file without a KV digest, and a
+# record always carries one), so stores written under format 3 keep their codec identity.
+RECORD_FORMAT = 3
+
 
 def missing_dictionary(digest: str) -> DictionaryUnavailableError:
     """The error for a span whose dictionary its namespace does not hold: one message, whether
@@ -154,7 +159,7 @@ class SkvCodec:
     def identity(self) -> CodecIdentity:
         model = self._model
         description: dict[str, object] = {
-            "codec": "seqkv.store.skv-adapter", "version": 2, "format": FORMAT_VERSION,
+            "codec": "seqkv.store.skv-adapter", "version": 2, "format": RECORD_FORMAT,
             "model": asdict(model.identity), "profile": asdict(self._profile),
             "level": self._level.spec.name, "tolerance": self._tolerance,
             "vocab_size": model.vocab_size,
@@ -172,8 +177,10 @@ class SkvCodec:
                                dictionary: Dictionary | None) -> EncodedSpan:
         token_list = [int(t) for t in tokens]
         result = compress(self._model, token_list, kv=kv, tolerance=self._tolerance,
-                          prefix=_resolved(prefix), level=self._level, dictionary=dictionary)
+                          prefix=_resolved(prefix), level=self._level, dictionary=dictionary,
+                          record_kv=True)  # a store's record always carries the KV digest
         container = decode_container(result.data)
+        assert container.header.kv_digest is not None, "record_kv=True records the KV"
         residual = (b"" if container.residual is None
                     else encode_residual_section(container.residual))
         out = bytearray()
