@@ -194,6 +194,14 @@ def test_portable_levels_decode_under_another_profile_with_an_inexact_kv(
     assert decompress_tokens(moved) == [1, 2, 3]
 
 
+def test_a_portable_text_longer_than_an_encoder_chunk_round_trips(tiny_model: CausalLM) -> None:
+    """The encoder reuses its logits and table buffers from chunk to chunk (300 tokens: five
+    batches of 64 tables, two forwards of 256 rows); every token still decodes."""
+    tokens = [int(t) for t in np.random.default_rng(8).integers(0, 512, 300)]
+    result = compress(tiny_model, tokens, level="portable")
+    assert decompress(tiny_model, result.data).tokens == tokens
+
+
 def test_a_portable_file_coded_without_its_kv_decodes_exact_tokens_and_an_unverified_kv(
         tiny_model: CausalLM) -> None:
     tokens = [5, 17, 17, 3, 99, 5, 17]

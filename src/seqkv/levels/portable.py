@@ -62,7 +62,7 @@ from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.mixer import MixingPredictor
 from seqkv.models.adapter import CausalLM
 from seqkv.models.integer.forward import IntegerForward, IntSequence
-from seqkv.models.integer.table import integer_table, integer_tables
+from seqkv.models.integer.table import TableBuffers, integer_table, integer_tables
 from seqkv.models.integer.weights import IntegerWeights, integer_weights
 from seqkv.schedule import pinned_threads, schedule_threads
 from seqkv.trie.radix import ResolvedPrefix
@@ -205,12 +205,15 @@ class PortableLevel:
         table, log2p = first
         position = 0
         forwards = 1 if request.prefix is not None or request.context is not None else 0
+        # one buffer of logits and one of tables for the whole text (see TableBuffers)
+        logits = np.empty((min(len(tail), ENCODE_CHUNK_ROWS), engine.vocab_size), dtype=np.int64)
+        buffers = TableBuffers(min(len(tail), TABLE_ROWS), engine.vocab_size)
         for start in range(0, len(tail), ENCODE_CHUNK_ROWS):
             chunk = tail[start : start + ENCODE_CHUNK_ROWS]
-            rows = engine.forward([(sequence, chunk)])[0]  # [len(chunk), V] int64
+            rows = engine.forward([(sequence, chunk)], out=logits)[0]  # [len(chunk), V] int64
             forwards += 1
             for offset in range(0, len(chunk), TABLE_ROWS):
-                tables, log2ps = integer_tables(rows[offset : offset + TABLE_ROWS])
+                tables, log2ps = integer_tables(rows[offset : offset + TABLE_ROWS], buffers)
                 for row in range(tables.shape[0]):
                     token = tail[position]
                     coded = table if mixer is None else mixer.table(table)
@@ -220,6 +223,8 @@ class PortableLevel:
                         mixer.update(token)
                     table, log2p = tables[row], log2ps[row]
                     position += 1
+                # the next token's table outlives the buffers' next filling
+                table, log2p = table.copy(), log2p.copy()
         return trace, forwards
 
     def decode(self, model: CausalLM | None,

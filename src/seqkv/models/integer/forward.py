@@ -344,10 +344,13 @@ class IntegerForward:
         return row
 
     @torch.inference_mode()
-    def forward(self, calls: Sequence[tuple[IntSequence, Sequence[int]]]
-                ) -> list[npt.NDArray[np.int64]]:
+    def forward(self, calls: Sequence[tuple[IntSequence, Sequence[int]]],
+                out: npt.NDArray[np.int64] | None = None) -> list[npt.NDArray[np.int64]]:
         """Append each sequence's ids in one forward; return int64 logit rows ``[len(ids), V]``
-        at ``2**-LOGIT_FRAC``. A sequence may appear once per call."""
+        at ``2**-LOGIT_FRAC``. A sequence may appear once per call. With ``out`` (int64, C
+        order, ``[>= all ids, V]``), the rows are written there and returned as its views: a
+        caller that forwards chunk after chunk reuses one buffer instead of faulting in a
+        fresh ``[rows, V]`` each time."""
         require_distinct(sequence for sequence, _ in calls)
         spans, ids, positions = self._plan(calls)
         if not spans:
@@ -362,13 +365,17 @@ class IntegerForward:
             self._native.call("seqkv_layers", self._layer_array(), self.num_layers, hidden,
                               hidden.shape[0], position_ids, self._native_spans(spans),
                               len(spans), threads)
-            return finish_call(calls, self._native_head(hidden, threads))
+            return finish_call(calls, self._native_head(hidden, threads, out))
         writes = _pool_writes(spans, device)
         cos, sin = self._cos[position_ids][:, None], self._sin[position_ids][:, None]
         for index, layer in enumerate(self._layers):
             hidden = hidden + self._attention(index, layer, hidden, cos, sin, spans, writes)
             hidden = hidden + self._mlp(index, layer, hidden)
-        return finish_call(calls, self._head(hidden))
+        logits = self._head(hidden)
+        if out is not None:
+            out[: logits.shape[0]] = logits
+            logits = out[: logits.shape[0]]
+        return finish_call(calls, logits)
 
     def _native_spans(self, spans: list[_Span]) -> ctypes.Array[native.SpanStruct]:
         table = (native.SpanStruct * len(spans))()
@@ -425,12 +432,20 @@ class IntegerForward:
             self._packed[key] = packed
         return packed
 
-    def _native_head(self, hidden: torch.Tensor, threads: int) -> npt.NDArray[np.int64]:
+    def _native_head(self, hidden: torch.Tensor, threads: int,
+                     out: npt.NDArray[np.int64] | None = None) -> npt.NDArray[np.int64]:
         """``_head`` by native.c, straight into the result (no [rows, vocab] temporary)."""
         assert self._native is not None
         if self._head_struct is None:
             self._head_struct = self._linear_struct(self.weights.head)
-        logits = np.empty((hidden.shape[0], self.vocab_size), dtype=np.int64)
+        shape = (hidden.shape[0], self.vocab_size)
+        if out is None:
+            logits = np.empty(shape, dtype=np.int64)
+        else:
+            if (out.dtype != np.int64 or out.ndim != 2 or out.shape[0] < shape[0]
+                    or out.shape[1] != shape[1] or not out.flags.c_contiguous):
+                raise ValueError(f"out must be C-contiguous int64 [>= {shape[0]}, {shape[1]}]")
+            logits = out[: shape[0]]
         self._native.call("seqkv_head", self._layer_array(), self._head_struct, hidden,
                           hidden.shape[0], LOGIT_FRAC, logits, threads)
         return logits

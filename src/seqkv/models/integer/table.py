@@ -96,10 +96,12 @@ def integer_table(logits: npt.NDArray[np.integer]
     return tables[0], log2p[0]
 
 
-def integer_tables(logits: npt.NDArray[np.integer]
+def integer_tables(logits: npt.NDArray[np.integer],
+                   out: TableBuffers | None = None
                    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """The tables ``[R, V + 1]`` and log2-probabilities ``[R, V]`` of many rows at once; each
-    row's table is bit-identical to ``integer_table`` of that row.
+    row's table is bit-identical to ``integer_table`` of that row. With ``out``, they are
+    written into its first R rows and returned as views (native.c only; numpy allocates).
 
     NOTE: native.c computes the same tables (``seqkv_integer_tables``, asserted equal by
     tests/test_integer_native.py) where it builds: numpy took 1.2 of 6.6 s of a 16-session
@@ -109,17 +111,31 @@ def integer_tables(logits: npt.NDArray[np.integer]
     rows = np.ascontiguousarray(_checked(logits, 2))
     kernels = native.load()  # on torch's thread count (the caller pins it)
     if kernels is not None:
-        return _native_tables(kernels, rows)
+        return _native_tables(kernels, rows, out)
     return numpy_tables(rows)
 
 
-def _native_tables(kernels: native.NativeKernels, rows: IntArray
+class TableBuffers:
+    """Reusable outputs of ``integer_tables`` for up to ``rows`` rows of ``vocab`` logits: a
+    portable encoder builds 64 tables at a time, 25 MB of each array on SmolLM2, and fresh
+    arrays cost their page faults every time (most of the encode's variance on this shared
+    machine, measured)."""
+
+    def __init__(self, rows: int, vocab: int) -> None:
+        self.cumulative = np.empty((rows, vocab + 1), dtype=np.int64)
+        self.log2p = np.empty((rows, vocab), dtype=np.float64)
+
+
+def _native_tables(kernels: native.NativeKernels, rows: IntArray, out: TableBuffers | None
                    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     count, vocab = rows.shape
     top_bits = _top_bits(vocab)
     high, low = fine_tables()
-    log2p = np.empty(rows.shape, dtype=np.float64)
-    cumulative = np.empty((count, vocab + 1), dtype=np.int64)
+    if out is not None and out.log2p.shape[0] >= count and out.log2p.shape[1] == vocab:
+        log2p, cumulative = out.log2p[:count], out.cumulative[:count]
+    else:
+        log2p = np.empty(rows.shape, dtype=np.float64)
+        cumulative = np.empty((count, vocab + 1), dtype=np.int64)
     total = np.empty((count, 1), dtype=np.int64)
     status = kernels.call("seqkv_integer_tables", rows, count, vocab, top_bits, LOG2E_FIXED,
                           _GAP_SHIFT, _MAX_GAP, high, low, TOTAL_FREQUENCY, log2p, cumulative,
