@@ -230,9 +230,14 @@ def test_the_no_kv_flag_is_corruption_in_format_3_and_at_float_levels(
         decode_container(_with_header_byte(data, 1, LEVEL_IDS.index("rows")))
 
 
-def test_a_residual_without_a_kv_digest_is_refused(tiny_model: CausalLM) -> None:
+def test_a_header_without_a_kv_digest_is_written_only_as_readers_accept_it(
+        tiny_model: CausalLM) -> None:
     container = decode_container(compress(tiny_model, LEGACY_TOKENS, kv=tiny_model.prefill(
         LEGACY_TOKENS), level="portable").data)
     header = dataclasses.replace(container.header, kv_digest=None)
     with pytest.raises(ValueError, match="no residual"):
         encode_container(dataclasses.replace(container, header=header))
+    rows = decode_container(compress(tiny_model, LEGACY_TOKENS, level="rows").data)
+    with pytest.raises(ValueError, match="of a portable level"):  # what no reader would accept
+        encode_container(dataclasses.replace(
+            rows, header=dataclasses.replace(rows.header, kv_digest=None)))

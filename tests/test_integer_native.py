@@ -143,6 +143,20 @@ def test_native_vector_and_plain_parts_of_a_head_equal_torch_past_a_value_flush(
         assert np.array_equal(_rows(fast, tokens, [1, 257, 511, 513, 599]), expected)
 
 
+@pytest.mark.parametrize("dtype, rows", [(np.int32, 40), (np.int64, 39)])
+def test_both_paths_refuse_an_out_buffer_of_another_dtype_or_too_few_rows(
+        engines: tuple[IntegerForward, IntegerForward], dtype: type, rows: int) -> None:
+    for engine in engines:
+        sequence = engine.new_sequence()
+        with pytest.raises(ValueError, match="out must be C-contiguous int64"):
+            engine.forward([(sequence, TOKENS)], out=np.zeros((rows, 512), dtype=dtype))
+        assert sequence.length == 0  # refused before any work
+        buffer = np.zeros((len(TOKENS) + 3, 512), dtype=np.int64)
+        rows_out = engine.forward([(sequence, TOKENS)], out=buffer)[0]
+        assert np.shares_memory(rows_out, buffer)
+        assert np.array_equal(rows_out, _rows(engine, TOKENS, []))
+
+
 @needs_native
 def test_a_build_without_vnni_runs_the_torch_path(
         tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -185,8 +185,10 @@ def encode_container_with_sections(container: Container) -> tuple[bytes, dict[st
     version = FORMAT_VERSION if header.legacy is not None else header.format_version
     if version not in FRAMED_VERSIONS:
         raise ValueError(f"format {version} is not written; {FRAMED_VERSIONS} are")
-    if header.kv_digest is None and (version < 4 or container.residual is not None):
-        raise ValueError("a file without a KV digest is format 4 and holds no residual")
+    if header.kv_digest is None and (version < 4 or container.residual is not None
+                                     or not header.level.startswith("portable")):
+        raise ValueError("a file without a KV digest is format 4, of a portable level, and "
+                         "holds no residual")
     code = container.token_code
     padding = 8 * len(code.data) - code.num_bits
     flags = ((_FLAG_PREFIX if header.prefix is not None else 0)

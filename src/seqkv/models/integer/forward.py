@@ -352,6 +352,12 @@ class IntegerForward:
         caller that forwards chunk after chunk reuses one buffer instead of faulting in a
         fresh ``[rows, V]`` each time."""
         require_distinct(sequence for sequence, _ in calls)
+        if out is not None:
+            total = sum(len(chunk) for _, chunk in calls)
+            if (out.dtype != np.int64 or out.ndim != 2 or out.shape[0] < total
+                    or out.shape[1] != self.vocab_size or not out.flags.c_contiguous):
+                raise ValueError(f"out must be C-contiguous int64 [>= {total}, "
+                                 f"{self.vocab_size}], not {out.dtype} {list(out.shape)}")
         spans, ids, positions = self._plan(calls)
         if not spans:
             return [np.zeros((0, self.vocab_size), dtype=np.int64) for _ in calls]
@@ -439,13 +445,7 @@ class IntegerForward:
         if self._head_struct is None:
             self._head_struct = self._linear_struct(self.weights.head)
         shape = (hidden.shape[0], self.vocab_size)
-        if out is None:
-            logits = np.empty(shape, dtype=np.int64)
-        else:
-            if (out.dtype != np.int64 or out.ndim != 2 or out.shape[0] < shape[0]
-                    or out.shape[1] != shape[1] or not out.flags.c_contiguous):
-                raise ValueError(f"out must be C-contiguous int64 [>= {shape[0]}, {shape[1]}]")
-            logits = out[: shape[0]]
+        logits = np.empty(shape, dtype=np.int64) if out is None else out[: shape[0]]
         self._native.call("seqkv_head", self._layer_array(), self._head_struct, hidden,
                           hidden.shape[0], LOGIT_FRAC, logits, threads)
         return logits

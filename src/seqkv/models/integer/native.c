@@ -488,13 +488,14 @@ static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int6
     int64_t tokens = position + n, group = heads / kv_heads, pairs = n * heads;
     int16_t *widened = malloc(sizeof(int16_t) * (size_t)(2 * kv_heads * tokens * d));
     int64_t *running = malloc(sizeof(int64_t) * (size_t)pairs);
-    int64_t failed = !widened || !running;
+    const int64_t allocated = widened && running;
+    int64_t failed = !allocated;
     /* widened [kv_heads, 2, tokens, d]: each group's key planes */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads((int)threads) \
-    if (!failed && threads > 1 && tokens >= 64)
+    if (allocated && threads > 1 && tokens >= 64)
 #endif
-    for (int64_t t = 0; t < (failed ? 0 : tokens); ++t)
+    for (int64_t t = 0; t < (allocated ? tokens : 0); ++t)
         for (int64_t g = 0; g < kv_heads; ++g)
             for (int64_t plane = 0; plane < 2; ++plane) {
                 int16_t *to = widened + ((g * 2 + plane) * tokens + t) * d;
@@ -504,10 +505,10 @@ static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int6
     /* (row, head) pairs are independent: threads share them (results do not depend on the
      * split) */
 #ifdef _OPENMP
-#pragma omp parallel num_threads((int)threads) if (!failed && threads > 1 && pairs > 1)
+#pragma omp parallel num_threads((int)threads) if (allocated && threads > 1 && pairs > 1)
 #endif
     {
-        int64_t *scratch = failed ? NULL : malloc(sizeof(int64_t) * 2 * (size_t)tokens);
+        int64_t *scratch = allocated ? malloc(sizeof(int64_t) * 2 * (size_t)tokens) : NULL;
         if (!scratch) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -659,9 +660,18 @@ static void workspace_free(workspace_t *ws) {
     free(ws->delta);
 }
 
-static int64_t workspace_alloc(const seqkv_layer_t *L, int64_t rows, workspace_t *ws) {
-    int64_t heads = L->heads, d = L->head_dim, width = L->qkv.k, inner = L->gate.n_out;
-    int64_t vectors = heads + 2 * L->kv_heads;
+/* Sized for the largest of `count` layers (every layer of a model has the same shape today). */
+static int64_t workspace_alloc(const seqkv_layer_t *layers, int64_t count, int64_t rows,
+                               workspace_t *ws) {
+    int64_t heads = 0, d = 0, width = 0, inner = 0, vectors = 0;
+    for (int64_t i = 0; i < count; ++i) {
+        const seqkv_layer_t *L = &layers[i];
+        heads = L->heads > heads ? L->heads : heads;
+        d = L->head_dim > d ? L->head_dim : d;
+        width = L->qkv.k > width ? L->qkv.k : width;
+        inner = L->gate.n_out > inner ? L->gate.n_out : inner;
+        vectors = L->heads + 2 * L->kv_heads > vectors ? L->heads + 2 * L->kv_heads : vectors;
+    }
     int64_t wide = inner > width ? inner : width;
     wide = heads * d > wide ? heads * d : wide;
     ws->planes = malloc((size_t)(2 * rows * wide));
@@ -770,7 +780,7 @@ int64_t seqkv_layers(const seqkv_layer_t *layers, int64_t count, int64_t *hidden
                      int64_t threads) {
     if (count < 1) return 0;
     workspace_t ws;
-    if (workspace_alloc(&layers[0], rows, &ws)) return -1;
+    if (workspace_alloc(layers, count, rows, &ws)) return -1;
     int64_t status = 0;
     for (int64_t index = 0; index < count && !status; ++index)
         status = layer(&layers[index], index, &ws, hidden, rows, positions, spans, span_count,
