@@ -126,14 +126,17 @@ def test_native_rows_equal_torch_for_each_weight_precision(weight_planes: int) -
 
 
 @needs_native
-def test_native_vector_and_plain_parts_of_a_head_equal_torch_past_a_value_flush() -> None:
-    """Heads of 48 components run 32 of them in native.c's vectors and 16 in its plain loops;
-    600 tokens in uneven chunks cross the 512-key flush of the value sums with odd key counts."""
+@pytest.mark.parametrize("head_dim", [48, 18])
+def test_native_heads_of_any_width_equal_torch_past_a_value_flush(head_dim: int) -> None:
+    """native.c's attention lays keys out in pairs of components, 4 per gathered word, and
+    values in chunks of 16: 48 components make an odd number of value chunks; 18 an odd
+    number of pairs, 2 components past the last gathered word and a partial chunk. 600 tokens
+    in uneven chunks cross the 512-key flush of the value sums with odd key counts."""
     config = LlamaConfig(vocab_size=512, hidden_size=96, intermediate_size=128,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=48, max_position_embeddings=1024)
+                         head_dim=head_dim, max_position_embeddings=1024)
     torch.manual_seed(3)
-    model = CausalLM(LlamaForCausalLM(config), None, "tiny-llama-head48")
+    model = CausalLM(LlamaForCausalLM(config), None, f"tiny-llama-head{head_dim}")
     reference = IntegerForward(model, backend="torch")
     fast = IntegerForward(reference.weights, backend="native")
     assert fast.backend == "native"

@@ -353,14 +353,31 @@ static inline int64_t plane_value(const int8_t *plane, int64_t i, int64_t d) {
     return shl(plane[i], PLANE_BITS) + plane[d + i];
 }
 
-/* One query head of one row of seqkv_attend (see there) over keys 0 .. end - 1: out [d] before
+/* Each row's heads to its largest exponent: out [n, heads, d] at their own exponents
+ * running [n, heads]; exponent [n]. */
+static void common_exponent(int64_t *out, const int64_t *running, int64_t n, int64_t heads,
+                            int64_t d, int64_t *exponent) {
+    for (int64_t r = 0; r < n; ++r) {
+        int64_t row_exponent = running[r * heads];
+        for (int64_t h = 1; h < heads; ++h)
+            row_exponent = running[r * heads + h] > row_exponent ? running[r * heads + h]
+                                                                 : row_exponent;
+        for (int64_t h = 0; h < heads; ++h) {
+            int64_t *o = out + (r * heads + h) * d;
+            for (int64_t i = 0; i < d; ++i) o[i] = asr(o[i], row_exponent - running[r * heads + h]);
+        }
+        exponent[r] = row_exponent;
+    }
+}
+
+/* One query head of one row of attend_direct (see there) over keys 0 .. end - 1: out [d] before
  * the row's common exponent, and the head's own exponent (`running`). key_high and key_low:
  * the head's key planes as int16 [tokens, d]; z and weight: scratch of `end` int64 each.
  * Sums of plane products run in int32: |q| < 2**14 times a key plane (|.| <= 128) over d <= 1024
  * terms stays below 2**31 (and so does any part of such a sum); a weight (< 2**14) times a value
  * plane, below 2**21, is summed in int32 for at most 512 keys at a time (2**30) and then added
  * into int64. */
-static int64_t attend_head(const int8_t *q_plane, int64_t q_shift, int64_t h, int64_t g,
+static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_t h, int64_t g,
                            int64_t kv_heads, int64_t d, int64_t end, const int16_t *key_high,
                            const int16_t *key_low, const int8_t *values, int64_t token_stride,
                            const int8_t *key_shift, const int8_t *value_shift,
@@ -471,15 +488,11 @@ static int64_t attend_head(const int8_t *q_plane, int64_t q_shift, int64_t h, in
     return running;
 }
 
-/* forward._attend: rows [0, n) of one sequence at positions position .. position + n - 1.
- *   q_planes [n, q_vectors, 2, d] (int8), q_shift [n, q_vectors] (int64): the first `heads`
- *   vectors of each row are the queries;
- *   keys, values: the slot's planes [tokens, 2, kv_heads, d] (int8) with row stride
- *   token_stride (elements), key_shift, value_shift [tokens, heads] (int8, stride shift_stride);
- *   out [n, heads, d], exponent [n]. Returns 0, or -1 when out of memory.
+/* seqkv_attend for a few rows: each (row, head) reads the keys as they lie (widened to int16
+ * once per call) and interleaves each key pair's values itself.
  * The keys are widened to int16 once per call, for every row and head; threads share the
  * (row, head) pairs, so a one-row step's heads run in parallel too. */
-static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
+static int64_t attend_direct(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
                      int64_t n, int64_t position, int64_t heads, int64_t kv_heads, int64_t d,
                      const int8_t *keys, const int8_t *values, int64_t token_stride,
                      const int8_t *key_shift, const int8_t *value_shift, int64_t shift_stride,
@@ -522,7 +535,7 @@ static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int6
             if (!scratch) continue;
             int64_t r = pair / heads, h = pair % heads, g = h / group;
             const int16_t *key_high = widened + g * 2 * tokens * d;
-            running[pair] = attend_head(
+            running[pair] = attend_head_direct(
                 q_planes + (r * q_vectors + h) * 2 * d, q_shift[r * q_vectors + h], h, g,
                 kv_heads, d, position + r + 1, key_high, key_high + tokens * d, values,
                 token_stride, key_shift, value_shift, shift_stride, score_scale, score_shift,
@@ -530,22 +543,396 @@ static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int6
         }
         free(scratch);
     }
-    if (!failed)  /* each row's heads to its largest exponent */
-        for (int64_t r = 0; r < n; ++r) {
-            int64_t row_exponent = running[r * heads];
-            for (int64_t h = 1; h < heads; ++h)
-                row_exponent = running[r * heads + h] > row_exponent ? running[r * heads + h]
-                                                                     : row_exponent;
-            for (int64_t h = 0; h < heads; ++h) {
-                int64_t *o = out + (r * heads + h) * d;
-                for (int64_t i = 0; i < d; ++i)
-                    o[i] = asr(o[i], row_exponent - running[r * heads + h]);
-            }
-            exponent[r] = row_exponent;
-        }
+    if (!failed) common_exponent(out, running, n, heads, d, exponent);
     free(widened);
     free(running);
     return failed ? -1 : 0;
+}
+
+/* ---- forward._attend on AVX-512 VNNI ----
+ *
+ * Each call lays its sequence's keys and values out once, for every row and head:
+ *   keys   [kv_heads, 2 (plane), blocks, pairs, KEY_BLOCK] int32: lane l of (block b, pair j)
+ *          holds components 2j (low half) and 2j + 1 (high half) of key 16b + l as int16, so one
+ *          vpdpwssd against a broadcast query pair adds a pair's products to 16 keys' scores at
+ *          once (no horizontal sum per key); keys past the last are 0;
+ *   values [kv_heads, 2 (plane), key pairs, chunks, 16] int32: the int16 pair
+ *          (v_2u[16c + i], v_2u+1[16c + i]) at (u, c, i), so one vpdpwssd against a broadcast
+ *          weight pair adds two keys' contributions to 16 components;
+ *   key and value exponents [heads, tokens] int64, and the value exponents' running maximum.
+ * Sums of plane products run in int32 as the torch code's int_matmul does: |q| < 2**14 times a
+ * key plane (|.| <= 128) over d <= 1024 terms stays below 2**31 (and so does any part of such a
+ * sum, in whatever order); a weight (<= 2**14) times a value plane, below 2**21, is summed in
+ * int32 for at most 512 keys at a time (2**30) and then added into int64. */
+#ifdef SEQKV_VNNI
+#define KEY_BLOCK 16
+#define VALUE_FLUSH 512  /* keys per int32 sum of weighted values (even: no key pair straddles) */
+
+typedef struct {
+    int64_t tokens, blocks, pairs, chunks;
+    int32_t *keys, *values;
+    int64_t *key_shift, *value_shift, *running;
+} attention_layout_t;
+
+static void layout_free(attention_layout_t *a) {
+    free(a->keys); free(a->values); free(a->key_shift); free(a->value_shift); free(a->running);
+}
+
+static int64_t layout_alloc(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t d,
+                            attention_layout_t *a) {
+    a->tokens = tokens;
+    a->blocks = (tokens + KEY_BLOCK - 1) / KEY_BLOCK;
+    a->pairs = (d + 1) / 2;
+    a->chunks = (d + 15) / 16;
+    int64_t padded = a->blocks * KEY_BLOCK;  /* even: whole key pairs */
+    a->keys = malloc(sizeof(int32_t) * (size_t)(kv_heads * 2 * padded * a->pairs));
+    a->values = malloc(sizeof(int32_t) * (size_t)(kv_heads * 2 * padded / 2 * a->chunks * 16));
+    a->key_shift = malloc(sizeof(int64_t) * (size_t)(heads * padded));
+    a->value_shift = malloc(sizeof(int64_t) * (size_t)(heads * padded));
+    a->running = malloc(sizeof(int64_t) * (size_t)(heads * tokens));
+    if (a->keys && a->values && a->key_shift && a->value_shift && a->running) return 0;
+    layout_free(a);
+    return -1;
+}
+
+/* Item `item` of the layout's construction: (kv head, plane, key block) items first, then
+ * (kv head, plane, block of 2 * KEY_BLOCK value keys), then one per head for the exponents. */
+static void layout_item(attention_layout_t *a, int64_t item, int64_t kv_heads,
+                        int64_t d, const int8_t *keys, const int8_t *values,
+                        int64_t token_stride, const int8_t *key_shift,
+                        const int8_t *value_shift, int64_t shift_stride) {
+    int64_t tokens = a->tokens, blocks = a->blocks, pairs = a->pairs, chunks = a->chunks;
+    int64_t key_items = kv_heads * 2 * blocks, value_blocks = (blocks + 1) / 2;
+    int64_t value_items = kv_heads * 2 * value_blocks;
+    if (item < key_items) {
+        int64_t b = item % blocks, plane = (item / blocks) % 2, g = item / (2 * blocks);
+        int64_t t0 = b * KEY_BLOCK, count = tokens - t0 < KEY_BLOCK ? tokens - t0 : KEY_BLOCK;
+        int32_t *to = a->keys + ((g * 2 + plane) * blocks + b) * pairs * KEY_BLOCK;
+        const int8_t *from = keys + t0 * token_stride + (plane * kv_heads + g) * d;
+        /* 64 components (16 dwords of 4) of 16 keys at a time, loaded row by row and
+         * transposed in registers to 16 vectors of one dword per key; vpshufb then places each
+         * component pair's bytes in the high bytes of an int16 pair, and an arithmetic shift
+         * sign-extends them. Components past d and keys past the last load as 0. */
+        uint8_t control[2][64];
+        for (int i = 0; i < 64; ++i) {
+            int dword = i / 4 % 4, byte = i % 4;
+            control[0][i] = byte % 2 ? (uint8_t)(4 * dword + byte / 2) : 0x80;
+            control[1][i] = byte % 2 ? (uint8_t)(4 * dword + 2 + byte / 2) : 0x80;
+        }
+        __m512i even = _mm512_loadu_si512(control[0]), odd = _mm512_loadu_si512(control[1]);
+        for (int64_t c0 = 0; c0 < d; c0 += 64) {
+            int64_t left = d - c0;
+            __mmask64 mask = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+            __m512i r[16], t[16];
+            for (int64_t l = 0; l < KEY_BLOCK; ++l)
+                r[l] = l < count ? _mm512_maskz_loadu_epi8(mask, from + l * token_stride + c0)
+                                 : _mm512_setzero_si512();
+            for (int i = 0; i < 16; i += 2) {
+                t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+                t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 16; i += 4) {  /* r[i + c], 128-bit lane L: component 4L + c
+                                                * of keys i .. i + 3 */
+                r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+                r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+                r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+                r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+            }
+            for (int c = 0; c < 4; ++c) {  /* the 4 x 4 transpose of 128-bit lanes */
+                __m512i s0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44);
+                __m512i s1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
+                __m512i s2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+                __m512i s3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
+                t[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);  /* dword c of every key */
+                t[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
+                t[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+                t[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+            }
+            for (int64_t m = 0; m < 16; ++m) {  /* t[m]: components c0 + 4m .. c0 + 4m + 3 */
+                int64_t j = c0 / 2 + 2 * m;
+                if (j < pairs)
+                    _mm512_storeu_si512(to + j * KEY_BLOCK,
+                                        _mm512_srai_epi16(_mm512_shuffle_epi8(t[m], even), 8));
+                if (j + 1 < pairs)
+                    _mm512_storeu_si512(to + (j + 1) * KEY_BLOCK,
+                                        _mm512_srai_epi16(_mm512_shuffle_epi8(t[m], odd), 8));
+            }
+        }
+        return;
+    }
+    item -= key_items;
+    if (item < value_items) {
+        int64_t b = item % value_blocks, plane = (item / value_blocks) % 2;
+        int64_t g = item / (2 * value_blocks);
+        __m512i interleave = _mm512_setr_epi32(
+            16 << 16, 1 | 17 << 16, 2 | 18 << 16, 3 | 19 << 16, 4 | 20 << 16, 5 | 21 << 16,
+            6 | 22 << 16, 7 | 23 << 16, 8 | 24 << 16, 9 | 25 << 16, 10 | 26 << 16,
+            11 | 27 << 16, 12 | 28 << 16, 13 | 29 << 16, 14 | 30 << 16, 15 | 31 << 16);
+        int64_t key_pairs = blocks * KEY_BLOCK / 2;
+        for (int64_t u = b * KEY_BLOCK; u < (b + 1) * KEY_BLOCK && u < key_pairs; ++u) {
+            int32_t *to = a->values + ((g * 2 + plane) * key_pairs + u) * chunks * 16;
+            const int8_t *v0 = values + (plane * kv_heads + g) * d;  /* key 2u's components */
+            for (int64_t c = 0; c < chunks; ++c) {
+                int64_t left = d - 16 * c;
+                __mmask16 mask = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                __m256i first = 2 * u < tokens ? _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(
+                    mask, v0 + 2 * u * token_stride + 16 * c)) : _mm256_setzero_si256();
+                __m256i second = 2 * u + 1 < tokens ? _mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(
+                    mask, v0 + (2 * u + 1) * token_stride + 16 * c)) : _mm256_setzero_si256();
+                __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1);
+                _mm512_storeu_si512(to + 16 * c, _mm512_permutexvar_epi16(interleave, both));
+            }
+        }
+        return;
+    }
+    int64_t h = item - value_items, padded = blocks * KEY_BLOCK, running = 0;
+    for (int64_t t = 0; t < padded; ++t) {
+        int64_t ks = t < tokens ? key_shift[t * shift_stride + h] : 0;
+        int64_t vs = t < tokens ? value_shift[t * shift_stride + h] : 0;
+        a->key_shift[h * padded + t] = ks;
+        a->value_shift[h * padded + t] = vs;
+        if (t < tokens) a->running[h * tokens + t] = running = (t == 0 || vs > running) ? vs : running;
+    }
+}
+
+/* out[i] = floor(out[i] * 2**SOFTMAX_BITS / total) for i < d, 8 at a time: |out| <= tokens *
+ * 2**28 <= 2**41, shifted by 14 it stays below 2**55, and total >= 2**14 - 1 (the peak key's
+ * weight). The quotient is estimated in float64 (a 64-bit integer division costs tens of cycles
+ * and has no vector form), then made exact in integers: q is floor's quotient exactly when
+ * 0 <= x - q * total < total, and the estimate is corrected by one either way until it is (the
+ * estimate's error is below 1 for these bounds; a lane still outside takes floor_div). */
+static void divide_by_total(int64_t *out, int64_t d, int64_t total) {
+    __m512i divisor = _mm512_set1_epi64(total), one = _mm512_set1_epi64(1);
+    __m512d scale = _mm512_set1_pd((double)total);
+    for (int64_t i = 0; i < d; i += 8) {
+        __mmask8 mask = d - i >= 8 ? 0xff : (__mmask8)((1u << (d - i)) - 1);
+        __m512i x = _mm512_slli_epi64(_mm512_maskz_loadu_epi64(mask, out + i), SOFTMAX_BITS);
+        __m512i q = _mm512_cvtpd_epi64(_mm512_roundscale_pd(
+            _mm512_div_pd(_mm512_cvtepi64_pd(x), scale), _MM_FROUND_TO_NEG_INF |
+            _MM_FROUND_NO_EXC));
+        for (int round = 0; round < 2; ++round) {
+            __m512i r = _mm512_sub_epi64(x, _mm512_mullo_epi64(q, divisor));
+            q = _mm512_mask_sub_epi64(q, _mm512_cmplt_epi64_mask(r, _mm512_setzero_si512()), q,
+                                      one);
+            q = _mm512_mask_add_epi64(q, _mm512_cmpge_epi64_mask(r, divisor), q, one);
+        }
+        __m512i r = _mm512_sub_epi64(x, _mm512_mullo_epi64(q, divisor));
+        __mmask8 outside = mask & (_mm512_cmplt_epi64_mask(r, _mm512_setzero_si512()) |
+                                   _mm512_cmpge_epi64_mask(r, divisor));
+        _mm512_mask_storeu_epi64(out + i, mask, q);
+        if (outside) {
+            int64_t dividend[8];
+            _mm512_storeu_si512(dividend, x);
+            for (int lane = 0; lane < 8; ++lane)
+                if (outside >> lane & 1) out[i + lane] = floor_div(dividend[lane], total);
+        }
+    }
+}
+
+/* One query head h (of kv head g) of one row over keys 0 .. end - 1: out [d] before the row's
+ * common exponent; returns the head's own exponent (the value exponents' running maximum).
+ * z: scratch of the padded key count (int64); weight: of as many int16. */
+static int64_t attend_head(const attention_layout_t *a, const int8_t *q_plane, int64_t q_shift,
+                           int64_t h, int64_t g, int64_t d, int64_t end, int64_t score_scale,
+                           int64_t score_shift, const int64_t *softmax, int64_t softmax_size,
+                           int64_t *z, int16_t *weight, int64_t *out) {
+    int64_t pairs = a->pairs, chunks = a->chunks, blocks = a->blocks;
+    int64_t padded = blocks * KEY_BLOCK, key_pairs = padded / 2;
+    int32_t query[512];  /* component pairs as int16 pairs */
+    for (int64_t j = 0; j < pairs; ++j) {
+        int64_t low = plane_value(q_plane, 2 * j, d);
+        int64_t high = 2 * j + 1 < d ? plane_value(q_plane, 2 * j + 1, d) : 0;
+        query[j] = (int32_t)((uint32_t)(uint16_t)low | ((uint32_t)(uint16_t)high << 16));
+    }
+    const int32_t *key_high = a->keys + g * 2 * padded * pairs;
+    const int32_t *key_low = key_high + padded * pairs;
+    const int64_t *key_shift = a->key_shift + h * padded;
+    const int64_t *value_shift = a->value_shift + h * padded;
+    int64_t running = a->running[h * a->tokens + end - 1];
+    __m512i scale = _mm512_set1_epi64(score_scale);
+    __m512i base = _mm512_set1_epi64(score_shift - q_shift), zero = _mm512_setzero_si512();
+    __m512i cap = _mm512_set1_epi64(62), top = _mm512_set1_epi64(MASKED);
+    for (int64_t b = 0; b * KEY_BLOCK < end; ++b) {
+        const int32_t *kh = key_high + b * pairs * KEY_BLOCK, *kl = key_low + b * pairs * KEY_BLOCK;
+        __m512i h0 = zero, h1 = zero, l0 = zero, l1 = zero;
+        int64_t j = 0;
+        for (; j + 1 < pairs; j += 2) {
+            __m512i q0 = _mm512_set1_epi32(query[j]), q1 = _mm512_set1_epi32(query[j + 1]);
+            h0 = _mm512_dpwssd_epi32(h0, _mm512_loadu_si512(kh + j * KEY_BLOCK), q0);
+            l0 = _mm512_dpwssd_epi32(l0, _mm512_loadu_si512(kl + j * KEY_BLOCK), q0);
+            h1 = _mm512_dpwssd_epi32(h1, _mm512_loadu_si512(kh + (j + 1) * KEY_BLOCK), q1);
+            l1 = _mm512_dpwssd_epi32(l1, _mm512_loadu_si512(kl + (j + 1) * KEY_BLOCK), q1);
+        }
+        if (j < pairs) {
+            __m512i q0 = _mm512_set1_epi32(query[j]);
+            h0 = _mm512_dpwssd_epi32(h0, _mm512_loadu_si512(kh + j * KEY_BLOCK), q0);
+            l0 = _mm512_dpwssd_epi32(l0, _mm512_loadu_si512(kl + j * KEY_BLOCK), q0);
+        }
+        __m512i high = _mm512_add_epi32(h0, h1), low = _mm512_add_epi32(l0, l1);
+        for (int half = 0; half < 2; ++half) {
+            int64_t t = b * KEY_BLOCK + 8 * half;
+            if (t >= end) break;
+            __mmask8 valid = end - t >= 8 ? 0xff : (__mmask8)((1u << (end - t)) - 1);
+            __m512i dot = _mm512_add_epi64(  /* < d * 2**28 */
+                _mm512_slli_epi64(_mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(high, 1)
+                                                             : _mm512_castsi512_si256(high)),
+                                  PLANE_BITS),
+                _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(low, 1)
+                                           : _mm512_castsi512_si256(low)));
+            __m512i amount = _mm512_min_epi64(_mm512_max_epi64(
+                _mm512_sub_epi64(base, _mm512_loadu_si512(key_shift + t)), zero), cap);
+            __m512i score = _mm512_srav_epi64(_mm512_mullo_epi64(dot, scale), amount);
+            _mm512_storeu_si512(z + t, score);
+            top = _mm512_mask_max_epi64(top, valid, top, score);
+        }
+    }
+    /* softmax weights from the table, scaled to the running exponent; 0 past the last key (up
+     * to the end of its pair) */
+    __m512i peak = _mm512_set1_epi64(_mm512_reduce_max_epi64(top));
+    __m512i last = _mm512_set1_epi64(softmax_size - 1), ceiling = _mm512_set1_epi64(running);
+    __m512i sum = zero;
+    for (int64_t t = 0; t < end; t += 8) {
+        __mmask8 valid = end - t >= 8 ? 0xff : (__mmask8)((1u << (end - t)) - 1);
+        __m512i gap = _mm512_min_epi64(_mm512_sub_epi64(peak, _mm512_loadu_si512(z + t)), last);
+        __m512i w = _mm512_mask_i64gather_epi64(zero, valid, gap, softmax, 8);
+        sum = _mm512_add_epi64(sum, w);
+        __m512i amount = _mm512_min_epi64(_mm512_max_epi64(
+            _mm512_sub_epi64(ceiling, _mm512_loadu_si512(value_shift + t)), zero), cap);
+        _mm_storeu_si128((__m128i *)(weight + t),
+                         _mm512_cvtepi64_epi16(_mm512_srav_epi64(w, amount)));
+    }
+    int64_t total = _mm512_reduce_add_epi64(sum);
+    /* weighted values: two keys per vpdpwssd, 32 components per pass */
+    const int32_t *pair_weight = (const int32_t *)weight;
+    int64_t used_pairs = (end + 1) / 2;
+    for (int64_t i = 0; i < d; ++i) out[i] = 0;
+    const int32_t *value_high = a->values + g * 2 * key_pairs * chunks * 16;
+    const int32_t *value_low = value_high + key_pairs * chunks * 16;
+    for (int64_t c = 0; c < chunks; c += 2) {
+        int two = c + 1 < chunks;
+        for (int64_t u0 = 0; u0 < used_pairs; u0 += VALUE_FLUSH / 2) {
+            int64_t u1 = u0 + VALUE_FLUSH / 2 < used_pairs ? u0 + VALUE_FLUSH / 2 : used_pairs;
+            __m512i h0 = zero, h1 = zero, l0 = zero, l1 = zero;
+            for (int64_t u = u0; u < u1; ++u) {
+                if (!pair_weight[u]) continue;
+                __m512i w = _mm512_set1_epi32(pair_weight[u]);
+                const int32_t *vh = value_high + (u * chunks + c) * 16;
+                const int32_t *vl = value_low + (u * chunks + c) * 16;
+                h0 = _mm512_dpwssd_epi32(h0, _mm512_loadu_si512(vh), w);
+                l0 = _mm512_dpwssd_epi32(l0, _mm512_loadu_si512(vl), w);
+                if (two) {
+                    h1 = _mm512_dpwssd_epi32(h1, _mm512_loadu_si512(vh + 16), w);
+                    l1 = _mm512_dpwssd_epi32(l1, _mm512_loadu_si512(vl + 16), w);
+                }
+            }
+            __m512i parts[2][2] = {{h0, l0}, {h1, l1}};
+            for (int k = 0; k < 1 + two; ++k)
+                for (int half = 0; half < 2; ++half) {
+                    int64_t i = 16 * (c + k) + 8 * half;
+                    if (i >= d) break;
+                    __m512i hv = _mm512_cvtepi32_epi64(
+                        half ? _mm512_extracti64x4_epi64(parts[k][0], 1)
+                             : _mm512_castsi512_si256(parts[k][0]));
+                    __m512i lv = _mm512_cvtepi32_epi64(
+                        half ? _mm512_extracti64x4_epi64(parts[k][1], 1)
+                             : _mm512_castsi512_si256(parts[k][1]));
+                    __mmask8 mask = d - i >= 8 ? 0xff : (__mmask8)((1u << (d - i)) - 1);
+                    __m512i sum8 = _mm512_add_epi64(_mm512_maskz_loadu_epi64(mask, out + i),
+                        _mm512_add_epi64(_mm512_slli_epi64(hv, PLANE_BITS), lv));
+                    _mm512_mask_storeu_epi64(out + i, mask, sum8);
+                }
+        }
+    }
+    divide_by_total(out, d, total);
+    return running;
+}
+#endif
+
+/* seqkv_attend for many rows: the call's keys and values laid out once (see above).
+ * Threads share the layout's items, then the (row, head) pairs (results do not depend on the
+ * split). */
+static int64_t attend_laid_out(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
+                     int64_t n, int64_t position, int64_t heads, int64_t kv_heads, int64_t d,
+                     const int8_t *keys, const int8_t *values, int64_t token_stride,
+                     const int8_t *key_shift, const int8_t *value_shift, int64_t shift_stride,
+                     int64_t score_scale, int64_t score_shift, const int64_t *softmax,
+                     int64_t softmax_size, int64_t *out, int64_t *exponent, int64_t threads) {
+#ifdef SEQKV_VNNI
+    if (d > 1024) return -1;
+    int64_t tokens = position + n, group = heads / kv_heads, pairs = n * heads;
+    attention_layout_t layout;
+    if (layout_alloc(tokens, heads, kv_heads, d, &layout)) return -1;
+    int64_t *running = malloc(sizeof(int64_t) * (size_t)pairs);
+    int64_t padded = layout.blocks * KEY_BLOCK;
+    int64_t items = kv_heads * 2 * (layout.blocks + (layout.blocks + 1) / 2) + heads;
+    const int64_t allocated = running != NULL;
+    int64_t failed = !allocated;
+#ifdef _OPENMP
+#pragma omp parallel num_threads((int)threads) if (allocated && threads > 1)
+#endif
+    {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t item = 0; item < (allocated ? items : 0); ++item)
+            layout_item(&layout, item, kv_heads, d, keys, values, token_stride,
+                        key_shift, value_shift, shift_stride);
+        int64_t *z = allocated ? malloc(sizeof(int64_t) * (size_t)padded) : NULL;
+        int16_t *weight = allocated ? malloc(sizeof(int16_t) * (size_t)padded) : NULL;
+        if (allocated && (!z || !weight)) {
+#ifdef _OPENMP
+#pragma omp atomic write
+#endif
+            failed = 1;
+        }
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t pair = 0; pair < (allocated ? pairs : 0); ++pair) {
+            if (!z || !weight) continue;
+            int64_t r = pair / heads, h = pair % heads;
+            running[pair] = attend_head(&layout, q_planes + (r * q_vectors + h) * 2 * d,
+                                        q_shift[r * q_vectors + h], h, h / group, d,
+                                        position + r + 1, score_scale, score_shift, softmax,
+                                        softmax_size, z, weight, out + pair * d);
+        }
+        free(z);
+        free(weight);
+    }
+    if (!failed) common_exponent(out, running, n, heads, d, exponent);
+    layout_free(&layout);
+    free(running);
+    return failed ? -1 : 0;
+#else
+    (void)q_planes; (void)q_shift; (void)q_vectors; (void)n; (void)position; (void)heads;
+    (void)kv_heads; (void)d; (void)keys; (void)values; (void)token_stride; (void)key_shift;
+    (void)value_shift; (void)shift_stride; (void)score_scale; (void)score_shift;
+    (void)softmax; (void)softmax_size; (void)out; (void)exponent; (void)threads;
+    return -1;
+#endif
+}
+
+/* forward._attend: rows [0, n) of one sequence at positions position .. position + n - 1.
+ *   q_planes [n, q_vectors, 2, d] (int8), q_shift [n, q_vectors] (int64): the first `heads`
+ *   vectors of each row are the queries;
+ *   keys, values: the slot's planes [tokens, 2, kv_heads, d] (int8) with row stride
+ *   token_stride (elements), key_shift, value_shift [tokens, heads] (int8, stride shift_stride);
+ *   out [n, heads, d], exponent [n]. Returns 0, or -1 when out of memory or built without VNNI.
+ * Both ways compute the same integers. Laying the keys and values out costs about what a few
+ * rows' direct scores cost, so it pays from LAYOUT_ROWS rows (one forward after 500 tokens, 2
+ * threads, SmolLM2-135M: 1 row 11.3 ms direct vs 14.0 laid out; 4 rows 21.5 vs 15.3; 64 rows
+ * 188 vs 117; after 100 tokens the two are even at 3-4 rows). */
+#define LAYOUT_ROWS 4
+static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
+                     int64_t n, int64_t position, int64_t heads, int64_t kv_heads, int64_t d,
+                     const int8_t *keys, const int8_t *values, int64_t token_stride,
+                     const int8_t *key_shift, const int8_t *value_shift, int64_t shift_stride,
+                     int64_t score_scale, int64_t score_shift, const int64_t *softmax,
+                     int64_t softmax_size, int64_t *out, int64_t *exponent, int64_t threads) {
+    return (n >= LAYOUT_ROWS ? attend_laid_out : attend_direct)(
+        q_planes, q_shift, q_vectors, n, position, heads, kv_heads, d, keys, values,
+        token_stride, key_shift, value_shift, shift_stride, score_scale, score_shift, softmax,
+        softmax_size, out, exponent, threads);
 }
 
 /* forward._mlp's SiLU and product: silu(gate) * up into x [rows * n] (quantized by the caller).
