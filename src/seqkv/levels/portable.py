@@ -131,7 +131,7 @@ def prefill_kv(model: CausalLM, tail: Sequence[int],
                  else cache_from_tensor(prefix.kv.to(model.device, model.dtype)))
         if cache is None:
             return model.kv_tensor(model.prefill(list(tail)))
-        model.model(input_ids=ids, cache=cache, use_cache=True)
+        model.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)  # as prefill
         return model.kv_tensor(cache)
 
 

@@ -1219,8 +1219,39 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
         int64_t *counts = cumulative + r * (vocab + 1) + 1;
         int64_t top = row[0];
         for (int64_t j = 1; j < vocab; ++j) top = row[j] > top ? row[j] : top;
-        int64_t total = 0;
-        for (int64_t j = 0; j < vocab; ++j) {
+        int64_t total = 0, j = 0;
+#ifdef SEQKV_VNNI
+        /* 8 at a time, the same operations: vpsraq is asr, vpmullq the wrapped product, two
+         * gathers the fine tables; (double) d and its scaling by 2**-20 are exact, and the one
+         * subtraction is correctly rounded as the scalar one is */
+        __m512i peak = _mm512_set1_epi64(top), cap = _mm512_set1_epi64(max_gap);
+        __m512i factor = _mm512_set1_epi64(log2e_fixed);
+        __m512i half = _mm512_set1_epi64(shl(1, gap_shift - 1));
+        __m512i fine_mask = _mm512_set1_epi64((INT64_C(1) << 20) - 1);
+        __m512i low_mask = _mm512_set1_epi64(1023), offset = _mm512_set1_epi64(60 - top_bits);
+        __m512i limit = _mm512_set1_epi64(62), weights = _mm512_setzero_si512();
+        __m512d bits = _mm512_set1_pd((double)top_bits), unit = _mm512_set1_pd(0x1p-20);
+        __m128i gap_amount = _mm_cvtsi64_si128(gap_shift);
+        for (; j + 8 <= vocab; j += 8) {
+            __m512i gap = _mm512_min_epi64(_mm512_sub_epi64(peak, _mm512_loadu_si512(row + j)),
+                                           cap);
+            __m512i d = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mullo_epi64(gap, factor), half),
+                                         gap_amount);
+            __m512i fraction = _mm512_and_si512(d, fine_mask);
+            __m512i product = _mm512_mullo_epi64(
+                _mm512_i64gather_epi64(_mm512_srli_epi64(fraction, 10), fine_high, 8),
+                _mm512_i64gather_epi64(_mm512_and_si512(fraction, low_mask), fine_low, 8));
+            __m512i shift = _mm512_min_epi64(_mm512_add_epi64(_mm512_srai_epi64(d, 20), offset),
+                                             limit);
+            __m512i weight = _mm512_srav_epi64(product, shift);
+            _mm512_storeu_si512(counts + j, weight);
+            weights = _mm512_add_epi64(weights, weight);
+            _mm512_storeu_pd(lr + j, _mm512_sub_pd(bits, _mm512_mul_pd(_mm512_cvtepi64_pd(d),
+                                                                       unit)));
+        }
+        total = _mm512_reduce_add_epi64(weights);
+#endif
+        for (; j < vocab; ++j) {
             int64_t gap = top - row[j];
             gap = gap < max_gap ? gap : max_gap;
             int64_t d = asr(gap * log2e_fixed + shl(1, gap_shift - 1), gap_shift);
@@ -1234,7 +1265,35 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
         totals[r] = total;
         double ratio = (double)(total_frequency - vocab) / (double)total;
         int64_t sum = 0, best = 0;
-        for (int64_t j = 0; j < vocab; ++j) {
+        j = 0;
+#ifdef SEQKV_VNNI
+        {  /* 8 at a time: floor by roundscale, and each lane's first largest count, then the
+            * first index among the lanes holding the largest */
+            __m512d scale = _mm512_set1_pd(ratio);
+            __m512i one = _mm512_set1_epi64(1), sums = _mm512_setzero_si512();
+            __m512i index = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+            __m512i step = _mm512_set1_epi64(8), lane_best = _mm512_set1_epi64(INT64_MIN);
+            __m512i lane_index = _mm512_setzero_si512();
+            for (; j + 8 <= vocab; j += 8) {
+                __m512i c = _mm512_add_epi64(_mm512_cvttpd_epi64(_mm512_roundscale_pd(
+                    _mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_loadu_si512(counts + j)), scale),
+                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)), one);
+                _mm512_storeu_si512(counts + j, c);
+                sums = _mm512_add_epi64(sums, c);
+                __mmask8 better = _mm512_cmpgt_epi64_mask(c, lane_best);
+                lane_best = _mm512_mask_mov_epi64(lane_best, better, c);
+                lane_index = _mm512_mask_mov_epi64(lane_index, better, index);
+                index = _mm512_add_epi64(index, step);
+            }
+            sum = _mm512_reduce_add_epi64(sums);
+            if (j > 0) {
+                int64_t most = _mm512_reduce_max_epi64(lane_best);
+                best = _mm512_mask_reduce_min_epi64(
+                    _mm512_cmpeq_epi64_mask(lane_best, _mm512_set1_epi64(most)), lane_index);
+            }
+        }
+#endif
+        for (; j < vocab; ++j) {
             counts[j] = (int64_t)floor((double)counts[j] * ratio) + 1;
             sum += counts[j];
             if (counts[j] > counts[best]) best = j;
