@@ -7,7 +7,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqkv.coding.residual import ALPHABET_LIMIT, ResidualMode, decode_residual, encode_residual
+from seqkv.coding.residual import (
+    ALPHABET_LIMIT,
+    ResidualMode,
+    _coded_residual,
+    decode_residual,
+    encode_residual,
+)
 from seqkv.errors import InvalidKVError
 
 SHAPE = (3, 2, 2, 5, 8)  # [L, 2, H, T, D]
@@ -46,6 +52,24 @@ def test_identical_tensors_cost_one_flag_bit_per_group() -> None:
     code, _ = encode_residual(target, target.clone(), 1e-4)
     assert code.words == b"" and code.escapes == b""
     assert code.num_bits == SHAPE[0] * SHAPE[1]
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 1e-4])
+def test_identical_tensors_take_the_short_way_to_the_same_code_and_tensor(
+        tolerance: float) -> None:
+    """encode_residual skips the symbols of a bit-identical pair; its code and rebuilt tensor
+    are the full coder's, bit for bit, negative zeros included (the quantized rebuild turns
+    them positive, and the decoder does the same)."""
+    recomputed = _pair(4, 0.0)[1]
+    recomputed[0, 0, 0, 0, :3] = torch.tensor([-0.0, 0.0, -0.0])
+    target = recomputed.clone()
+    mode = ResidualMode.BIT_EXACT if tolerance == 0 else ResidualMode.QUANTIZED
+    code, rebuilt = encode_residual(target, recomputed, tolerance)
+    full_code, full_rebuilt = _coded_residual(target, recomputed, mode, tolerance)
+    assert code == full_code
+    assert torch.equal(rebuilt.view(torch.int32), full_rebuilt.view(torch.int32))
+    assert torch.equal(decode_residual(code, recomputed).view(torch.int32),
+                       rebuilt.view(torch.int32))
 
 
 def test_far_outliers_are_escaped_exactly() -> None:

@@ -68,6 +68,29 @@ def encode_residual(
     if not torch.isfinite(target).all():
         raise InvalidKVError("the KV cache holds NaN or infinite values")
     mode = ResidualMode.BIT_EXACT if tolerance == 0 else ResidualMode.QUANTIZED
+    recomputed = recomputed.to(torch.float32).contiguous()
+    if torch.equal(target.view(torch.int32), recomputed.view(torch.int32)):
+        # NOTE: the usual case (the caller's KV came from the schedule the decoder replays):
+        # every symbol is 0, and the code is what _coded_residual gives for it (tested),
+        # without its ten passes over the KV (35-110 ms of a 200-token portable encode,
+        # SmolLM2-135M).
+        unchanged = (recomputed if mode is ResidualMode.BIT_EXACT else
+                     _rebuild(recomputed, torch.zeros((), dtype=torch.int64), mode, tolerance))
+        return _zero_code(tuple(target.shape), mode, tolerance), unchanged
+    return _coded_residual(target, recomputed, mode, tolerance)
+
+
+def _zero_code(shape: tuple[int, ...], mode: ResidualMode, tolerance: float) -> ResidualCode:
+    """The code of a residual whose symbols are all 0: no words, no escapes."""
+    words = constriction.stream.queue.RangeEncoder().get_compressed()
+    return ResidualCode(mode=mode, tolerance=tolerance, shape=shape,
+                        scales=(0.0,) * _groups(shape), words=words.astype("<u4").tobytes(),
+                        escapes=b"")
+
+
+def _coded_residual(target: torch.Tensor, recomputed: torch.Tensor, mode: ResidualMode,
+                    tolerance: float) -> tuple[ResidualCode, torch.Tensor]:
+    """``encode_residual`` of any residual (target float32, contiguous and finite)."""
     symbols, rebuilt = _symbols(target, recomputed, mode, tolerance)
     escaped = symbols.abs() >= ALPHABET_LIMIT
     if mode is ResidualMode.QUANTIZED:
