@@ -14,8 +14,10 @@
  *     behaviour; left shifts through shl(), through uint64; every amount lies in [0, 62];
  *   - no signed overflow: each site's bound is stated (the same bounds as forward.py's), and
  *     native.py builds with -fwrapv, so even outside them the result is torch's wrapped one;
- *   - floor division through floor_div(); no float in the forward (the coder's tables, at the
- *     end, use correctly rounded float64 operations as table.py does).
+ *   - floor division through floor_div(), or divide_by_total(), whose float64 estimate of the
+ *     quotient is corrected in integers until it is exactly floor's; no other float in the
+ *     forward (the coder's tables, at the end, use correctly rounded float64 operations as
+ *     table.py does).
  * So the compiler's vectorization, unrolling and instruction choice cannot change a result.
  *
  * Layouts are row-major and contiguous; "planes" are the int8 activation planes of forward.py,
