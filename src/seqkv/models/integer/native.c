@@ -28,6 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512F__)
+#include <immintrin.h>
+#define SEQKV_VNNI 1
+#endif
+
 #define PLANE_BITS 7
 #define LOW_MASK 127
 #define ACTIVATION_BITS 14
@@ -70,8 +76,14 @@ static inline int64_t excess_bits(int64_t x, int64_t bits) {
 }
 
 static inline int64_t peak(const int64_t *x, int64_t k) {
-    int64_t m = 0;
-    for (int64_t i = 0; i < k; ++i) {
+    int64_t m = 0, i = 0;
+#ifdef SEQKV_VNNI
+    __m512i most = _mm512_setzero_si512();  /* vpabsq wraps as the scalar negation does */
+    for (; i + 8 <= k; i += 8)
+        most = _mm512_max_epi64(most, _mm512_abs_epi64(_mm512_loadu_si512(x + i)));
+    m = _mm512_reduce_max_epi64(most);
+#endif
+    for (; i < k; ++i) {
         int64_t a = x[i] < 0 ? -x[i] : x[i];
         m = a > m ? a : m;
     }
@@ -80,8 +92,20 @@ static inline int64_t peak(const int64_t *x, int64_t k) {
 
 /* forward._quantize (two activation planes) of one row: planes at high[i], low[i]. */
 static int64_t quantize_row(const int64_t *x, int64_t k, int8_t *high, int8_t *low) {
-    int64_t shift = excess_bits(peak(x, k), ACTIVATION_BITS);
-    for (int64_t i = 0; i < k; ++i) {
+    int64_t shift = excess_bits(peak(x, k), ACTIVATION_BITS), i = 0;
+#ifdef SEQKV_VNNI
+    /* 8 at a time: vpsraq is asr; vpmovqb keeps the low byte as the int8 casts do */
+    __m128i amount = _mm_cvtsi64_si128(shift);
+    __m512i mask = _mm512_set1_epi64(LOW_MASK);
+    for (; i + 8 <= k; i += 8) {
+        __m512i q = _mm512_sra_epi64(_mm512_loadu_si512(x + i), amount);
+        _mm_storel_epi64((__m128i *)(high + i),
+                         _mm512_cvtepi64_epi8(_mm512_srai_epi64(q, PLANE_BITS)));
+        _mm_storel_epi64((__m128i *)(low + i),
+                         _mm512_cvtepi64_epi8(_mm512_and_si512(q, mask)));
+    }
+#endif
+    for (; i < k; ++i) {
         int64_t q = asr(x[i], shift);
         high[i] = (int8_t)asr(q, PLANE_BITS);
         low[i] = (int8_t)(q & LOW_MASK);
@@ -126,11 +150,6 @@ static int64_t norm_range(const int64_t *hidden, int64_t rows, int64_t r0, int64
     return 0;
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
-    defined(__AVX512F__)
-#include <immintrin.h>
-#define SEQKV_VNNI 1
-#endif
 
 #ifdef SEQKV_VNNI
 #define LANES 16
@@ -333,19 +352,27 @@ static int64_t seqkv_rope_quantize(int64_t *qkv, int64_t rows, int64_t vectors, 
         const int64_t *c = cos + positions[r] * d, *s = sin + positions[r] * d;
         for (int64_t v = 0; v < vectors; ++v) {
             int64_t *x = qkv + (r * vectors + v) * d;
-            if (v < rotated) {
-                for (int64_t i = 0; i < d; ++i) rolled[i] = x[(i + d - half) % d];
-                for (int64_t i = 0; i < d; ++i)  /* |x| < 2**31, tables <= 2**30 */
-                    x[i] = asr(x[i] * c[i] + rolled[i] * s[i], TABLE_BITS);
+            if (v < rotated) {  /* |x| < 2**31, tables <= 2**30 */
+                int64_t i = 0;
+#ifdef SEQKV_VNNI
+                for (; half % 8 == 0 && i < half; i += 8) {  /* both halves, 8 at a time */
+                    __m512i a = _mm512_loadu_si512(x + i), b = _mm512_loadu_si512(x + half + i);
+                    _mm512_storeu_si512(x + i, _mm512_srai_epi64(_mm512_add_epi64(
+                        _mm512_mullo_epi64(a, _mm512_loadu_si512(c + i)),
+                        _mm512_mullo_epi64(b, _mm512_loadu_si512(s + i))), TABLE_BITS));
+                    _mm512_storeu_si512(x + half + i, _mm512_srai_epi64(_mm512_add_epi64(
+                        _mm512_mullo_epi64(b, _mm512_loadu_si512(c + half + i)),
+                        _mm512_mullo_epi64(a, _mm512_loadu_si512(s + half + i))), TABLE_BITS));
+                }
+#endif
+                if (i < half) {
+                    for (i = 0; i < d; ++i) rolled[i] = x[(i + d - half) % d];
+                    for (i = 0; i < d; ++i)
+                        x[i] = asr(x[i] * c[i] + rolled[i] * s[i], TABLE_BITS);
+                }
             }
-            int64_t shift = excess_bits(peak(x, d), ACTIVATION_BITS);
             int8_t *out = planes + (r * vectors + v) * 2 * d;
-            for (int64_t i = 0; i < d; ++i) {
-                int64_t q = asr(x[i], shift);
-                out[i] = (int8_t)asr(q, PLANE_BITS);
-                out[d + i] = (int8_t)(q & LOW_MASK);
-            }
-            shifts[r * vectors + v] = shift;
+            shifts[r * vectors + v] = quantize_row(x, d, out, out + d);
         }
     }
     return 0;
