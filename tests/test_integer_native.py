@@ -126,11 +126,12 @@ def test_native_rows_equal_torch_for_each_weight_precision(weight_planes: int) -
 
 
 @needs_native
-@pytest.mark.parametrize("head_dim", [48, 18])
+@pytest.mark.parametrize("head_dim", [48, 18, 136])
 def test_native_heads_of_any_width_equal_torch_past_a_value_flush(head_dim: int) -> None:
-    """native.c's attention lays keys out in pairs of components, 4 per gathered word, and
+    """native.c's attention lays keys out in pairs of components, 16 keys to a vector, and
     values in chunks of 16: 48 components make an odd number of value chunks; 18 an odd
-    number of pairs, 2 components past the last gathered word and a partial chunk. 600 tokens
+    number of pairs and a partial chunk; 136 two blocks of 64 in the keys' transpose and a
+    partial third. 600 tokens
     in uneven chunks cross the 512-key flush of the value sums with odd key counts."""
     config = LlamaConfig(vocab_size=512, hidden_size=96, intermediate_size=128,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,

@@ -832,7 +832,6 @@ static int64_t attend_head(const attention_layout_t *a, const int8_t *q_plane, i
     }
     int64_t total = _mm512_reduce_add_epi64(sum);
     /* weighted values: two keys per vpdpwssd, 32 components per pass */
-    const int32_t *pair_weight = (const int32_t *)weight;
     int64_t used_pairs = (end + 1) / 2;
     for (int64_t i = 0; i < d; ++i) out[i] = 0;
     const int32_t *value_high = a->values + g * 2 * key_pairs * chunks * 16;
@@ -843,8 +842,10 @@ static int64_t attend_head(const attention_layout_t *a, const int8_t *q_plane, i
             int64_t u1 = u0 + VALUE_FLUSH / 2 < used_pairs ? u0 + VALUE_FLUSH / 2 : used_pairs;
             __m512i h0 = zero, h1 = zero, l0 = zero, l1 = zero;
             for (int64_t u = u0; u < u1; ++u) {
-                if (!pair_weight[u]) continue;
-                __m512i w = _mm512_set1_epi32(pair_weight[u]);
+                int32_t pair;  /* weights 2u and 2u + 1 as one int16 pair */
+                memcpy(&pair, weight + 2 * u, sizeof pair);
+                if (!pair) continue;
+                __m512i w = _mm512_set1_epi32(pair);
                 const int32_t *vh = value_high + (u * chunks + c) * 16;
                 const int32_t *vl = value_low + (u * chunks + c) * 16;
                 h0 = _mm512_dpwssd_epi32(h0, _mm512_loadu_si512(vh), w);
