@@ -160,7 +160,7 @@ def _bits(model: CausalLM, engine: IntegerForward, name: str, tokens: list[int],
     start = model.start_token_id
     inputs = [start if start is not None else tokens[0], *tokens[:-1]]
     rows = engine.forward([(engine.new_sequence(), inputs)])[0]
-    tables, log2p = integer_tables(rows)
+    tables, log2p, _ = integer_tables(rows)
     picked = np.arange(len(tokens))
     target = np.array(tokens)
     counts = (tables[picked, target + 1] - tables[picked, target]).astype(np.float64)

@@ -212,10 +212,12 @@ def test_native_tables_equal_the_numpy_tables(seed: int, rows: int, vocab: int, 
     if ties:  # many tokens at the maximum, and far below it (clamped gaps)
         logits[:, : vocab // 2] = logits.max()
         logits[:, -1] = logits.max() - 2**40
-    cumulative, log2p = integer_tables(logits)
-    expected_cumulative, expected_log2p = numpy_tables(logits)
+    cumulative, log2p, entropy = integer_tables(logits)
+    expected_cumulative, expected_log2p, expected_entropy = numpy_tables(logits)
     assert np.array_equal(cumulative, expected_cumulative)
     assert np.array_equal(log2p, expected_log2p)
+    # the entropy's float sums run in another order (a report figure, not part of the code)
+    np.testing.assert_allclose(entropy, expected_entropy, rtol=1e-12, atol=1e-12)
 
 
 @needs_native
@@ -224,7 +226,8 @@ def test_real_model_native_tables_equal_the_numpy_tables(real_model: CausalLM) -
     engine = IntegerForward(real_model)
     rows = engine.forward([(engine.new_sequence(), real_model.encode_text(
         "A short note on tides, moons and the harbour's calendar."))])[0]
-    cumulative, log2p = integer_tables(rows)
-    expected_cumulative, expected_log2p = numpy_tables(rows)
+    cumulative, log2p, entropy = integer_tables(rows)
+    expected_cumulative, expected_log2p, expected_entropy = numpy_tables(rows)
     assert np.array_equal(cumulative, expected_cumulative)
     assert np.array_equal(log2p, expected_log2p)
+    np.testing.assert_allclose(entropy, expected_entropy, rtol=1e-12, atol=1e-12)

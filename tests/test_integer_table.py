@@ -28,8 +28,9 @@ LOGITS = hnp.arrays(np.int64, st.tuples(st.integers(1, 6), st.integers(1, 700)),
 
 @given(LOGITS)
 def test_tables_keep_the_coders_contract(rows: np.ndarray) -> None:
-    tables, log2p = integer_tables(rows)
+    tables, log2p, entropy = integer_tables(rows)
     assert tables.shape == (rows.shape[0], rows.shape[1] + 1)
+    assert entropy.shape == (rows.shape[0],)
     assert (tables[:, 0] == 0).all() and (tables[:, -1] == TOTAL_FREQUENCY).all()
     assert (np.diff(tables, axis=1) >= 1).all()
     assert log2p.shape == rows.shape and np.isfinite(log2p).all()
@@ -37,11 +38,13 @@ def test_tables_keep_the_coders_contract(rows: np.ndarray) -> None:
 
 @given(LOGITS)
 def test_a_batch_gives_each_rows_own_table(rows: np.ndarray) -> None:
-    tables, log2p = integer_tables(rows)
-    for row, table, expected in zip(rows, tables, log2p, strict=True):
-        single, single_log2p = integer_table(row)
+    tables, log2p, entropy = integer_tables(rows)
+    for row, table, expected, expected_entropy in zip(rows, tables, log2p, entropy,
+                                                      strict=True):
+        single, single_log2p, single_entropy = integer_table(row)
         assert np.array_equal(single, table)
         assert np.array_equal(single_log2p, expected)
+        assert single_entropy == expected_entropy  # the same bits in a batch and alone
         assert np.array_equal(cumulative_from_integer_logits(row), table)
 
 
@@ -52,18 +55,24 @@ def test_a_constant_shift_of_the_logits_changes_nothing(rows: np.ndarray, shift:
 
 @given(LOGITS)
 def test_log2_probabilities_match_the_exact_softmax(rows: np.ndarray) -> None:
-    _, log2p = integer_tables(rows)
+    _, log2p, entropy = integer_tables(rows)
     shifted = rows / 2**LOGIT_FRAC
     shifted = shifted - shifted.max(-1, keepdims=True)
     exact = (shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))) / np.log(2)
     assert np.abs(log2p - exact).max() < 1.5e-6
+    # the entropy from the weights' sums (invariant 4) is the exact softmax's within the same
+    # 1.5e-6 bits, and agrees with the one computed from the row's log2-probabilities
+    exact_entropy = -(np.exp2(exact) * exact).sum(-1)
+    assert np.abs(entropy - exact_entropy).max() < 1.5e-6
+    assert np.abs(entropy + (np.exp2(log2p) * log2p).sum(-1)).max() < 1.5e-6
+    assert (entropy >= 0).all()
 
 
 @given(LOGITS)
 def test_the_table_costs_at_most_the_quantization_bound_over_ideal(rows: np.ndarray) -> None:
     """Each token within 2**-P of the top costs at most -log2(1 - V/2**32) + 1e-6 bits more than
     its ideal -log2 p; one further out costs at most the 32 bits of the floor count."""
-    tables, log2p = integer_tables(rows)
+    tables, log2p, _ = integer_tables(rows)
     vocab = rows.shape[1]
     cost = FREQUENCY_BITS - np.log2(np.diff(tables, axis=1).astype(np.float64))
     bound = -np.log2(1 - vocab / TOTAL_FREQUENCY) + 1e-6
@@ -87,7 +96,7 @@ def test_a_prefill_encodes_what_token_by_token_steps_decode(tiny_model: CausalLM
     start = tiny_model.start_token_id
     assert start is not None
     rows = engine.forward([(engine.new_sequence(), [start, *tokens[:-1]])])[0]
-    tables, _ = integer_tables(rows)
+    tables = integer_tables(rows).cumulative
     encoder = ArithmeticEncoder()
     for table, token in zip(tables, tokens, strict=True):
         encoder.encode(table, token)
@@ -100,7 +109,7 @@ def test_a_prefill_encodes_what_token_by_token_steps_decode(tiny_model: CausalLM
     decoded: list[int] = []
     previous = start
     for _ in tokens:
-        table, _ = integer_table(engine.forward([(sequence, [previous])])[0][0])
+        table = integer_table(engine.forward([(sequence, [previous])])[0][0]).cumulative
         previous = decoder.decode(table)
         decoded.append(previous)
     assert decoded == tokens

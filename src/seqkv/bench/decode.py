@@ -37,10 +37,12 @@ from seqkv.schedule import pinned_threads, schedule_threads
 DEFAULT_LEVELS = ("tokens", "rows", "segments:4", "segments:8", "segments:16", "ngram", "plain",
                   "portable")
 # NOTE: the portable level's encodes and the prefill they are compared with take the median of
-# this many runs: on this shared 2-core machine one run of a 200-token encode measured 0.29 to
-# 1.1 s (the VM's other tenants), and the median of three is far steadier. The float levels'
-# encodes (up to tens of seconds) run once.
-ENCODE_REPEATS = 3
+# this many runs, interleaved (a prefill, an encode without the KV, one with it, then again):
+# on this shared 2-core machine one run of a 200-token encode measured 0.25 to 1.1 s and the
+# prefill 0.30 to 0.44 s within minutes (the VM's other tenants), so runs far apart in time
+# compare the machine's moods, not the two computations. The float levels' encodes (up to
+# tens of seconds) run once.
+ENCODE_REPEATS = 5
 TEXT_KINDS = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
               "technical": "kinds/technical.txt"}
 
@@ -152,15 +154,13 @@ def _token_by_token_seconds(model: CausalLM, tokens: Sequence[int]) -> float:
     return best
 
 
-def _prefill_seconds(model: CausalLM, tokens: list[int]) -> float:
-    """The median of ``ENCODE_REPEATS`` prefills."""
-    samples = []
+def _prefill_sample(model: CausalLM, tokens: list[int]) -> float:
+    """Seconds of one prefill (as a serving engine's: the output layer for the last position
+    only)."""
     with pinned_threads(max(2, torch.get_num_threads())):
-        for _ in range(ENCODE_REPEATS):
-            started = time.perf_counter()
-            model.prefill(tokens)
-            samples.append(time.perf_counter() - started)
-    return _median(samples)
+        started = time.perf_counter()
+        model.prefill(tokens)
+        return time.perf_counter() - started
 
 
 def _median(samples: Sequence[float]) -> float:
@@ -226,7 +226,9 @@ def _codes_without_kv(level: str) -> bool:
 
 
 def run_level(model: CausalLM, tokens: list[int], kv: DynamicCache, level: str,
-              tolerance: float) -> LevelRun:
+              tolerance: float, prefill_samples: list[float]) -> LevelRun:
+    """One level's run on ``tokens``; a portable level's repeated encodes are interleaved with
+    prefills, whose seconds go to ``prefill_samples``."""
     result = compress(model, tokens, kv, tolerance=tolerance, level=level)
     started = time.perf_counter()
     decoded = decompress(model, result.data)
@@ -237,6 +239,7 @@ def run_level(model: CausalLM, tokens: list[int], kv: DynamicCache, level: str,
     if _codes_without_kv(level):
         with_kv, alone = [encode_seconds], []
         for repeat in range(ENCODE_REPEATS):
+            prefill_samples.append(_prefill_sample(model, tokens))
             coded = compress(model, tokens, tolerance=tolerance, level=level)
             alone.append(coded.stats.encode_seconds)
             # the same predictor codes the same tokens: the token code must not depend on the KV
@@ -259,8 +262,9 @@ def run_text(model: CausalLM, kind: str, count: int, levels: Sequence[str], tole
     for level in levels:  # warm-up: a level's first use builds its per-model state (the
         compress(model, tokens[:8], level=level)  # integer weights), counted no more than a load
     runs = []
+    prefill_samples: list[float] = []
     for level in levels:
-        runs.append(run_level(model, tokens, kv, level, tolerance))
+        runs.append(run_level(model, tokens, kv, level, tolerance, prefill_samples))
         if log is not None:
             run = runs[-1]
             log(f"{kind:10s} {level:12s} {run.bits_per_token:7.3f} bits/token "
@@ -268,8 +272,10 @@ def run_text(model: CausalLM, kind: str, count: int, levels: Sequence[str], tole
     full_rate = [r for r in runs if r.name in ("tokens", "rows")]
     cross_entropy = (full_rate[0].cross_entropy_bits_per_token if full_rate else
                      compress(model, tokens, level="rows").stats.cross_entropy_bits_per_token)
+    if not prefill_samples:  # no portable level: the prefill alone
+        prefill_samples = [_prefill_sample(model, tokens) for _ in range(ENCODE_REPEATS)]
     return TextRun(kind, len(tokens), cross_entropy,
-                   len(tokens) / _prefill_seconds(model, tokens),
+                   len(tokens) / _median(prefill_samples),
                    len(tokens) / _token_by_token_seconds(model, tokens), runs)
 
 
@@ -391,8 +397,9 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
           f"it (the tokens alone: no float model runs, the file records no KV) "
           f"{level.encode_tokens_per_second_without_kv:.1f} tokens/s "
           f"({level.encode_tokens_per_second_without_kv / bench.prefill_tokens_per_second:.2f}x)."
-          f" Each of the three is the median of {ENCODE_REPEATS} runs per text; the prefill, as "
-          "a serving engine's, computes the output layer for the last position only."
+          f" Each of the three is the median of {ENCODE_REPEATS} runs per text, interleaved (a "
+          "prefill, an encode without the KV, one with it, and again); the prefill, as a "
+          "serving engine's, computes the output layer for the last position only."
           for level in bench.levels if level.encode_tokens_per_second_without_kv is not None),
         "",
         "Encode times stop where the file is written; the bounds every compress then checks (at "

@@ -78,11 +78,16 @@ class TraceColumns:
     cost: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
 
-    def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int) -> None:
+    def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int,
+               entropy: float | None = None) -> None:
+        """One coded position; ``entropy`` where the level has it already (the integer
+        tables', ``seqkv.models.integer.table``), else computed from ``log2p``."""
         self.surprisal.append(-float(log2p[token]))
         self.cost.append(symbol_cost_bits(table, token))
-        # NOTE: not np.dot: it wakes OpenBLAS threads that slow the pinned torch thread 2x.
-        self.entropy.append(-float((np.exp2(log2p) * log2p).sum()))
+        if entropy is None:
+            # NOTE: not np.dot: it wakes OpenBLAS threads that slow the pinned torch thread 2x.
+            entropy = -float((np.exp2(log2p) * log2p).sum())
+        self.entropy.append(entropy)
 
     def extend(self, other: TraceColumns) -> None:
         self.surprisal += other.surprisal

@@ -37,7 +37,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,13 +47,12 @@ import numpy.typing as npt
 import torch
 
 from seqkv.coding.arithmetic import ArithmeticDecoder
-from seqkv.coding.frequencies import uniform_distribution
+from seqkv.coding.frequencies import CumulativeTable, uniform_distribution
 from seqkv.errors import InvalidLevelError
 from seqkv.kvcache import cache_from_tensor
 from seqkv.levels.base import (
     DecodeOutput,
     DecodeRequest,
-    Distribution,
     EncodeOutput,
     EncodeRequest,
     LevelSpec,
@@ -62,7 +63,12 @@ from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.mixer import MixingPredictor
 from seqkv.models.adapter import CausalLM
 from seqkv.models.integer.forward import IntegerForward, IntSequence
-from seqkv.models.integer.table import TableBuffers, integer_table, integer_tables
+from seqkv.models.integer.table import (
+    IntegerTables,
+    TableBuffers,
+    integer_table,
+    integer_tables,
+)
 from seqkv.models.integer.weights import IntegerWeights, integer_weights
 from seqkv.schedule import pinned_threads, schedule_threads
 from seqkv.trie.radix import ResolvedPrefix
@@ -92,16 +98,56 @@ NATIVE_THREADS = 2
 def integer_threads(engine: IntegerForward) -> int:
     """The thread count the integer forward runs on (see the note above)."""
     return NATIVE_THREADS if engine.backend == "native" else TORCH_PATH_THREADS
+
+
 MAX_LAYERS = 1024  # a bound on what a file may ask for; the model's own count is checked too
+# NOTE: encode buffers kept per model for this many encodes running at once (more allocate
+# their own and drop them). A set is the logits of a 256-row forward and 64 rows of tables
+# (100 + 50 MB on SmolLM2): numpy asks for transparent huge pages for arrays this large, and
+# a fresh set cost its zeroing and faults on every encode (measured: 200-token encodes at
+# 0.27-0.28 s with kept buffers against 0.30-0.35 s fresh, this 2-core CPU).
+KEPT_BUFFER_SETS = 2
+
+
+@dataclass
+class _EncodeBuffers:
+    logits: npt.NDArray[np.int64]  # [ENCODE_CHUNK_ROWS, V]: one forward's rows
+    tables: TableBuffers  # TABLE_ROWS rows of tables
+
+
+class _BufferPool:
+    """Encode buffers of one vocabulary size, lent to one encode at a time (thread-safe)."""
+
+    def __init__(self, vocab: int) -> None:
+        self._vocab = vocab
+        self._free: list[_EncodeBuffers] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def lend(self) -> Iterator[_EncodeBuffers]:
+        with self._lock:
+            buffers = self._free.pop() if self._free else None
+        if buffers is None:
+            buffers = _EncodeBuffers(
+                np.empty((ENCODE_CHUNK_ROWS, self._vocab), dtype=np.int64),
+                TableBuffers(TABLE_ROWS, self._vocab))
+        try:
+            yield buffers
+        finally:
+            with self._lock:
+                if len(self._free) < KEPT_BUFFER_SETS:
+                    self._free.append(buffers)
 
 
 class IntegerPredictors:
-    """The integer predictors of one model, by layer count, sharing one set of weights."""
+    """The integer predictors of one model, by layer count, sharing one set of weights, and
+    the buffers their encodes reuse."""
 
     def __init__(self, model: CausalLM) -> None:
         self._model = model
         self._weights: IntegerWeights | None = None
         self._forwards: dict[int | None, IntegerForward] = {}
+        self.encode_buffers = _BufferPool(model.vocab_size)
 
     def get(self, layers: int | None) -> IntegerForward:
         engine = self._forwards.get(layers)
@@ -135,8 +181,22 @@ def prefill_kv(model: CausalLM, tail: Sequence[int],
         return model.kv_tensor(cache)
 
 
+# A coded position's table and log2-probabilities, with the row's entropy where the integer
+# tables computed it (None: the uniform start, whose entropy the trace computes).
+_Row = tuple[CumulativeTable, npt.NDArray[np.float64], float | None]
+
+
+def _row(tables: IntegerTables) -> _Row:
+    return tables.cumulative, tables.log2p, float(tables.entropy)
+
+
+def _uniform(vocab: int) -> _Row:
+    table, log2p = uniform_distribution(vocab)
+    return table, log2p, None
+
+
 def _start(engine: IntegerForward, context: int | None,
-           prefix: ResolvedPrefix | None) -> tuple[IntSequence, Distribution]:
+           prefix: ResolvedPrefix | None) -> tuple[IntSequence, _Row]:
     """A sequence holding the prefix (integer KV recomputed from its tokens) and the
     distribution of the first coded token."""
     sequence = engine.new_sequence()
@@ -146,10 +206,10 @@ def _start(engine: IntegerForward, context: int | None,
         for start in range(0, len(tokens), ENCODE_CHUNK_ROWS):
             last = engine.forward([(sequence, tokens[start : start + ENCODE_CHUNK_ROWS])])[0][-1]
         assert last is not None
-        return sequence, integer_table(last)
+        return sequence, _row(integer_table(last))
     if context is None:
-        return sequence, uniform_distribution(engine.vocab_size)
-    return sequence, integer_table(engine.start_row(context))
+        return sequence, _uniform(engine.vocab_size)
+    return sequence, _row(integer_table(engine.start_row(context)))
 
 
 @dataclass(frozen=True)
@@ -198,30 +258,37 @@ class PortableLevel:
 
     def _code(self, request: EncodeRequest) -> tuple[TraceColumns, int]:
         engine = integer_predictor(request.model, self.layers)
-        tail = request.tail
         mixer = self._mixer(engine.vocab_size, request.dictionary, request.prefix)
         sequence, first = _start(engine, request.context, request.prefix)
-        trace = TraceColumns()
-        table, log2p = first
-        position = 0
         forwards = 1 if request.prefix is not None or request.context is not None else 0
-        # one buffer of logits and one of tables for the whole text (see TableBuffers)
-        logits = np.empty((min(len(tail), ENCODE_CHUNK_ROWS), engine.vocab_size), dtype=np.int64)
-        buffers = TableBuffers(min(len(tail), TABLE_ROWS), engine.vocab_size)
+        # one buffer of logits and one of tables, kept from encode to encode (KEPT_BUFFER_SETS)
+        pool = request.model.derived(IntegerPredictors, IntegerPredictors).encode_buffers
+        with pool.lend() as buffers:
+            return self._code_chunks(request, engine, sequence, first, mixer, buffers,
+                                     forwards)
+
+    def _code_chunks(self, request: EncodeRequest, engine: IntegerForward,
+                     sequence: IntSequence, first: _Row, mixer: MixingPredictor | None,
+                     buffers: _EncodeBuffers, forwards: int) -> tuple[TraceColumns, int]:
+        tail = request.tail
+        trace = TraceColumns()
+        table, log2p, entropy = first
+        position = 0
         for start in range(0, len(tail), ENCODE_CHUNK_ROWS):
             chunk = tail[start : start + ENCODE_CHUNK_ROWS]
-            rows = engine.forward([(sequence, chunk)], out=logits)[0]  # [len(chunk), V] int64
+            rows = engine.forward([(sequence, chunk)], out=buffers.logits)[0]  # [len(chunk), V]
             forwards += 1
             for offset in range(0, len(chunk), TABLE_ROWS):
-                tables, log2ps = integer_tables(rows[offset : offset + TABLE_ROWS], buffers)
+                tables, log2ps, entropies = integer_tables(rows[offset : offset + TABLE_ROWS],
+                                                           buffers.tables)
                 for row in range(tables.shape[0]):
                     token = tail[position]
                     coded = table if mixer is None else mixer.table(table)
                     request.encoder.encode(coded, token)
-                    trace.record(log2p, coded, token)
+                    trace.record(log2p, coded, token, entropy)
                     if mixer is not None:
                         mixer.update(token)
-                    table, log2p = tables[row], log2ps[row]
+                    table, log2p, entropy = tables[row], log2ps[row], float(entropies[row])
                     position += 1
                 # the next token's table outlives the buffers' next filling
                 table, log2p = table.copy(), log2p.copy()
@@ -256,7 +323,7 @@ class _Stream:
     decoder: ArithmeticDecoder
     length: int
     context: list[int]  # what the drafts may copy from: the prefix, then the decoded tokens
-    distribution: Distribution
+    distribution: _Row
     mixer: MixingPredictor | None = None
     tokens: list[int] = field(default_factory=list)
     trace: TraceColumns = field(default_factory=TraceColumns)
@@ -272,13 +339,13 @@ class _Stream:
     def done(self) -> bool:
         return len(self.tokens) >= self.length
 
-    def take(self, distribution: Distribution) -> int:
-        table, log2p = distribution
+    def take(self, distribution: _Row) -> int:
+        table, log2p, entropy = distribution
         coded = table if self.mixer is None else self.mixer.table(table)
         token = self.decoder.decode(coded)
         self.tokens.append(token)
         self.context.append(token)
-        self.trace.record(log2p, coded, token)
+        self.trace.record(log2p, coded, token, entropy)
         if self.mixer is not None:
             self.mixer.update(token)
         return token
@@ -313,7 +380,7 @@ def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
             kept = 0
             for r in range(len(stream_rows)):
                 kept = r + 1
-                token = stream.take(integer_table(stream_rows[r]))
+                token = stream.take(_row(integer_table(stream_rows[r])))
                 if stream.done or r >= len(guess) or guess[r] != token:
                     break
             stream.sequence.crop(before + kept)

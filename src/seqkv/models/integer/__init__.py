@@ -19,7 +19,7 @@ This package evaluates the model with exact integer arithmetic for every reducti
 >>> rows = engine.forward([(engine.new_sequence(), [1, 5, 9])])[0]
 >>> rows.shape, rows.dtype
 ((3, 512), dtype('int64'))
->>> table, log2p = integer_table(rows[-1])
+>>> table, log2p, entropy = integer_table(rows[-1])
 >>> int(table[0]), int(table[-1])
 (0, 4294967296)
 """

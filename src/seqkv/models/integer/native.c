@@ -1231,13 +1231,16 @@ int64_t seqkv_head(const seqkv_layer_t *L, const seqkv_linear_t *head, const int
  * IEEE-754 float64 elementwise operations (int64 -> double conversions, one division, one
  * multiplication, floor), each correctly rounded; native.py builds with -ffp-contract=off so
  * that no multiply-add is fused. fine_high, fine_low: fixedpoint.fine_tables (1,024 each).
- * threads: OpenMP threads sharing the rows. Returns 0, or -2 when a row's largest count would
+ * weighted_gaps [rows]: the sum of weight * z over the row (float64 products and sums in a
+ * fixed order: the same bits for a row in any batch, on any thread count), from which
+ * table.py states the row's entropy without a pass over its log2-probabilities; it never
+ * feeds the table. threads: OpenMP threads sharing the rows. Returns 0, or -2 when a row's largest count would
  * fall below 1 (table.py asserts it). */
 int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
                              int64_t top_bits, int64_t log2e_fixed, int64_t gap_shift,
                              int64_t max_gap, const int64_t *fine_high, const int64_t *fine_low,
                              int64_t total_frequency, double *log2p, int64_t *cumulative,
-                             int64_t *totals, int64_t threads) {
+                             int64_t *totals, double *weighted_gaps, int64_t threads) {
     int64_t failed = 0;
     /* rows are independent: threads share them (results do not depend on the split) */
 #ifdef _OPENMP
@@ -1250,6 +1253,7 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
         int64_t top = row[0];
         for (int64_t j = 1; j < vocab; ++j) top = row[j] > top ? row[j] : top;
         int64_t total = 0, j = 0;
+        double weighted = 0.0;
 #ifdef SEQKV_VNNI
         /* 8 at a time, the same operations: vpsraq is asr, vpmullq the wrapped product, two
          * gathers the fine tables; (double) d and its scaling by 2**-20 are exact, and the one
@@ -1262,6 +1266,7 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
         __m512i limit = _mm512_set1_epi64(62), weights = _mm512_setzero_si512();
         __m512d bits = _mm512_set1_pd((double)top_bits), unit = _mm512_set1_pd(0x1p-20);
         __m128i gap_amount = _mm_cvtsi64_si128(gap_shift);
+        __m512d lane_weighted = _mm512_setzero_pd();
         for (; j + 8 <= vocab; j += 8) {
             __m512i gap = _mm512_min_epi64(_mm512_sub_epi64(peak, _mm512_loadu_si512(row + j)),
                                            cap);
@@ -1278,8 +1283,11 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
             weights = _mm512_add_epi64(weights, weight);
             _mm512_storeu_pd(lr + j, _mm512_sub_pd(bits, _mm512_mul_pd(_mm512_cvtepi64_pd(d),
                                                                        unit)));
+            lane_weighted = _mm512_add_pd(lane_weighted, _mm512_mul_pd(
+                _mm512_cvtepi64_pd(weight), _mm512_cvtepi64_pd(d)));
         }
         total = _mm512_reduce_add_epi64(weights);
+        weighted = _mm512_reduce_add_pd(lane_weighted);
 #endif
         for (; j < vocab; ++j) {
             int64_t gap = top - row[j];
@@ -1291,8 +1299,10 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
             counts[j] = asr(product, shift < 62 ? shift : 62);  /* the weight, for now */
             total += counts[j];
             lr[j] = (double)top_bits - (double)d * 0x1p-20;  /* d < 2**53: exact conversion */
+            weighted += (double)counts[j] * (double)d;
         }
         totals[r] = total;
+        weighted_gaps[r] = weighted;
         double ratio = (double)(total_frequency - vocab) / (double)total;
         int64_t sum = 0, best = 0;
         j = 0;

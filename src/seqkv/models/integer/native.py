@@ -81,7 +81,7 @@ _SIGNATURES: dict[str, tuple[type, ...]] = {
     "seqkv_layers": (_P, _I, _P, _I, _P, _P, _I, _I),
     # layer description, head, hidden, rows, out_frac, logits, threads
     "seqkv_head": (_P, _P, _P, _I, _I, _P, _I),
-    "seqkv_integer_tables": (_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _P, _I),
+    "seqkv_integer_tables": (_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I),
 }
 
 
