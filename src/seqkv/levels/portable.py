@@ -103,9 +103,12 @@ def integer_threads(engine: IntegerForward) -> int:
 MAX_LAYERS = 1024  # a bound on what a file may ask for; the model's own count is checked too
 # NOTE: encode buffers kept per model for this many encodes running at once (more allocate
 # their own and drop them). A set is the logits of a 256-row forward and 64 rows of tables
-# (100 + 50 MB on SmolLM2): numpy asks for transparent huge pages for arrays this large, and
-# a fresh set cost its zeroing and faults on every encode (measured: 200-token encodes at
-# 0.27-0.28 s with kept buffers against 0.30-0.35 s fresh, this 2-core CPU).
+# (100 + 50 MB on SmolLM2): numpy asks for transparent huge pages for arrays this large, and a
+# fresh set cost its faults and zeroing on every encode. Measured (200-token encodes,
+# SmolLM2-135M, this 2-core CPU, 3 blocks of 7, in a process that had run the other levels
+# first, as `seqkv bench decode` does): medians 0.265-0.278 s kept against 0.295-0.396 s
+# fresh, the slowest 0.28-0.42 s against 0.65-0.97 s, 37 huge-page faults an encode against
+# none; in a fresh process the two were within noise (0.207-0.257 s against 0.230-0.269 s).
 KEPT_BUFFER_SETS = 2
 
 
@@ -153,7 +156,11 @@ class IntegerPredictors:
         engine = self._forwards.get(layers)
         if engine is None:
             if self._weights is None:
+                # built from the float weights' CPU copies, then run where the model runs (its
+                # torch statement on a GPU: the same integers, benchmarks/portable_devices.py)
                 self._weights = integer_weights(self._model)
+                if self._model.device.type != "cpu":
+                    self._weights = self._weights.to(self._model.device)
             engine = IntegerForward(self._weights, layers=layers)
             self._forwards[layers] = engine
         return engine
