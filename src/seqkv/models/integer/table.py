@@ -67,6 +67,7 @@ class IntegerTables(NamedTuple):
     log2p: FloatArray  # [R, V]: the log2-probabilities (reports; invariant 3)
     entropy: FloatArray  # [R]: each row's entropy in bits (reports; invariant 4)
 
+
 _LOG2E_BITS = 36
 LOG2E_FIXED = 99141248300  # round(log2(e) * 2**36); the tests recompute it with mpmath
 # NOTE: logit gaps beyond 2**7 nats (185 bits) are clamped: such a token's weight is 0 anyway,
