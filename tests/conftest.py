@@ -35,3 +35,14 @@ def use_tiny(tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> CausalLM:
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     with RedisServer(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
+                            config: pytest.Config) -> None:
+    """Which deterministic figures this run gated exactly, which not, and why."""
+    from test_figures_gate import GATE_REPORT
+
+    report = config.stash.get(GATE_REPORT, None)
+    if report is not None:
+        terminalreporter.section("deterministic figures gate")
+        terminalreporter.write_line(report.render())

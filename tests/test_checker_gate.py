@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import seqkv.levels.base
+from seqkv.bench.figures import CommittedCodeBits
 from seqkv.bounds import Bound
 from seqkv.checker import CheckOptions, CodeLengths, check_text_tokens, render_markdown
 from seqkv.checker.checks import CheckInputs, evaluate, kv_entropy_check
@@ -56,8 +57,9 @@ def test_the_real_coder_passes_every_bound(tiny_model: CausalLM) -> None:
         "file_bytes_accounted",
         "code_within_float64_cross_entropy",
         "kv_entropy_within_token_entropy",
-        "sequential_below_per_vector_entropy",
     }
+    assert {c.name for c in report.checks if c.kind == "figure"} == {
+        "sequential_below_per_vector_entropy", "code_bits_equal_baseline"}
     kv_check = next(c for c in report.checks if c.name == "kv_entropy_within_token_entropy")
     assert kv_check.interval is not None
     assert report.to_json_dict()["kv_entropy_positions"]
@@ -67,7 +69,7 @@ def test_a_sharpened_model_fails_the_gate_its_own_accounting_passes(
     tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(seqkv.levels.base, "model_distribution", _sharpened)
-    report = check_text_tokens(tiny_model, TOKENS, "random-tokens", options=FAST)
+    report = check_text_tokens(tiny_model, TOKENS, "random-tokens", options=FAST, level="tokens")
     failed = {c.name for c in report.checks if c.kind == "bound" and not c.holds}
     assert failed == {"code_within_reference_cross_entropy", "code_within_float64_cross_entropy"}
     assert report.to_json_dict()["passed"] is False
@@ -152,7 +154,7 @@ def _synthetic_report() -> CheckReport:
         trace=trace,
         run_bounds=run_bounds,
         reference_float64_bits=float(surprisal.sum()),
-        baseline_code_bits=257,
+        baseline=CommittedCodeBits("gated", 257, None, "integer.json"),
         kv_entropy=kv_entropy,
         per_vector=PerVectorEntropy(3, Interval(2.8, 2.7, 2.9, 0.95, "synthetic"),
                                     Interval(358.4, 345.6, 371.2, 0.95, "synthetic"), 128, 128),

@@ -55,7 +55,7 @@ from seqkv.container import (
     encode_container_with_sections,
 )
 from seqkv.descriptions import Descriptions
-from seqkv.digests import Digest, digest, model_digest, profile_digest
+from seqkv.digests import NO_PROFILE, Digest, digest, model_digest, profile_digest
 from seqkv.errors import (
     CorruptFileError,
     DecodeVerificationError,
@@ -291,9 +291,10 @@ def compress(
 
     With ``prefix`` (a shared prefix resolved from a ``seqkv.trie.PrefixTrie``), the file
     references it by hash and codes only the tokens after it; ``kv`` still covers all tokens.
-    ``level`` sets the rate-compute dial (``seqkv.levels``): ``tokens`` (default), ``rows``,
-    ``segments:N``, ``ngram``, ``plain``, ``portable``, ``portable+mix`` (with a mixing
-    ``dictionary``, ``seqkv.mixing``), or a ``CodingLevel``.
+    ``level`` sets the rate-compute dial (``seqkv.levels``): ``portable`` (default: the
+    integer predictor, whose tokens decode on any machine), ``tokens``, ``rows``,
+    ``segments:N``, ``ngram``, ``plain``, ``portable+mix`` (with a mixing ``dictionary``,
+    ``seqkv.mixing``), or a ``CodingLevel``.
 
     Without ``kv``, a portable level codes the tokens alone: its coding runs no float model (the
     bounds below still run the float reference) and the file records no KV (its decoder
@@ -348,7 +349,7 @@ def compress(
         segments=tuple(encoded.segments),
         vocab_size=None if spec.model_coded else model.vocab_size,
         model_digest=model_digest(model.identity),
-        profile_digest=profile_digest(profile),
+        profile_digest=profile_digest(profile) if rebuilt is not None else NO_PROFILE,
         tokens_digest=tokens_digest(token_list),
         kv_digest=None if rebuilt is None else kv_digest(rebuilt),
         prefix=None if prefix is None or prefix.kv is None else PrefixRef(

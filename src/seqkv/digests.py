@@ -30,6 +30,12 @@ Digest = NewType("Digest", bytes)
 """The first ``DIGEST_BYTES`` bytes of a SHA-256."""
 
 
+# NOTE: the profile digest of a file that records no KV (a portable level coded from the tokens
+# alone): its tokens depend on no execution profile, so it names none, and the same tokens give
+# the same file on every machine. Readers ignore the profile of a file without a KV digest.
+NO_PROFILE = Digest(bytes(DIGEST_BYTES))
+
+
 def digest(data: bytes) -> Digest:
     return Digest(hashlib.sha256(data).digest()[:DIGEST_BYTES])
 

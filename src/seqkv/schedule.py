@@ -63,6 +63,22 @@ def cpu_model() -> str:
     return "-".join(values.get(k, "?").strip() for k in ("vendor_id", "cpu family", "model"))
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``; an Arm implementer code as
+    ``arm-0x41``), or the machine's architecture name where /proc/cpuinfo names none."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    vendor = re.search(r"^vendor_id\s*:\s*(\S+)", info, re.M)
+    if vendor is not None:
+        return vendor.group(1)
+    implementer = re.search(r"^CPU implementer\s*:\s*(\S+)", info, re.M)
+    if implementer is not None:
+        return f"arm-{implementer.group(1)}"
+    return platform.machine() or "unknown"
+
+
 def current_profile(dtype: torch.dtype, device: torch.device,
                     schedule: Schedule = "token-by-token", row_block: int = 0) -> ExecutionProfile:
     """The profile this process runs ``schedule`` under for a model of ``dtype`` on ``device``

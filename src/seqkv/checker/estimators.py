@@ -6,7 +6,10 @@ say whether a bound holds, so every estimator here returns an ``Interval``.
 Invariants:
 1. ``mean_interval`` uses batch means: per-token costs along a text are autocorrelated, so the
    sample is cut into consecutive batches and the t-interval is taken over batch means (checked
-   on synthetic sources by the tests: the interval covers the true mean).
+   on synthetic sources by the tests: the interval covers the true mean and is no wider than a
+   calibrated one). Its batches must be several times longer than the series' correlation
+   time: on AR(1) with phi = 0.9 (correlation time 19) it covered 90.6% at a stated 95% with
+   500 samples (batches of 25), 94.3% with 2,000 (reports/estimator_coverage.md).
 2. ``dirichlet_entropy`` is Bayesian with the alphabet size known: the posterior mean entropy
    and a credible interval from posterior draws. Its frequentist coverage is measured, not
    assumed (checked: a coverage study over rare, unseen, near-uniform and random sources, and

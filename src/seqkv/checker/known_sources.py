@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 import torch
+from scipy import signal
 
 
 def entropy_bits(p: npt.NDArray[np.floating]) -> float:
@@ -47,3 +48,12 @@ class MarkovSource:
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         return torch.log(torch.tensor(self.transition))[tokens]
+
+
+def ar1_series(rng: np.random.Generator, size: int, phi: float) -> npt.NDArray[np.float64]:
+    """A stationary AR(1) series ``x_i = phi x_(i-1) + e_i`` with mean 0 and unit innovations:
+    its mean's standard error is about ``1 / ((1 - phi) sqrt(size))``, far above the i.i.d.
+    ``std(x) / sqrt(size)`` when ``phi`` is near 1."""
+    noise = rng.normal(0.0, 1.0, size)
+    noise[0] /= np.sqrt(1.0 - phi * phi)  # the first value from the stationary law
+    return np.asarray(signal.lfilter([1.0], [1.0, -phi], noise), dtype=np.float64)

@@ -24,6 +24,8 @@ def _cell(text: str) -> str:
 
 
 def _verdict(holds: bool, kind: str) -> str:
+    if kind == "figure":
+        return "figure (not a check)"
     if kind == "bound":
         return "PASS" if holds else "**FAIL**"
     return "holds" if holds else "does not hold"
@@ -73,6 +75,7 @@ def render_markdown(report: CheckReport) -> str:
     bounds = [c for c in report.checks if c.kind == "bound"]
     premises = [c for c in report.checks if c.kind == "premise"]
     claims = [c for c in report.checks if c.kind == "claim"]
+    figures = [c for c in report.checks if c.kind == "figure"]
     r = report.ratios
     n = report.lengths.tokens
     lines = [
@@ -112,6 +115,10 @@ def render_markdown(report: CheckReport) -> str:
         "## Bounds (gate)",
         "",
         *_rows(bounds),
+        "",
+        "## Report figures (measured and shown; not checks: no verdict of theirs can fail)",
+        "",
+        *(_rows(figures) if figures else ["none on this run"]),
         "",
         "## Theorem 1 measured: H(KV_(i+1) | prefix) against H(t_(i+1) | prefix)",
         "",

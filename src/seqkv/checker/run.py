@@ -19,7 +19,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from seqkv.bench.figures import BASELINE_DIR, baseline_row
+from seqkv.bench.figures import CommittedCodeBits, committed_code_bits
 from seqkv.bounds import (
     Bound,
     code_within_table_cost,
@@ -33,6 +33,7 @@ from seqkv.checker.premises import measure_determinism, measure_injectivity
 from seqkv.checker.sampling import EntropyRateEstimate, estimate_entropy_rate_from_data
 from seqkv.codec import DEFAULT_TOLERANCE, CodingTrace, compress, decompress
 from seqkv.container import decode_container
+from seqkv.levels import DEFAULT_LEVEL
 from seqkv.models.adapter import CausalLM
 from seqkv.proofs.claims import Claim, Measurements, paper_claims
 from seqkv.proofs.ratios import per_vector_bits_per_token, per_vector_over_sequential
@@ -146,7 +147,7 @@ class _Coded:
 def check_text_tokens(
     model: CausalLM, tokens: list[int], source: str, tolerance: float = DEFAULT_TOLERANCE,
     options: CheckOptions | None = None, progress: bool = False,
-    baselines: Path | None = BASELINE_DIR,
+    baselines: Path | None = None, level: str = DEFAULT_LEVEL,
 ) -> CheckReport:
     """Compress ``tokens`` with their prefill KV, then check every bound on the result.
 
@@ -154,7 +155,7 @@ def check_text_tokens(
     """
     kv = model.prefill(tokens)
     result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=progress,
-                      on_violation="return")
+                      level=level, on_violation="return")
     stats = result.stats
     coded = _Coded(tokens, [tokens], [], model.kv_tensor(kv), result.trace,
                    CodeLengths(stats.tokens, stats.code_bits, stats.residual_bits,
@@ -166,7 +167,7 @@ def check_text_tokens(
 
 def check_skv(
     model: CausalLM, skv: bytes, source: str, options: CheckOptions | None = None,
-    progress: bool = False, baselines: Path | None = BASELINE_DIR,
+    progress: bool = False, baselines: Path | None = None,
 ) -> CheckReport:
     """Decode a .skv file, then check every bound on what it codes (per coded token)."""
     container = decode_container(skv)
@@ -201,10 +202,9 @@ def _report(model: CausalLM, coded: _Coded, data: DataFingerprint, options: Chec
         options.entropy_length, options.seed)
     reference = reference_surprisal(model, coded.segments, model.start_token_id, coded.prefix,
                                     dtype=torch.float64)
-    baseline = None
-    if baselines is not None and not coded.prefix:
-        row = baseline_row(model, coded.tokens, coded.level, baselines)
-        baseline = None if row is None else row.code_bits
+    baseline = (committed_code_bits(model, coded.tokens, coded.level, baselines)
+                if not coded.prefix else
+                CommittedCodeBits("no baseline row for these tokens", None, None, ""))
     kv_entropy = estimate_kv_entropy(model, tokens, options.kv_positions, options.kv_top_k,
                                      options.seed)
     inputs = CheckInputs(
@@ -214,7 +214,7 @@ def _report(model: CausalLM, coded: _Coded, data: DataFingerprint, options: Chec
         trace=coded.trace,
         run_bounds=coded.run_bounds,
         reference_float64_bits=float(reference.sum()),
-        baseline_code_bits=baseline,
+        baseline=baseline,
         kv_entropy=kv_entropy,
         per_vector=per_vector_entropy(coded.kv, options.per_vector_bits, options.seed),
         determinism=measure_determinism(model, tokens[: options.determinism_tokens]),

@@ -67,26 +67,30 @@ def _report(args: argparse.Namespace, markdown: str, figures: dict[str, object],
 
 def _cmd_bench_figures(args: argparse.Namespace) -> int:
     from seqkv.bench import figures as gate
+    from seqkv.schedule import cpu_model
 
     model = common.load(args.model)
-    key = gate.profile_key(model)
-    path = gate.baseline_path(key, Path(args.baselines))
+    root = Path(args.baselines) if args.baselines else gate.baselines_root()
     current = gate.measure_figures(model)
     if args.record:
-        gate.write_baseline(path, key, model, current)
-        print(f"recorded {len(current)} rows of deterministic figures for profile {key} "
-              f"in {path}")
+        paths = gate.record(model, current, root, recorded_on=cpu_model())
+        print(f"recorded {len(current)} rows of deterministic figures in "
+              f"{', '.join(map(str, paths))}")
         return 0
-    changes = gate.compare_figures(gate.read_baseline(path), current)
+    report = gate.gate(model, current, root)
     if args.json:
-        print(json.dumps({"profile": key, "baseline": str(path), "passed": not changes,
-                          "figures": [asdict(f) for f in current],
-                          "changes": [asdict(c) for c in changes]}))
-    elif changes:
-        print(gate.render_changes(changes, key))
+        print(json.dumps({
+            "passed": report.passed, "float_profile": report.float_profile.key,
+            "float_gated": report.float_gated, "baselines": str(root),
+            "figures": [asdict(f) for f in current],
+            "integer_changes": [asdict(c) for c in report.integer_changes],
+            "float_changes": (None if report.float_changes is None else
+                              [asdict(c) for c in report.float_changes]),
+            "nearest_float_profile": None if report.nearest is None else report.nearest.path.stem,
+            "nearest_changes": [asdict(c) for c in report.nearest_changes]}))
     else:
-        print(f"seqkv bench figures: {len(current)} rows equal the baseline of profile {key}")
-    return 1 if changes else 0
+        print(report.render())
+    return 0 if report.passed else 1
 
 
 def _cmd_bench_mix(args: argparse.Namespace) -> int:
@@ -201,14 +205,16 @@ def add_bench(commands: common.Subparsers) -> None:
     bm.set_defaults(run=_cmd_bench_mix)
 
     bf = benches.add_parser("figures", help="deterministic figures of every level (code bits, "
-                            "file bytes, residual bits, forwards) against the committed baseline "
-                            "of this execution profile; exit 1 on any difference")
+                            "file bytes, residual bits, forwards) against the committed baselines: "
+                            "the integer levels' (every machine) and this profile's float "
+                            "levels' (where recorded); exit 1 on any difference")
     common.model_option(bf)
     bf.add_argument("--record", action="store_true",
-                    help="write this profile's baseline instead of comparing with it")
-    bf.add_argument("--baselines", default=str(Path("benchmarks") / "baselines" / "figures"),
-                    metavar="DIR", type=common.output_folder, help="folder of the baselines "
-                    "(default benchmarks/baselines/figures)")
+                    help="write the integer baseline and this profile's float baseline instead "
+                         "of comparing with them")
+    bf.add_argument("--baselines", default=None, metavar="DIR", type=common.output_folder,
+                    help="folder of the baselines (default: the ones shipped in the package, "
+                         "seqkv/data/baselines/figures)")
     common.json_option(bf)
     common.progress_option(bf)
     bf.set_defaults(run=_cmd_bench_figures)

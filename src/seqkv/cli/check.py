@@ -23,7 +23,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                            entropy_contexts=args.entropy_contexts)
     reporter.phase("load the model")
     model = common.load(args.model)
-    baselines = Path(args.baselines)
+    baselines = None if args.baselines is None else Path(args.baselines)
     reporter.phase("check")
     data = common.read_bytes(args.input)
     if data.startswith(MAGIC):  # formats 1 and 2 start with these bytes too
@@ -64,10 +64,10 @@ def add_check(commands: common.Subparsers) -> None:
                    default=CheckOptions.entropy_contexts,
                    metavar="N", help="contexts drawn from the data for the model's entropy "
                    f"rate (default {CheckOptions.entropy_contexts}, 2 or more)")
-    k.add_argument("--baselines", default=str(Path("benchmarks") / "baselines" / "figures"),
-                   metavar="DIR", type=_folder_or_missing,
+    k.add_argument("--baselines", default=None, metavar="DIR", type=_folder_or_missing,
                    help="committed deterministic figures: a text found there has its code length "
-                        "gated exactly (default benchmarks/baselines/figures)")
+                        "gated exactly (default: the baselines shipped in the package, "
+                        "seqkv/data/baselines/figures)")
     common.json_option(k)
     common.progress_option(k)
     k.set_defaults(run=_cmd_check, paths=common.PathRoles(("input",), ("report",)),

@@ -22,7 +22,6 @@ from seqkv.cli import common
 from seqkv.cli.sessions import kv_file_bytes
 from seqkv.errors import OutputError, SeqKVError
 from seqkv.files import atomic_output
-from seqkv.levels import DEFAULT_LEVEL
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryMismatchError
 from seqkv.models import CausalLM
@@ -188,8 +187,7 @@ def add_store(commands: common.Subparsers) -> None:
                              metavar="LEVEL",
                              help=f"coding level (default {DEFAULT_STORE_LEVEL}: decodes on any "
                                   "machine; portable+mix codes with the namespace's dictionary "
-                                  f"(dict-put); {DEFAULT_LEVEL} codes fewest bits but decodes "
-                                  "one token per forward)")
+                                  "(dict-put))")
 
     put = verbs.add_parser("put", help="store a text (and its prefill KV) as a session")
     put.add_argument("session_id", metavar="SESSION_ID")

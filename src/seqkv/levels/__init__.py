@@ -89,7 +89,7 @@ LEVELS: Mapping[str, LevelFactory] = MappingProxyType({
     "portable": _portable,
     "portable+mix": _portable_mix,
 })
-DEFAULT_LEVEL = "tokens"
+DEFAULT_LEVEL = "portable"
 
 
 def parse_level(text: str) -> CodingLevel:
