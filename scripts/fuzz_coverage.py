@@ -13,18 +13,18 @@ import sys
 from pathlib import Path
 
 DECODERS: dict[str, tuple[str, ...]] = {
-    "src/seqkv/framing.py": (
+    "src/seqkv/formats/framing.py": (
         "read_varint", "decode_varint", "peek_version", "unframe", "SectionReader.__init__",
         "SectionReader.fail", "SectionReader.remaining", "SectionReader.take", "SectionReader.u8",
         "SectionReader.varint", "SectionReader.f32", "SectionReader.f64",
         "SectionReader.finite", "SectionReader.rest", "SectionReader.finish", "inflate",
         "json_depth", "_refuse_constant", "_unique_keys", "load_json"),
-    "src/seqkv/container.py": (
-        "decode_container", "_token_code", "_decode_header", "decode_residual_section",
-        "_from_legacy", "_level_parts", "split_lengths"),
-    "src/seqkv/container_legacy.py": (
+    "src/seqkv/formats/skv.py": (
+        "read_skv", "_token_code", "_decode_header", "decode_residual_section",
+        "_level_parts"),
+    "src/seqkv/formats/skv_legacy.py": (
         "read_legacy", "_fail", "_object", "_int", "_number", "_str", "_sha256", "_list",
-        "_show", "_parse", "_schedule", "_segments", "_kv_shape", "_residual"),
+        "_show", "_parse", "_schedule", "_segments", "_kv_shape", "_residual", "upgraded"),
     "src/seqkv/trie/persistence.py": (
         "trie_from_bytes", "decompress_kv", "_corrupt", "_decode", "_layout", "_read",
         "_read_nodes", "_read_legacy", "_field", "_parse_legacy", "_assemble", "_check_tree",
@@ -32,8 +32,9 @@ DECODERS: dict[str, tuple[str, ...]] = {
     "src/seqkv/mixing/dictionary.py": (
         "Dictionary.__init__", "Dictionary.from_bytes", "_read", "_read_format_1",
         "_token_width", "_token_dtype"),
-    "src/seqkv/store/record.py": ("read_varint", "SpanRecord.__post_init__", "unpack"),
-    "src/seqkv/store/skv_adapter.py": ("SkvCodec._container", "SkvCodec.decode_many"),
+    "src/seqkv/formats/span.py": ("read_frame", "read_span", "_version2", "_version1",
+                                  "SpanRecord.__post_init__"),
+    "src/seqkv/store/codecs.py": ("session_of", "ModelCodec.decode_many"),
 }
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from seqkv import cli
 from seqkv.models import CausalLM
-from seqkv.store.redis_server import RedisServer
+from seqkv.store.backends.redis_server import RedisServer
 
 
 class _TinyTokenizer:
@@ -39,10 +39,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
                             config: pytest.Config) -> None:
-    """Which deterministic figures this run gated exactly, which not, and why."""
+    """Which deterministic figures this run gated exactly, which not, and why; the timing
+    gate's table."""
     from test_figures_gate import GATE_REPORT
+    from test_timing_gate import TIMING_VERDICT
 
     report = config.stash.get(GATE_REPORT, None)
     if report is not None:
         terminalreporter.section("deterministic figures gate")
         terminalreporter.write_line(report.render())
+    verdict = config.stash.get(TIMING_VERDICT, None)
+    if verdict is not None:
+        terminalreporter.section("timing gate")
+        terminalreporter.write_line(verdict)

@@ -9,7 +9,7 @@ import pytest
 
 from seqkv import cli
 from seqkv.models import CausalLM
-from seqkv.store.redis_server import RedisServer
+from seqkv.store.backends.redis_server import RedisServer
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

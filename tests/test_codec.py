@@ -15,7 +15,6 @@ from transformers import DynamicCache
 from seqkv import compress, decompress
 from seqkv.bounds import reference_surprisal
 from seqkv.codec import CompressResult
-from seqkv.container import decode_container, encode_container
 from seqkv.descriptions import Descriptions
 from seqkv.digests import profile_digest
 from seqkv.errors import (
@@ -26,6 +25,7 @@ from seqkv.errors import (
     InvalidTokensError,
     ModelMismatchError,
 )
+from seqkv.formats.skv import read_skv, write_skv
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.models import CausalLM, tiny_random_llama
 
@@ -34,7 +34,7 @@ VOCAB = 512
 
 @given(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40))
 def test_token_round_trip(tiny_model: CausalLM, tokens: list[int]) -> None:
-    result = compress(tiny_model, tokens)
+    result = compress(tiny_model, tokens, level="tokens")
     decoded = decompress(tiny_model, result.data)
     assert decoded.tokens == tokens
     assert decoded.stats.verified
@@ -83,7 +83,7 @@ def test_kv_conversion_round_trip(tiny_model: CausalLM) -> None:
 
 
 def test_first_token_is_coded_under_the_start_context(tiny_model: CausalLM) -> None:
-    result = compress(tiny_model, [7])
+    result = compress(tiny_model, [7], level="tokens")
     after_bos = reference_surprisal(tiny_model, [[7]], tiny_model.config.bos_token_id)
     assert result.trace.surprisal_bits[0] == pytest.approx(after_bos[0], abs=1e-4)
     assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2
@@ -130,14 +130,13 @@ def _with_profile(result: CompressResult, descriptions: Descriptions,
     """The file as if coded under another profile, whose description the registry holds."""
     profile = dataclasses.replace(result.profile, **changes)  # type: ignore[arg-type]
     descriptions.remember(profile=profile)
-    container = decode_container(result.data)
-    header = dataclasses.replace(container.header, profile_digest=profile_digest(profile))
-    return encode_container(dataclasses.replace(container, header=header))
+    session = read_skv(result.data).session
+    return write_skv(dataclasses.replace(session, profile_digest=profile_digest(profile))).data
 
 
 def test_other_device_class_is_refused(tiny_model: CausalLM, tmp_path: Path) -> None:
     descriptions = Descriptions(tmp_path)
-    data = _with_profile(compress(tiny_model, [1, 2, 3]), descriptions,
+    data = _with_profile(compress(tiny_model, [1, 2, 3], level="tokens"), descriptions,
                          device_class="cuda:NVIDIA H200")
     with pytest.raises(EnvironmentMismatchError, match="device_class"):
         decompress(tiny_model, data, allow_environment_mismatch=True, descriptions=descriptions)
@@ -146,7 +145,8 @@ def test_other_device_class_is_refused(tiny_model: CausalLM, tmp_path: Path) -> 
 def test_other_library_version_is_refused_unless_allowed(tiny_model: CausalLM,
                                                          tmp_path: Path) -> None:
     descriptions = Descriptions(tmp_path)
-    data = _with_profile(compress(tiny_model, [1, 2, 3]), descriptions, torch_version="0.0.1")
+    data = _with_profile(compress(tiny_model, [1, 2, 3], level="tokens"), descriptions,
+                         torch_version="0.0.1")
     with pytest.raises(EnvironmentMismatchError, match="torch_version"):
         decompress(tiny_model, data, descriptions=descriptions)
     with pytest.raises(EnvironmentMismatchError, match=r"profile \(digest"):
@@ -168,9 +168,9 @@ def test_desynchronised_probabilities_fail_loudly(tiny_model: CausalLM) -> None:
 
 
 def test_damaged_token_code_fails_loudly(tiny_model: CausalLM) -> None:
-    container = decode_container(compress(tiny_model, list(range(10, 50))).data)
-    code = container.token_code
+    session = read_skv(compress(tiny_model, list(range(10, 50))).data).session
+    code = session.token_code
     flipped = bytes([code.data[0] ^ 0x10]) + code.data[1:]
-    damaged = dataclasses.replace(container, token_code=dataclasses.replace(code, data=flipped))
+    damaged = dataclasses.replace(session, token_code=dataclasses.replace(code, data=flipped))
     with pytest.raises(DecodeVerificationError, match="tokens"):
-        decompress(tiny_model, encode_container(damaged))
+        decompress(tiny_model, write_skv(damaged).data)

@@ -1,4 +1,5 @@
-"""Fuzzing mixing dictionaries: format 2 (``seqkv.framing``) and format 1 (content + SHA-256).
+"""Fuzzing mixing dictionaries: format 2 (``seqkv.formats.framing``) and format 1 (content +
+SHA-256).
 
 Each case reads a mutated dictionary (``Dictionary.from_bytes``) and must end in a ``SeqKVError``
 or in a dictionary whose file is exactly the bytes read (invariant 4 of
@@ -24,7 +25,7 @@ import torch
 
 from fuzz_oracle import OTHER_VALID, CountingTally, run_case
 from seqkv import compress, decompress
-from seqkv.framing import unframe
+from seqkv.formats.framing import unframe
 from seqkv.mixing.dictionary import (
     _ERRORS,
     _HEADER,

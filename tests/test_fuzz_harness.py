@@ -45,7 +45,7 @@ import numpy as np
 import pytest
 
 from seqkv.errors import SeqKVError
-from seqkv.framing import encode_varint, frame
+from seqkv.formats.framing import encode_varint, frame
 
 CASES_ENV = "SEQKV_FUZZ_CASES"
 SEED_ENV = "SEQKV_FUZZ_SEED"

@@ -1,8 +1,8 @@
 """Fuzzing the store's span records in a local directory store.
 
-A directory store (``seqkv.store.directory``) keeps one record file per span: a session's own
-span, and the prefix spans that other sessions extend (``seqkv.store.record``, the payload of
-``seqkv.store.skv_adapter.SkvCodec``). Each case mutates one record file in place (a structural
+A directory store (``seqkv.store.backends.directory``) keeps one record file per span: a
+session's own span, and the prefix spans that other sessions extend (``seqkv.formats.span``).
+Each case mutates one record file in place (a structural
 mutation with its CRC-32 recomputed, or a random byte mutation without), then reads with a store
 that keeps nothing hot: one session whose chain holds the span must come back with exactly its
 original tokens and KV or end in a ``SeqKVError``, and one session whose chain does not hold it
@@ -25,12 +25,12 @@ import torch
 
 from fuzz_oracle import CountingTally
 from seqkv.errors import SeqKVError
+from seqkv.formats.framing import read_varint
 from seqkv.models import CausalLM
-from seqkv.store import SessionStore, skv_codecs
-from seqkv.store.directory import DirectoryBackend
+from seqkv.store import SessionStore, model_codecs
+from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.errors import CorruptRecordError
 from seqkv.store.ids import SessionName, SpanId, check_namespace, namespace_key
-from seqkv.store.record import read_varint
 from test_fuzz_harness import (
     BUDGET,
     Field,
@@ -98,7 +98,7 @@ def stored(fuzz_model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> It
     backend = DirectoryBackend(root)
     names = [SessionName(n) for n in ("base", "child", "appended", "noisy", "short")]
     chains = backend.fetch_sessions(namespace_key(check_namespace(NAMESPACE)), names)
-    reader = SessionStore(backend, skv_codecs(fuzz_model), hot_bytes=0)
+    reader = SessionStore(backend, model_codecs(fuzz_model), hot_bytes=0)
     sessions = []
     for name, chain in zip(names, chains, strict=True):
         assert chain is not None
@@ -110,16 +110,20 @@ def stored(fuzz_model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def record_fields(record: bytes) -> list[Field]:
-    """Where each field of a valid span record and its ``SkvCodec`` payload lies."""
+    """Where each field of a valid span record (version 2) lies."""
     walker = Walker(record[:-4])
+    flags = record[0] & 0x0F
     walker.u8("head")
     walker.varint("codec")
     walker.varint("parent")
     walker.varint("start")
-    head = walker.varint("payload head")
+    walker.varint("count")
     walker.raw(8, "tokens digest")
-    walker.raw(8, "KV digest")
-    if head % 2:
+    if flags & 8:
+        walker.raw(8, "KV digest")
+    if flags & 4:
+        walker.raw(32, "dictionary digest")
+    if flags & 2:
         length, _ = read_varint(record, walker.offset)
         walker.varint("residual length")
         walker.fields += residual_fields(record[walker.offset : walker.offset + length],
@@ -144,7 +148,7 @@ def _same(got_tokens: list[int], got_kv: torch.Tensor | None, want: Stored) -> b
 
 
 def _attempt(model: CausalLM, fixture: Fixture, affected: Stored, bystander: Stored) -> bool:
-    store = SessionStore(fixture.backend, skv_codecs(model), hot_bytes=0)
+    store = SessionStore(fixture.backend, model_codecs(model), hot_bytes=0)
     try:
         other = store.get(bystander.name, namespace=NAMESPACE)
     except SeqKVError as error:
@@ -192,7 +196,7 @@ def test_the_record_fields_cover_every_byte(stored: Fixture) -> None:
 
 
 def test_the_store_is_intact_after_fuzzing(fuzz_model: CausalLM, stored: Fixture) -> None:
-    store = SessionStore(stored.backend, skv_codecs(fuzz_model), hot_bytes=0)
+    store = SessionStore(stored.backend, model_codecs(fuzz_model), hot_bytes=0)
     for session in stored.sessions:
         got = store.get(session.name, namespace=NAMESPACE)
         assert _same(got.tokens, got.kv, session)
@@ -212,7 +216,7 @@ def test_a_record_naming_another_parent_is_corrupt(fuzz_model: CausalLM, stored:
             + original[parent.offset + parent.length : -4])
     path.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
     try:
-        store = SessionStore(stored.backend, skv_codecs(fuzz_model), hot_bytes=0)
+        store = SessionStore(stored.backend, model_codecs(fuzz_model), hot_bytes=0)
         with pytest.raises(CorruptRecordError, match="names parent 99"):
             store.get("appended", namespace=NAMESPACE)
     finally:

@@ -1,6 +1,6 @@
 """Fuzzing .skv files: format 3 at every level, and the JSON-headed formats 1 and 2.
 
-Each case decodes a mutated file as a user would (``decode_container``, what ``seqkv inspect``
+Each case decodes a mutated file as a user would (``read_skv``, what ``seqkv inspect``
 prints, ``decompress`` with the model, and ``decompress_tokens`` without it where the level
 allows) and must end in a ``SeqKVError`` or give exactly the original tokens and KV (see
 ``tests/test_fuzz_harness.py`` for the mutations, the budget and ``SEQKV_FUZZ_CASES``).
@@ -22,10 +22,10 @@ import torch
 
 from seqkv import compress, decompress, decompress_tokens
 from seqkv.cli.sessions import inspect_figures
-from seqkv.container import _ERRORS, FORMAT_VERSION, MAGIC, decode_container
 from seqkv.descriptions import Descriptions
 from seqkv.errors import EnvironmentMismatchError, ModelMismatchError
-from seqkv.framing import unframe
+from seqkv.formats.framing import unframe
+from seqkv.formats.skv import _ERRORS, FORMAT_VERSION, MAGIC, read_skv
 from seqkv.models import CausalLM
 from seqkv.trie import PrefixTrie
 from test_fuzz_harness import (
@@ -90,7 +90,7 @@ def originals(fuzz_model: CausalLM) -> list[Original]:
 
 
 def skv_fields(sections: list[bytes]) -> list[list[Field]]:
-    """Where each field of a valid format-3 file lies (see ``seqkv.container``)."""
+    """Where each field of a valid format-3 file lies (see ``seqkv.formats.skv``)."""
     header = Walker(sections[0])
     flags = header.u8("flags")
     header.u8("level id")
@@ -131,8 +131,8 @@ def residual_fields(section: bytes, base: int = 0) -> list[Field]:
 
 def _attempt(model: CausalLM, original: Original, data: bytes,
              descriptions: Descriptions) -> bool:
-    container = decode_container(data)
-    inspect_figures(container, len(data), descriptions)
+    read = read_skv(data)
+    inspect_figures(read, len(data), descriptions)
     result = decompress(model, data, prefixes=original.prefixes)
     same = result.tokens == original.tokens and torch.equal(result.kv, original.kv)
     try:

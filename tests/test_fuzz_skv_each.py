@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqkv.container import _ERRORS, FORMAT_VERSION, MAGIC
 from seqkv.descriptions import Descriptions
-from seqkv.framing import unframe
+from seqkv.formats.framing import unframe
+from seqkv.formats.skv import _ERRORS, FORMAT_VERSION, MAGIC
 from seqkv.models import CausalLM
 from test_fuzz_harness import CASES_ENV, Tally, case_count, mutate_framed, seed
 from test_fuzz_skv import Original, _attempt, originals, skv_fields

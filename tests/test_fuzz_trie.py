@@ -1,4 +1,4 @@
-"""Fuzzing trie snapshots: format 2 (``seqkv.framing``) and the JSON-headed format 1.
+"""Fuzzing trie snapshots: format 2 (``seqkv.formats.framing``) and the JSON-headed format 1.
 
 Each case loads a mutated snapshot (``trie_from_bytes``) and must end in a ``SeqKVError`` or in
 a trie that passes ``audit`` and re-saves to exactly the loaded bytes (invariant 5 of
@@ -26,7 +26,7 @@ import torch
 
 from fuzz_oracle import OTHER_VALID, CountingTally, run_case
 from seqkv import compress, decompress
-from seqkv.framing import unframe
+from seqkv.formats.framing import unframe
 from seqkv.models import CausalLM
 from seqkv.trie import Namespace, PrefixTrie, prefix_hash, trie_from_bytes, trie_to_bytes
 from seqkv.trie.persistence import _ERRORS, FORMAT_VERSION, LEGACY_MAGIC, MAGIC

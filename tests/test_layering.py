@@ -1,5 +1,7 @@
-"""The package's dependency rules, checked on the source: no cycle between packages, the shared
-modules depend on nothing heavy, the proofs import the core and never the reverse."""
+"""The package's dependency rules, checked on the source: data flows one way (model -> levels ->
+codec -> formats / store), no import goes from a lower layer to a higher one, no cycle between
+packages, the shared modules depend on nothing heavy, the proofs import the core and never the
+reverse, and the store's path passes through the coded session and its span format only."""
 
 from __future__ import annotations
 
@@ -14,6 +16,22 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "seqkv"
 # Subpackages and top-level modules that may import the symbolic proofs: the checker reads
 # them, the proofs themselves and the CLI that runs the checker.
 PROOF_READERS = {"checker", "proofs", "cli"}
+# Every unit's layer: a unit imports units of its layer or below, never above. The values and
+# their byte layouts sit low (a file is read without the model); the model, the levels, the
+# codec, then what builds on the codec (the trie, the store, layer 2), then what measures and
+# what a user runs.
+LAYERS: dict[str, int] = {
+    **dict.fromkeys(("errors", "limits", "types", "digests", "files", "version", "namespaces"),
+                    0),
+    **dict.fromkeys(("coding", "session", "schedule", "kvcache"), 1),
+    **dict.fromkeys(("formats", "descriptions"), 2),
+    **dict.fromkeys(("models", "kernels", "mixing", "quantizers"), 3),
+    "levels": 4,
+    **dict.fromkeys(("bounds", "codec"), 5),
+    **dict.fromkeys(("trie", "store", "delta", "integrations"), 6),
+    **dict.fromkeys(("bench", "checker", "proofs"), 7),
+    **dict.fromkeys(("cli", "__main__"), 8),
+}
 
 
 def _unit(module: str) -> str:
@@ -67,14 +85,51 @@ def test_no_import_cycle_between_packages() -> None:
             visit(unit)
 
 
+def test_every_unit_has_a_layer() -> None:
+    units = {path.relative_to(SRC).parts[0].removesuffix(".py") for path in SRC.glob("*")
+             if path.name != "__init__.py" and (path.suffix == ".py" or path.is_dir())
+             and path.name not in ("py.typed", "data", "__pycache__")}
+    assert units <= set(LAYERS), sorted(units - set(LAYERS))
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one() -> None:
+    upward = sorted(f"{unit} ({LAYERS[unit]}) -> {target} ({LAYERS[target]})"
+                    for unit, targets in _imports().items() for target in targets
+                    if LAYERS[target] > LAYERS[unit])
+    assert not upward, upward
+
+
+def _module_imports(path: Path) -> set[str]:
+    """Every ``seqkv`` module one file imports, at any level of its code."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("seqkv")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("seqkv"):
+            found.add(node.module)
+    return found
+
+
+def test_the_store_and_the_levels_do_not_pass_through_the_skv_file_or_the_trie() -> None:
+    """A store put and get walk the coded session and its span format only; levels take the
+    neutral prefix type, not the trie's."""
+    for unit, banned in (("store", ("seqkv.formats.skv", "seqkv.trie")),
+                         ("levels", ("seqkv.trie", "seqkv.formats"))):
+        for path in (SRC / unit).rglob("*.py"):
+            bad = sorted(m for m in _module_imports(path) if m.startswith(banned))
+            assert not bad, f"{path.relative_to(SRC)} imports {bad}"
+
+
 def test_only_the_checker_reads_the_proofs() -> None:
     graph = _imports()
     readers = {unit for unit, targets in graph.items() if "proofs" in targets}
     assert readers <= PROOF_READERS
 
 
-@pytest.mark.parametrize("module", ["seqkv.types", "seqkv.digests", "seqkv.framing",
-                                    "seqkv.container", "seqkv.descriptions"])
+@pytest.mark.parametrize("module", ["seqkv.types", "seqkv.digests", "seqkv.limits",
+                                    "seqkv.session", "seqkv.formats.framing",
+                                    "seqkv.formats.skv", "seqkv.formats.span",
+                                    "seqkv.descriptions", "seqkv.namespaces"])
 def test_shared_modules_import_neither_torch_nor_transformers(module: str) -> None:
     code = (f"import sys, {module}; print(sorted(m for m in sys.modules "
             "if m.split('.')[0] in ('torch', 'transformers')))")

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from seqkv.codec import compress, decompress, decompress_batch, decompress_tokens
 from seqkv.coding.frequencies import TOTAL_FREQUENCY, cumulative_from_counts
 from seqkv.coding.ngram import AdaptiveNgram
-from seqkv.container import Container, decode_container, encode_container
 from seqkv.descriptions import Descriptions
 from seqkv.digests import profile_digest
 from seqkv.errors import (
@@ -27,6 +26,7 @@ from seqkv.errors import (
     KVNotRecordedError,
     UnsupportedVersionError,
 )
+from seqkv.formats.skv import read_skv, write_skv
 from seqkv.kvcache import tensor_from_cache
 from seqkv.levels import LEVELS as REGISTRY
 from seqkv.levels import (
@@ -56,14 +56,14 @@ def test_every_level_round_trips_tokens_and_kv(tiny_model: CausalLM, tokens: lis
     decoded = decompress(tiny_model, result.data)
     assert decoded.tokens == tokens
     assert (decoded.kv - tensor_from_cache(kv)).abs().max().item() <= tolerance
-    assert decoded.header.level == parse_level(level).spec.name
+    assert decoded.session.level == parse_level(level).spec.name
     assert np.array_equal(decoded.trace.surprisal_bits, result.trace.surprisal_bits)
     assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2 + 2e-5 * len(tokens)
 
 
 def test_rows_level_codes_the_same_distributions_as_tokens_level(tiny_model: CausalLM) -> None:
     tokens = [int(t) for t in np.random.default_rng(1).integers(0, VOCAB, 40)]
-    by_tokens = compress(tiny_model, tokens).trace.surprisal_bits
+    by_tokens = compress(tiny_model, tokens, level="tokens").trace.surprisal_bits
     by_rows = compress(tiny_model, tokens, level="rows").trace.surprisal_bits
     # Two forwards of the same model: equal up to float noise, not necessarily bit for bit.
     assert np.abs(by_tokens - by_rows).max() < 1e-3
@@ -183,9 +183,8 @@ def test_portable_levels_decode_under_another_profile_with_an_inexact_kv(
     profile = dataclasses.replace(result.profile, device_class="cuda:NVIDIA H200")
     descriptions = Descriptions(tmp_path)
     descriptions.remember(profile=profile)
-    container = decode_container(result.data)
-    header = dataclasses.replace(container.header, profile_digest=profile_digest(profile))
-    moved = encode_container(Container(header, container.token_code, container.residual))
+    session = read_skv(result.data).session
+    moved = write_skv(dataclasses.replace(session, profile_digest=profile_digest(profile))).data
     decoded = decompress(tiny_model, moved, descriptions=descriptions)
     assert decoded.tokens == [1, 2, 3] and not decoded.kv_exact
     assert decoded.stats.tokens_verified and not decoded.stats.kv_verified
@@ -206,7 +205,7 @@ def test_a_portable_file_coded_without_its_kv_decodes_exact_tokens_and_an_unveri
         tiny_model: CausalLM) -> None:
     tokens = [5, 17, 17, 3, 99, 5, 17]
     result = compress(tiny_model, tokens, level="portable")
-    assert result.kv is None and result.header.kv_digest is None
+    assert result.kv is None and result.session.kv_digest is None
     decoded = decompress(tiny_model, result.data)
     assert decoded.tokens == tokens and not decoded.kv_exact
     assert decoded.stats.tokens_verified and not decoded.stats.kv_verified

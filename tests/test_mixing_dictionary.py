@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqkv.errors import SeqKVError
-from seqkv.framing import encode_varint, frame, unframe
+from seqkv.formats.framing import encode_varint, frame, unframe
 from seqkv.mixing.dictionary import (
     _ERRORS,
     FORMAT_VERSION,

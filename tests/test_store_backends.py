@@ -12,17 +12,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqkv.errors import EmptyInputError, InvalidKVError
+from seqkv.formats.span import Version1Layout
+from seqkv.mixing.dictionary import Dictionary
 from seqkv.models import CausalLM
-from seqkv.store.codec import CodecIdentity, DecodedSpan, EncodedSpan, PrefixState, SessionCodec
-from seqkv.store.directory import DirectoryBackend
+from seqkv.session import Prefix
+from seqkv.store.backends.base import CodecIdentity
+from seqkv.store.backends.directory import DirectoryBackend
+from seqkv.store.backends.redis import RedisBackend
+from seqkv.store.backends.redis_server import RedisServer
+from seqkv.store.codec import DecodedSpan, EncodedSpan, SpanCodec, SpanItem
+from seqkv.store.codecs import ModelCodec, TokensCodec
 from seqkv.store.errors import SessionExistsError, SessionNotFoundError
 from seqkv.store.hot import HotTier
 from seqkv.store.ids import SessionName, check_namespace, namespace_key
 from seqkv.store.index import IndexSpacing
-from seqkv.store.redis_backend import RedisBackend
-from seqkv.store.redis_server import RedisServer
-from seqkv.store.skv_adapter import PortableTokenCodec, SkvCodec
-from seqkv.store.store import CodecFactory, SessionStore, skv_codecs
+from seqkv.store.registry import CodecFactory, model_codecs
+from seqkv.store.store import SessionStore
 
 KINDS = ["directory", "redis"]
 NS = namespace_key(check_namespace("n"))
@@ -53,15 +58,15 @@ def _tokens(count: int, seed: int) -> list[int]:
 SYSTEM = [1, *_tokens(40, 100)]
 
 
-def _portable(level: str) -> PortableTokenCodec:
-    return PortableTokenCodec(512, "plain" if level == "plain" else "ngram")
+def _portable(level: str) -> TokensCodec:
+    return TokensCodec(512, "plain" if level == "plain" else "ngram")
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("level", ["rows", "ngram"])
 def test_round_trip_with_a_shared_prefix(kind: str, level: str, tiny_model: CausalLM,
                                          tmp_path: Path, redis_server: RedisServer) -> None:
-    store = make_store(kind, tmp_path, redis_server, skv_codecs(tiny_model))
+    store = make_store(kind, tmp_path, redis_server, model_codecs(tiny_model))
     first = [*SYSTEM, *_tokens(12, 1)]
     second = [*SYSTEM, *_tokens(9, 2)]
     kv_first = tiny_model.kv_tensor(tiny_model.prefill(first))
@@ -70,7 +75,7 @@ def test_round_trip_with_a_shared_prefix(kind: str, level: str, tiny_model: Caus
     assert (put_first.shared_tokens, put_second.shared_tokens) == (0, len(SYSTEM))
     assert put_second.coded_tokens == 9
     assert put_second.record_bytes < put_first.record_bytes
-    cold = SessionStore(store.backend, skv_codecs(tiny_model))
+    cold = SessionStore(store.backend, model_codecs(tiny_model))
     got_first, got_second = cold.get_many(["a", "b"], namespace="n")
     assert (got_first.tokens, got_second.tokens) == (first, second)
     assert got_first.kv is not None and got_first.cache is not None
@@ -85,7 +90,7 @@ def test_round_trip_with_a_shared_prefix(kind: str, level: str, tiny_model: Caus
 @pytest.mark.parametrize("kind", KINDS)
 def test_append_codes_only_the_new_tokens(kind: str, tiny_model: CausalLM, tmp_path: Path,
                                           redis_server: RedisServer) -> None:
-    store = make_store(kind, tmp_path, redis_server, skv_codecs(tiny_model))
+    store = make_store(kind, tmp_path, redis_server, model_codecs(tiny_model))
     turn = [*SYSTEM, *_tokens(10, 3)]
     store.put("chat", turn, level="rows", namespace="n")
     before = store.backend.fetch_sessions(NS, [SessionName("chat")])[0]
@@ -96,7 +101,7 @@ def test_append_codes_only_the_new_tokens(kind: str, tiny_model: CausalLM, tmp_p
     after = store.backend.fetch_sessions(NS, [SessionName("chat")])[0]
     assert before is not None and after is not None
     assert after.chain[: len(before.chain)] == before.chain  # earlier turns never re-coded
-    got = SessionStore(store.backend, skv_codecs(tiny_model)).get("chat", namespace="n")
+    got = SessionStore(store.backend, model_codecs(tiny_model)).get("chat", namespace="n")
     assert got.tokens == turn + more
     assert got.kv is not None and (got.kv[:, :, :, len(turn):] - kv[:, :, :, len(turn):]
                                    ).abs().max() <= 1e-4
@@ -106,13 +111,13 @@ def test_append_codes_only_the_new_tokens(kind: str, tiny_model: CausalLM, tmp_p
 def test_a_session_inside_another_costs_no_record(kind: str, tiny_model: CausalLM,
                                                   tmp_path: Path,
                                                   redis_server: RedisServer) -> None:
-    store = make_store(kind, tmp_path, redis_server, skv_codecs(tiny_model))
+    store = make_store(kind, tmp_path, redis_server, model_codecs(tiny_model))
     long = [*SYSTEM, *_tokens(30, 5)]
     store.put("long", long, level="ngram", namespace="n")
     short = store.put("short", long[:50], level="ngram", namespace="n")
     assert (short.record_bytes, short.shared_tokens) == (0, 50)
     store.delete("long", namespace="n")
-    cold = SessionStore(store.backend, skv_codecs(tiny_model))
+    cold = SessionStore(store.backend, model_codecs(tiny_model))
     assert cold.get("short", namespace="n").tokens == long[:50]
     assert cold.list(namespace="n") == ["short"]
 
@@ -121,7 +126,7 @@ def test_a_session_inside_another_costs_no_record(kind: str, tiny_model: CausalL
 def test_tenants_share_nothing_and_learn_nothing(kind: str, tiny_model: CausalLM,
                                                  tmp_path: Path,
                                                  redis_server: RedisServer) -> None:
-    store = make_store(kind, tmp_path, redis_server, skv_codecs(tiny_model))
+    store = make_store(kind, tmp_path, redis_server, model_codecs(tiny_model))
     tokens = [*SYSTEM, *_tokens(5, 6)]
     with pytest.raises(SessionNotFoundError) as never:
         store.get("s1", namespace="bob")
@@ -155,7 +160,7 @@ def test_colliding_index_keys_never_share_a_wrong_prefix(kind: str, tmp_path: Pa
 @pytest.mark.parametrize("kind", KINDS)
 def test_preconditions(kind: str, tiny_model: CausalLM, tmp_path: Path,
                        redis_server: RedisServer) -> None:
-    store = make_store(kind, tmp_path, redis_server, skv_codecs(tiny_model))
+    store = make_store(kind, tmp_path, redis_server, model_codecs(tiny_model))
     store.put("x", SYSTEM, level="plain", namespace="n")
     with pytest.raises(SessionExistsError, match="already holds"):
         store.put("x", SYSTEM, level="plain", namespace="n")
@@ -229,12 +234,19 @@ def test_hot_tier_keeps_its_budget() -> None:
 class _CountingCodec:
     """Wraps a codec and records the batch size of every ``decode_many`` call."""
 
-    def __init__(self, inner: SessionCodec) -> None:
+    def __init__(self, inner: SpanCodec) -> None:
         self.inner = inner
         self.batches: list[int] = []
 
     def identity(self) -> CodecIdentity:
         return self.inner.identity()
+
+    def reads(self, identity: CodecIdentity) -> Version1Layout | bool:
+        return self.inner.reads(identity)
+
+    @property
+    def mixes(self) -> bool:
+        return self.inner.mixes
 
     @property
     def uses_kv(self) -> bool:
@@ -244,19 +256,18 @@ class _CountingCodec:
     def max_prefix_error(self) -> float:
         return self.inner.max_prefix_error
 
-    def encode(self, tokens: Sequence[int], kv: torch.Tensor | None,
-               prefix: PrefixState | None) -> EncodedSpan:
-        return self.inner.encode(tokens, kv, prefix)
+    def encode(self, tokens: Sequence[int], kv: torch.Tensor | None, prefix: Prefix | None,
+               dictionary: Dictionary | None) -> EncodedSpan:
+        return self.inner.encode(tokens, kv, prefix, dictionary)
 
-    def decode_many(self, items: Sequence[tuple[bytes, PrefixState | None]]
-                    ) -> list[DecodedSpan]:
+    def decode_many(self, items: Sequence[SpanItem]) -> list[DecodedSpan]:
         self.batches.append(len(items))
         return self.inner.decode_many(items)
 
 
 def test_get_many_decodes_sibling_spans_in_one_batch(tiny_model: CausalLM,
                                                     tmp_path: Path) -> None:
-    counting = _CountingCodec(SkvCodec(tiny_model, "rows"))
+    counting = _CountingCodec(ModelCodec(tiny_model, "rows"))
     store = SessionStore(DirectoryBackend(tmp_path / "s"), lambda level: counting)
     for index in range(3):
         store.put(f"s{index}", [*SYSTEM, *_tokens(6, 700 + index)], level="rows",

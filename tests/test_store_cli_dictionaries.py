@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from seqkv import cli
+from seqkv.formats.span import read_frame
 from seqkv.models import CausalLM
-from seqkv.store import SessionStore, skv_codecs
-from seqkv.store.directory import DirectoryBackend
+from seqkv.store import SessionStore, model_codecs
+from seqkv.store.backends.directory import DirectoryBackend
+from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.ids import SessionName, check_namespace, namespace_key
-from seqkv.store.record import unpack
-from seqkv.store.redis_server import RedisServer
 
 
 @pytest.fixture(params=["dir", "redis"])
@@ -97,8 +97,8 @@ def test_put_codes_at_portable_by_default(use_tiny: CausalLM, tmp_path: Path,
     status, _, _ = _run(capsys, "store", "put", "s", str(text), "--kv", "none",
                         "--store", f"dir:{root}", "--namespace", "n")
     assert status == 0
-    store = SessionStore(DirectoryBackend(root), skv_codecs(use_tiny))
+    store = SessionStore(DirectoryBackend(root), model_codecs(use_tiny))
     (found,) = store.backend.fetch_sessions(namespace_key(check_namespace("n")),
                                             [SessionName("s")])
     assert found is not None
-    assert store.backend.codec(unpack(found.chain[-1].record).codec).level == "portable"
+    assert store.backend.codec(read_frame(found.chain[-1].record).codec).level == "portable"

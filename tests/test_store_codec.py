@@ -1,10 +1,14 @@
-"""The store's codec seam: the .skv adapter against today's decompress, the tokens-only codec,
-the span record format and the id rules."""
+"""The store's codec seam: the model's codec against ``decompress``, the tokens-only codec and its
+bounds, the span record format (version 2 written, version 1 read), a store written by the
+previous release, and the id rules."""
 
 from __future__ import annotations
 
 import doctest
 import importlib
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,15 +16,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqkv import compress, decompress
-from seqkv.container import decode_container
+from seqkv.bounds import BoundViolationError
+from seqkv.coding.arithmetic import BitStream
+from seqkv.digests import Digest
+from seqkv.formats.skv import read_skv
+from seqkv.formats.span import SpanRecord, read_frame, read_span, span_parts, write_span
 from seqkv.models import CausalLM
-from seqkv.store.codec import PrefixState, SessionCodec
+from seqkv.session import Prefix
+from seqkv.store import ModelCodec, SessionStore, TokensCodec
+from seqkv.store.backends.directory import DirectoryBackend
+from seqkv.store.codec import EncodedSpan, SpanItem
 from seqkv.store.errors import CorruptRecordError, InvalidSessionIdError, StoreVerificationError
-from seqkv.store.ids import SpanId, check_namespace, check_session_id, namespace_key
-from seqkv.store.record import SpanRecord, frame_bytes, pack, unpack
-from seqkv.store.skv_adapter import PortableTokenCodec, SkvCodec
+from seqkv.store.ids import check_namespace, check_session_id, namespace_key
 
-LEVELS = ["tokens", "rows", "segments:3", "ngram", "plain"]
+LEVELS = ["tokens", "rows", "segments:3", "ngram", "plain", "portable"]
+STORE_V1 = Path(__file__).parent / "data" / "store-v1"
 
 
 def _tokens(count: int, seed: int) -> list[int]:
@@ -28,101 +38,174 @@ def _tokens(count: int, seed: int) -> list[int]:
     return [1] + [int(t) for t in torch.randint(3, 500, (count - 1,), generator=generator)]
 
 
+def _record(encoded: EncodedSpan, parent: int | None = None, start: int = 0) -> SpanRecord:
+    session = encoded.session
+    return SpanRecord(1, parent, start, encoded.kv_exact, session.count, session.tokens_digest,
+                      session.kv_digest, session.dictionary, session.residual,
+                      session.token_code)
+
+
+def _stored(encoded: EncodedSpan, parent: int | None = None, start: int = 0) -> SpanRecord:
+    """The record as the store writes and reads it back."""
+    return read_span(write_span(_record(encoded, parent, start)))
+
+
 @pytest.mark.parametrize("level", LEVELS)
-def test_adapter_decodes_what_decompress_decodes(tiny_model: CausalLM, level: str) -> None:
+def test_model_codec_decodes_what_decompress_decodes(tiny_model: CausalLM, level: str) -> None:
     tokens = _tokens(30, 0)
     kv = tiny_model.kv_tensor(tiny_model.prefill(tokens))
-    codec = SkvCodec(tiny_model, level)
-    first = codec.encode(tokens[:18], kv[:, :, :, :18], None)
-    (head,) = codec.decode_many([(first.payload, None)])
-    assert head.tokens == tokens[:18]
-    assert head.kv is not None
-    if first.kv is not None:
-        assert torch.equal(first.kv, head.kv)
-    prefix = PrefixState(tuple(tokens[:18]), head.kv)
+    codec = ModelCodec(tiny_model, level)
+    first = codec.encode(tokens[:18], kv[:, :, :, :18], None, None)
+    (head,) = codec.decode_many([SpanItem(_stored(first), None)])
+    assert head.tokens == tokens[:18] and head.kv is not None
+    assert first.kv is not None and torch.equal(first.kv, head.kv)
+    prefix = Prefix(tuple(tokens[:18]), head.kv)
     target = torch.cat([head.kv, kv[:, :, :, 18:]], dim=3)
-    second = codec.encode(tokens, target, prefix)
-    tail, again = codec.decode_many([(second.payload, prefix), (first.payload, None)])
-    assert tail.tokens == tokens[18:]
-    assert again.tokens == tokens[:18]
+    second = codec.encode(tokens, target, prefix, None)
+    tail, again = codec.decode_many([SpanItem(_stored(second, 1, 18), prefix),
+                                     SpanItem(_stored(first), None)])
+    assert tail.tokens == tokens[18:] and again.tokens == tokens[:18]
     reference = decompress(tiny_model, compress(tiny_model, tokens[:18], kv=kv[:, :, :, :18],
                                                 level=level).data)
     assert reference.tokens == head.tokens
     assert torch.equal(reference.kv, head.kv)
 
 
-def test_adapter_payload_is_the_file_without_its_header(tiny_model: CausalLM) -> None:
+def test_a_span_is_the_coded_session_without_what_the_store_keeps_once(
+        tiny_model: CausalLM) -> None:
     tokens = _tokens(40, 1)
-    codec = SkvCodec(tiny_model, "ngram")
-    encoded = codec.encode(tokens, None, None)
+    encoded = ModelCodec(tiny_model, "ngram").encode(tokens, None, None, None)
     data = compress(tiny_model, tokens, level="ngram").data
-    container = decode_container(data)
-    assert encoded.container_bytes == len(data)
-    assert encoded.coded_bytes == len(container.token_code.data)
-    # one varint byte (2 * 40 tokens + 1 < 128) and the tokens and KV digests: the rest of the
-    # file (framing, level, vocabulary, model and profile digests) is the codec's, kept once
-    assert len(encoded.payload) - encoded.coded_bytes == 1 + 8 + 8
-    assert encoded.container_bytes - len(encoded.payload) >= 8 + 8
+    assert encoded.session.token_code == read_skv(data).session.token_code
+    record = write_span(_record(encoded))
+    # head, four one-byte varints, the tokens and KV digests, the CRC: nothing of the model,
+    # profile, level or vocabulary (the codec's identity, kept once per store)
+    assert len(record) - encoded.coded_bytes == 1 + 4 + 8 + 8 + 4
+    assert sum(span_parts(_record(encoded)).values()) == len(record)
 
 
-def test_adapter_refuses_a_payload_against_another_prefix(tiny_model: CausalLM) -> None:
+def test_a_span_refuses_another_prefix(tiny_model: CausalLM) -> None:
     tokens = _tokens(24, 2)
-    codec = SkvCodec(tiny_model, "plain")
-    (head,) = codec.decode_many([(codec.encode(tokens[:12], None, None).payload, None)])
-    prefix = PrefixState(tuple(tokens[:12]), head.kv)
-    payload = codec.encode(tokens, None, prefix).payload
+    codec = ModelCodec(tiny_model, "plain")
+    (head,) = codec.decode_many([SpanItem(_stored(codec.encode(tokens[:12], None, None, None)),
+                                          None)])
     assert head.kv is not None
-    wrong = PrefixState(prefix.tokens, head.kv + 1e-3)
+    prefix = Prefix(tuple(tokens[:12]), head.kv)
+    record = _stored(codec.encode(tokens, None, prefix, None), 1, 12)
+    wrong = Prefix(prefix.tokens, head.kv + 1e-3)
     with pytest.raises(StoreVerificationError):
-        codec.decode_many([(payload, wrong)])
+        codec.decode_many([SpanItem(record, wrong)])
 
 
-def test_codecs_satisfy_the_protocol(tiny_model: CausalLM) -> None:
-    assert isinstance(SkvCodec(tiny_model), SessionCodec)
-    assert isinstance(PortableTokenCodec(512), SessionCodec)
-    assert SkvCodec(tiny_model, "rows").identity() != SkvCodec(tiny_model, "ngram").identity()
+def test_identities_differ_by_level_and_read_their_own(tiny_model: CausalLM) -> None:
+    rows, ngram = ModelCodec(tiny_model, "rows"), ModelCodec(tiny_model, "ngram")
+    assert rows.identity() != ngram.identity()
+    assert rows.reads(rows.identity()) is True and rows.reads(ngram.identity()) is False
+    assert TokensCodec(512).reads(TokensCodec(512, "ngram").identity()) is False
 
 
 @pytest.mark.parametrize("level", ["plain", "ngram"])
-def test_portable_codec_round_trips_with_a_prefix(level: str) -> None:
-    codec = PortableTokenCodec(512, level)
+def test_tokens_codec_round_trips_with_a_prefix(level: str) -> None:
+    codec = TokensCodec(512, level)
     tokens = _tokens(50, 3)
-    prefix = PrefixState(tuple(tokens[:20]), None)
-    encoded = codec.encode(tokens, None, prefix)
-    assert codec.decode_many([(encoded.payload, prefix)])[0].tokens == tokens[20:]
+    prefix = Prefix(tuple(tokens[:20]), None)
+    encoded = codec.encode(tokens, None, prefix, None)
+    (decoded,) = codec.decode_many([SpanItem(_stored(encoded, 1, 20), prefix)])
+    assert decoded.tokens == tokens[20:]
+    assert {b.name for b in encoded.bounds} >= {"code_within_table_cost"}
     if level == "plain":  # 9 bits per token, at most 2 bits of flush
         assert 30 * 9 <= 8 * encoded.coded_bytes <= 30 * 9 + 9
 
 
+def test_tokens_codec_refuses_to_code_past_a_violated_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coder that costs more than its tables say (here: one byte of junk after the code)
+    fails the table-cost bound, and the store commits nothing."""
+    import seqkv.store.codecs as codecs
+
+    finish = codecs.ArithmeticEncoder.finish
+
+    def padded(self: object) -> BitStream:
+        code = finish(self)  # type: ignore[arg-type]
+        return BitStream(code.data + b"\xff" * 4, code.num_bits + 32)
+
+    monkeypatch.setattr(codecs.ArithmeticEncoder, "finish", padded)
+    with pytest.raises(BoundViolationError, match="code_within_table_cost"):
+        TokensCodec(512).encode(_tokens(20, 4), None, None, None)
+
+
 @given(st.integers(0, 300), st.integers(0, 2**40), st.integers(1, 2**20), st.booleans(),
+       st.integers(1, 5000), st.binary(min_size=8, max_size=8), st.booleans(),
        st.binary(max_size=64))
-def test_record_round_trips(codec: int, parent: int, start: int, exact: bool,
-                            payload: bytes) -> None:
-    record = SpanRecord(codec, SpanId(parent) if parent else None, start if parent else 0,
-                        exact, payload)
-    assert unpack(pack(record)) == record
-    assert frame_bytes(record) <= 1 + 2 + 6 + 3 + 4
+def test_span_records_round_trip(codec: int, parent: int, start: int, exact: bool, count: int,
+                                 digest: bytes, with_kv: bool, code: bytes) -> None:
+    record = SpanRecord(codec, parent if parent else None, start if parent else 0, exact, count,
+                        Digest(digest), Digest(digest[::-1]) if with_kv else None, None, None,
+                        BitStream(code, 8 * len(code)))
+    data = write_span(record)
+    assert read_span(data) == record
+    assert sum(span_parts(record).values()) == len(data)
 
 
-def _packed() -> bytes:
-    return pack(SpanRecord(1, SpanId(7), 12, True, b"payload"))
+def _written() -> bytes:
+    return write_span(SpanRecord(1, 7, 12, True, 3, Digest(bytes(8)), None, None, None,
+                                 BitStream(b"code", 32)))
 
 
 def test_truncated_record_is_refused() -> None:
     with pytest.raises(CorruptRecordError, match="truncated"):
-        unpack(_packed()[:5])
+        read_span(_written()[:5])
 
 
 def test_unknown_record_version_is_refused() -> None:
-    with pytest.raises(CorruptRecordError, match="version"):
-        unpack(b"\x91" + _packed()[1:])
+    with pytest.raises(CorruptRecordError, match="version 9"):
+        read_span(b"\x91" + _written()[1:])
 
 
 def test_damaged_record_is_refused() -> None:
-    data = bytearray(_packed())
+    data = bytearray(_written())
     data[6] ^= 0x40
     with pytest.raises(CorruptRecordError, match="CRC32"):
-        unpack(bytes(data))
+        read_span(bytes(data))
+
+
+def test_the_parent_sits_where_the_redis_scripts_read_it() -> None:
+    assert read_frame(_written()).parent == 7
+
+
+@pytest.fixture
+def store_v1(tmp_path: Path) -> Path:
+    """A copy of a store written by the previous release (records of version 1)."""
+    shutil.copytree(STORE_V1, tmp_path / "store")
+    return tmp_path / "store"
+
+
+def test_a_store_written_by_the_previous_release_still_reads(tiny_model: CausalLM,
+                                                             store_v1: Path) -> None:
+    """Sessions at portable (one extending another's prefix, one appended), ngram and
+    portable+mix with a dictionary; and a tokens-only store: every version-1 record decodes, and
+    a new session extending an old one's prefix is coded as version 2 against it."""
+    tokens = json.loads((STORE_V1 / "tokens.json").read_text())
+    store = SessionStore.directory(store_v1 / "model", tiny_model)
+    got = store.get_many(["a", "b", "c", "d"], namespace="n")
+    assert [g.tokens for g in got] == [tokens[k] for k in "abcd"]
+    assert all(g.kv is not None for g in got)
+    extended = tokens["a"] + [9, 9, 9]
+    result = store.put("e", extended, tiny_model.prefill(extended), namespace="n")
+    assert result.shared_tokens == len(tokens["a"])
+    fresh = SessionStore.directory(store_v1 / "model", tiny_model)
+    assert fresh.get("e", namespace="n").tokens == extended
+    assert fresh.audit(namespace="n").consistent
+    plain = SessionStore(DirectoryBackend(store_v1 / "tokens"), lambda _: TokensCodec(512))
+    assert [g.tokens for g in plain.get_many(["p", "q"], namespace="n")] == [tokens["p"],
+                                                                            tokens["q"]]
+
+
+def test_a_version_1_record_is_read_only_with_its_codecs_layout(store_v1: Path) -> None:
+    data = next((store_v1 / "model" / "records").rglob("1")).read_bytes()
+    assert read_frame(data).version == 1
+    with pytest.raises(CorruptRecordError, match="layout"):
+        read_span(data)
 
 
 @pytest.mark.parametrize("bad", ["", ".hidden", "a b", "x" * 129, "semi;colon", "é"])
@@ -131,17 +214,29 @@ def test_bad_session_ids_are_refused(bad: str) -> None:
         check_session_id(bad)
 
 
+@pytest.mark.parametrize("bad", [".hidden", "a b", "x" * 129, "ns\udcff", "é"])
+def test_bad_namespaces_are_refused_by_the_one_rule(bad: str) -> None:
+    from seqkv.trie.keys import check_namespace as trie_namespace
+
+    with pytest.raises(InvalidSessionIdError, match="not valid"):
+        check_namespace(bad)
+    with pytest.raises(ValueError, match="not valid"):
+        trie_namespace(bad)
+
+
 def test_non_string_namespace_is_refused() -> None:
     with pytest.raises(InvalidSessionIdError, match="is a str"):
         check_namespace(7)
 
 
 def test_namespace_keys_differ_and_have_one_shape() -> None:
-    keys = {namespace_key(check_namespace(n)) for n in ("a", "b", "tenant-1", "x" * 128)}
-    assert len(keys) == 4 and {len(k) for k in keys} == {16}
+    keys = {namespace_key(check_namespace(n)) for n in ("a", "b", "tenant-1", "x" * 128, "")}
+    assert len(keys) == 5 and {len(k) for k in keys} == {16}
 
 
-@pytest.mark.parametrize("name", ["seqkv.store.ids", "seqkv.store.codec", "seqkv.store.index"])
+@pytest.mark.parametrize("name", ["seqkv.store.ids", "seqkv.store.backends.base",
+                                  "seqkv.store.index", "seqkv.namespaces"])
 def test_doctests(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
+

@@ -14,22 +14,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from seqkv.formats.span import SpanRecord, read_frame, read_span, write_span
 from seqkv.mixing import Dictionary, build_dictionary
 from seqkv.mixing.errors import DictionaryUnavailableError
 from seqkv.models import CausalLM
 from seqkv.store import (
     DEFAULT_STORE_LEVEL,
     DictionaryNamespaceError,
+    ModelCodec,
     SessionStore,
-    SkvCodec,
-    skv_codecs,
+    SpanItem,
+    model_codecs,
 )
-from seqkv.store.backend import CommitPlan, DictionaryGoneError
-from seqkv.store.directory import DirectoryBackend
+from seqkv.store.backends.base import CommitPlan, DictionaryGoneError
+from seqkv.store.backends.directory import DirectoryBackend
+from seqkv.store.backends.redis import RedisBackend
+from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.ids import SessionName, check_namespace, namespace_key
-from seqkv.store.record import unpack
-from seqkv.store.redis_backend import RedisBackend
-from seqkv.store.redis_server import RedisServer
 
 KINDS = ["directory", "redis"]
 
@@ -68,19 +69,16 @@ def _named_digest(store: SessionStore, model: CausalLM, namespace: str,
     ns = namespace_key(check_namespace(namespace))
     (found,) = store.backend.fetch_sessions(ns, [SessionName(session)])
     assert found is not None
-    record = unpack(found.chain[-1].record)
-    codec = SkvCodec(model, store.backend.codec(record.codec).level)
-    named = codec.payload_dictionary(record.payload)
-    return None if named is None else str(named)
+    return read_span(found.chain[-1].record).dictionary
 
 
 def _store(kind: str, tmp_path: Path, server: RedisServer, model: CausalLM) -> SessionStore:
-    return SessionStore(_backend(kind, tmp_path, server), skv_codecs(model))
+    return SessionStore(_backend(kind, tmp_path, server), model_codecs(model))
 
 
 def _cold(store: SessionStore, model: CausalLM) -> SessionStore:
     """Another worker on the same backend: nothing hot, no dictionary cached."""
-    return SessionStore(store.backend, skv_codecs(model))
+    return SessionStore(store.backend, model_codecs(model))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -213,22 +211,28 @@ def test_the_default_level_is_portable(kind: str, tiny_model: CausalLM, tmp_path
     (found,) = store.backend.fetch_sessions(namespace_key(check_namespace("a")),
                                             [SessionName("s")])
     assert found is not None
-    assert store.backend.codec(unpack(found.chain[-1].record).codec).level == "portable"
+    assert store.backend.codec(read_frame(found.chain[-1].record).codec).level == "portable"
     assert DEFAULT_STORE_LEVEL == "portable"
-    assert SkvCodec(tiny_model).level.spec.name == "portable"
+    assert ModelCodec(tiny_model).level.spec.name == "portable"
     assert _cold(store, tiny_model).get("s", namespace="a").tokens == tokens
 
 
-def test_a_mixing_payload_decodes_only_with_its_dictionary(tiny_model: CausalLM) -> None:
-    codec = SkvCodec(tiny_model, "portable+mix")
+def test_a_mixing_span_decodes_only_with_its_dictionary(tiny_model: CausalLM) -> None:
+    codec = ModelCodec(tiny_model, "portable+mix")
     dictionary = _dictionary("a")
-    encoded = codec.encode_with_dictionary(QUOTING, None, None, dictionary)
-    assert codec.payload_dictionary(encoded.payload) == dictionary.digest
-    found = {str(dictionary.digest): dictionary}
-    (decoded,) = codec.decode_many_with_dictionaries([(encoded.payload, None)], found)
+
+    def stored(mixed_with: Dictionary | None) -> SpanRecord:
+        session = codec.encode(QUOTING, None, None, mixed_with).session
+        return read_span(write_span(SpanRecord(
+            1, None, 0, True, session.count, session.tokens_digest, session.kv_digest,
+            session.dictionary, session.residual, session.token_code)))
+
+    record = stored(dictionary)
+    assert record.dictionary == str(dictionary.digest)
+    (decoded,) = codec.decode_many([SpanItem(record, None, dictionary)])
     assert decoded.tokens == QUOTING
     with pytest.raises(DictionaryUnavailableError, match=str(dictionary.digest)[:16]):
-        codec.decode_many([(encoded.payload, None)])
-    without = codec.encode(QUOTING, None, None)  # the level mixes with the session alone
-    assert codec.payload_dictionary(without.payload) is None
-    assert codec.decode_many([(without.payload, None)])[0].tokens == QUOTING
+        codec.decode_many([SpanItem(record, None, None)])
+    without = stored(None)  # the level mixes with the session alone
+    assert without.dictionary is None
+    assert codec.decode_many([SpanItem(without, None)])[0].tokens == QUOTING

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.fleet import PutJob, StoreSpec, put_worker, read_acks
-from seqkv.store.redis_server import RedisServer
 
 VOCAB = 512
 # NOTE: forked, not spawned: a spawned worker spends ~10 s importing torch on this 2-core machine,

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from seqkv.models import CausalLM
-from seqkv.store.directory import DirectoryBackend
+from seqkv.store import SessionStore, model_codecs
+from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.errors import BatchInputError
 from seqkv.store.fleet import StoreSpec
 from seqkv.store.jobs import get_many_jsonl, put_many_jsonl, read_lines
-from seqkv.store.store import SessionStore, skv_codecs
 
 SYSTEM = [1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56]
 
@@ -30,7 +30,7 @@ def _sessions(count: int) -> list[dict[str, object]]:
 
 def test_put_many_then_get_many(tiny_model: CausalLM, tmp_path: Path) -> None:
     rows = _sessions(6)
-    store = SessionStore(DirectoryBackend(tmp_path / "store"), skv_codecs(tiny_model))
+    store = SessionStore(DirectoryBackend(tmp_path / "store"), model_codecs(tiny_model))
     report = put_many_jsonl(store, _write(tmp_path / "in.jsonl", rows), level="ngram",
                             progress=False)
     assert report.sessions == 6

@@ -12,8 +12,8 @@ from transformers import DynamicCache
 
 from seqkv.codec import DEFAULT_TOLERANCE
 from seqkv.models import CausalLM
-from seqkv.store.directory import DirectoryBackend
-from seqkv.store.store import SessionStore, skv_codecs
+from seqkv.store import SessionStore, model_codecs
+from seqkv.store.backends.directory import DirectoryBackend
 
 pytestmark = pytest.mark.real_model
 
@@ -35,14 +35,14 @@ def test_shared_prefix_round_trip_and_generation(real_model: CausalLM, tmp_path:
     system = real_model.encode_text(text)[:40]
     first = system + real_model.encode_text(" The keeper wrote every night.")
     second = system + real_model.encode_text(" Ships passed in the fog.")
-    store = SessionStore(DirectoryBackend(tmp_path), skv_codecs(real_model))
+    store = SessionStore(DirectoryBackend(tmp_path), model_codecs(real_model))
     store.put("a", first, real_model.prefill(first), level=level, namespace="t")
     kv = real_model.prefill(second)
     put = store.put("b", second, kv, level=level, namespace="t")
     assert put.shared_tokens == len(system)
     more = real_model.encode_text(" Then the light went out.")
     store.append("b", more, namespace="t")
-    cold = SessionStore(DirectoryBackend(tmp_path), skv_codecs(real_model))
+    cold = SessionStore(DirectoryBackend(tmp_path), model_codecs(real_model))
     got = cold.get("b", namespace="t")
     assert got.tokens == second + more
     assert got.kv is not None and got.cache is not None

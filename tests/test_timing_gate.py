@@ -21,6 +21,9 @@ from types import ModuleType
 
 import pytest
 
+from seqkv.bench import timing
+from seqkv.models import CausalLM
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 PROBE = BENCHMARKS / "gate_probe.py"
@@ -128,3 +131,93 @@ def test_ratio_timing_doctests(monkeypatch: pytest.MonkeyPatch) -> None:
 
     failures, tried = doctest.testmod(ratio_timing)
     assert tried > 0 and failures == 0
+
+
+# The timing gate of the test command (seqkv.bench.timing): ratios measured here, compared
+# with this profile's recorded history, or a temporary one where none is recorded.
+
+TIMING_VERDICT = pytest.StashKey[str]()
+
+
+@pytest.fixture(scope="session")
+def timing_gate(real_model: CausalLM, pytestconfig: pytest.Config
+                ) -> tuple[timing.TimingVerdict, list[timing.TimingRun]]:
+    verdict, history = timing.run_gate(real_model)
+    pytestconfig.stash[TIMING_VERDICT] = verdict.render()
+    return verdict, history
+
+
+@pytest.mark.real_model
+def test_timing_ratios_hold_against_the_history(
+        timing_gate: tuple[timing.TimingVerdict, list[timing.TimingRun]]) -> None:
+    verdict, _ = timing_gate
+    assert [r.name for r in verdict.ratios] == list(timing.RATIOS)
+    assert verdict.passed, verdict.render()
+
+
+@pytest.mark.real_model
+def test_an_injected_2x_slowdown_of_an_encode_fails_the_gate(
+        real_model: CausalLM,
+        timing_gate: tuple[timing.TimingVerdict, list[timing.TimingRun]]) -> None:
+    """Against the same history the gate just passed: the recorded one on a recorded profile,
+    the temporary one elsewhere."""
+    _, history = timing_gate
+    slowed = timing.measure(real_model, ratios=("encode[portable]",),
+                            inject={"encode[portable]": 2.0})
+    verdict = timing.compare(history, slowed, "the gate's")
+    assert [r.name for r in verdict.ratios if not r.passed] == ["encode[portable]"], (
+        verdict.render())
+
+
+def _run(samples: dict[str, tuple[float, ...]], clean: bool = True,
+         commit: str = "c" * 40) -> timing.TimingRun:
+    return timing.TimingRun("p", commit, clean, "t", len(next(iter(samples.values()))), 0.0,
+                            samples)
+
+
+def test_compare_takes_the_median_of_the_last_k_clean_runs() -> None:
+    history = [_run({"r": (9.0,) * 5}, commit="old"), _run({"r": (9.0,) * 5}, clean=False),
+               *(_run({"r": (v,) * 5}, commit=f"run{i}") for i, v in enumerate((1.0, 1.1, 1.2,
+                                                                                1.0)))]
+    verdict = timing.compare(history, _run({"r": (1.2,) * 5}), "test", k=3)
+    (ratio,) = verdict.ratios
+    assert verdict.compared_with == ("run1", "run2", "run3")
+    assert ratio.baseline == 1.1 and ratio.current == 1.2 and ratio.passed
+
+
+def test_a_2x_ratio_fails_whatever_the_spread() -> None:
+    noisy = [_run({"r": (1.0, 2.0, 0.5, 1.5, 0.7)}), _run({"r": (3.0,) * 5}),
+             _run({"r": (0.4,) * 5})]
+    verdict = timing.compare(noisy, _run({"r": (2.0 * 1.0,) * 5}), "test")
+    (ratio,) = verdict.ratios
+    assert ratio.threshold == timing.MAX_THRESHOLD < 1.0 and not ratio.passed
+
+
+def test_quiet_history_gives_the_minimum_threshold() -> None:
+    quiet = [_run({"r": (1.0, 1.01, 0.99, 1.0, 1.0)}) for _ in range(3)]
+    (ratio,) = timing.compare(quiet, _run({"r": (1.2,) * 5}), "test").ratios
+    assert ratio.threshold == timing.MIN_THRESHOLD and ratio.passed
+
+
+def test_record_refuses_an_uncommitted_tree(tmp_path: Path) -> None:
+    with pytest.raises(timing.TimingGateError, match="uncommitted"):
+        timing.record_run(tmp_path / "h.jsonl", _run({"r": (1.0,)}, clean=False))
+    assert not (tmp_path / "h.jsonl").exists()
+
+
+def test_history_round_trips_and_names_a_damaged_line(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    run = _run({"r": (1.0, 2.0)})
+    timing.record_run(path, run)
+    assert timing.read_history(path) == [run]
+    path.write_text(path.read_text() + "{}\n")
+    with pytest.raises(timing.TimingGateError, match=r"h\.jsonl:2"):
+        timing.read_history(path)
+
+
+@pytest.mark.parametrize("text, message", [("decode[tokens]=2", "unknown ratio"),
+                                           ("encode[portable]", "NAME=FACTOR"),
+                                           ("encode[portable]=0.5", "at least 1")])
+def test_injections_are_validated(text: str, message: str) -> None:
+    with pytest.raises(timing.TimingGateError, match=re.escape(message)):
+        timing.parse_injections(text)

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seqkv.errors import EmptyInputError
-from seqkv.framing import encode_varint, frame, unframe
+from seqkv.formats.framing import encode_varint, frame, unframe
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models import CausalLM
 from seqkv.trie import (

@@ -18,8 +18,8 @@ from research.decoding import (
 )
 from research.decoding.blocked import partition
 from seqkv import compress
-from seqkv.container import decode_container
 from seqkv.errors import EmptyInputError
+from seqkv.formats.skv import read_skv
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models import CausalLM
 
@@ -47,7 +47,8 @@ def test_round_trip(tiny_model: CausalLM, tokens: list[int], block: int,
 @given(random_tokens)
 def test_blocks_of_one_are_the_codec_schedule(tiny_model: CausalLM, tokens: list[int]) -> None:
     coded = blocked_encode(tiny_model, tokens, blocks=1)
-    assert coded.code == decode_container(compress(tiny_model, tokens).data).token_code
+    result = compress(tiny_model, tokens, level="tokens")
+    assert coded.code == read_skv(result.data).session.token_code
 
 
 def test_policies_only_change_the_cost(tiny_model: CausalLM) -> None:

@@ -24,8 +24,8 @@ from research.decoding import (
 )
 from research.decoding.forward import forward_rows, greedy
 from seqkv import compress
-from seqkv.container import decode_container
 from seqkv.errors import EmptyInputError, InvalidTokensError
+from seqkv.formats.skv import read_skv
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models import CausalLM
 
@@ -59,8 +59,8 @@ def test_round_trip(tiny_model: CausalLM, tokens: list[int], policy: DraftPolicy
 @given(random_tokens)
 def test_no_draft_is_the_codec_schedule(tiny_model: CausalLM, tokens: list[int]) -> None:
     coded = speculative_encode(tiny_model, tokens, NoDraft())
-    result = compress(tiny_model, tokens)
-    assert coded.code == decode_container(result.data).token_code
+    result = compress(tiny_model, tokens, level="tokens")
+    assert coded.code == read_skv(result.data).session.token_code
     assert coded.cross_entropy_bits == pytest.approx(result.stats.cross_entropy_bits, abs=1e-9)
     assert coded.stats.forwards == len(tokens)
 

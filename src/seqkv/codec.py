@@ -6,24 +6,32 @@ stored as (1) the tokens, arithmetic-coded under the model's own next-token dist
 recomputation, quantized at a stated tolerance and entropy-coded (``seqkv.coding.residual``).
 This is layer 2 of arXiv 2604.15356 with the exact recompute as the predictor.
 
+The codec's product is one value, ``seqkv.session.CodedSession``: ``encode`` makes it and
+``decode_many`` turns many of them back into verified tokens and KV. ``compress`` and
+``decompress`` are those two plus the ``.skv`` format (``seqkv.formats.skv``); the store writes
+the same value in its own span format (``seqkv.formats.span``), without a ``.skv`` in between.
+
 Invariants:
-1. The encoder computes every probability along the decoder's schedule: one forward per token on
-   a growing cache, float32, one intra-op thread (``seqkv.schedule``). The first token is coded
-   under the model's distribution after its start token (BOS), or uniformly if it has none
-   (enforced).
-2. ``decompress`` returns tokens and KV only after both match the SHA-256 checksums the encoder
-   stored; otherwise it raises DecodeVerificationError (enforced).
-3. A file coded with another model, or under a profile the decoder cannot reproduce, is refused
-   before any decoding (enforced; see ``ExecutionProfile``).
+1. The encoder computes every probability along the decoder's schedule (the level's;
+   ``seqkv.schedule``). The first token is coded under the model's distribution after its start
+   token (BOS), or uniformly if it has none (enforced).
+2. ``decode_many`` returns tokens and KV only after both match the session's digests;
+   otherwise it raises DecodeVerificationError (enforced). A session whose ``kv_scope`` is
+   ``tail`` has only the KV after its prefix checked: its prefix is a parent the caller verified.
+3. A session coded with another model, or under a profile the decoder cannot reproduce, is
+   refused before any decoding (enforced; see ``ExecutionProfile``).
 4. The token code is at most the model's cross-entropy on the same tokens (the same
    probabilities) plus 2 bits plus 1.7e-5 bits per token (checked by the tests).
+5. Every ``encode`` evaluates the bounds of ``seqkv.bounds`` on what it coded; a caller that
+   writes bytes adds the bound that its bytes add up (``compress``: the ``.skv`` file's
+   sections) and commits nothing when one fails (enforced).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
@@ -45,17 +53,8 @@ from seqkv.bounds import (
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.residual import decode_residual, encode_residual
 from seqkv.coding.residual_code import ResidualCode
-from seqkv.container import (
-    FORMAT_VERSION,
-    Container,
-    Header,
-    PrefixRef,
-    decode_container,
-    encode_container,
-    encode_container_with_sections,
-)
-from seqkv.descriptions import Descriptions
-from seqkv.digests import NO_PROFILE, Digest, digest, model_digest, profile_digest
+from seqkv.descriptions import Descriptions, DescriptionSource
+from seqkv.digests import NO_PROFILE, Digest, model_digest, profile_digest, tokens_digest
 from seqkv.errors import (
     CorruptFileError,
     DecodeVerificationError,
@@ -69,7 +68,9 @@ from seqkv.errors import (
     PrefixUnavailableError,
     UnsupportedVersionError,
 )
-from seqkv.kvcache import cache_from_tensor, tensor_from_cache
+from seqkv.formats.skv import FORMAT_VERSION, SkvRead, read_skv, write_skv
+from seqkv.formats.skv_legacy import ReaderModel, ReaderSide
+from seqkv.kvcache import cache_from_tensor, kv_digest, tensor_from_cache
 from seqkv.levels import (
     DEFAULT_LEVEL,
     CodingLevel,
@@ -84,8 +85,7 @@ from seqkv.mixing.errors import DictionaryMismatchError, DictionaryUnavailableEr
 from seqkv.models.adapter import CausalLM
 from seqkv.models.profiles import execution_profile
 from seqkv.schedule import current_profile
-from seqkv.trie.keys import PrefixHash
-from seqkv.trie.radix import ResolvedPrefix
+from seqkv.session import CodedSession, KVScope, Prefix, PrefixHash
 from seqkv.types import ExecutionProfile, ModelIdentity
 
 # NOTE: 1e-4 is below fp16's resolution for any KV component above 0.2 in magnitude, and above
@@ -117,6 +117,26 @@ class CodingTrace:
 def _trace(columns: TraceColumns) -> CodingTrace:
     return CodingTrace(np.array(columns.surprisal), np.array(columns.cost),
                        np.array(columns.entropy))
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What ``encode`` made: the coded session, what it cost, and what a decode rebuilds."""
+
+    session: CodedSession
+    trace: CodingTrace
+    bounds: tuple[Bound, ...]  # the codec's own; a format adds its bytes' (``compress``)
+    # The KV a decode rebuilds, bit for bit; None for a portable session coded without its KV.
+    kv: torch.Tensor | None
+    max_abs_kv_error: float | None  # against the caller's KV, when one was given
+    tolerance: float | None  # the residual's, when a KV was given
+    encode_seconds: float
+    forwards: int  # model forwards the encoder ran (a cached start row counts as one)
+    profile: ExecutionProfile  # the full profile ``session.profile_digest`` names
+
+    @property
+    def residual_bits(self) -> int:
+        return 0 if self.session.residual is None else self.session.residual.num_bits
 
 
 @dataclass(frozen=True)
@@ -169,7 +189,7 @@ class CompressStats:
 @dataclass(frozen=True)
 class CompressResult:
     data: bytes
-    header: Header
+    session: CodedSession
     stats: CompressStats
     trace: CodingTrace
     bounds: tuple[Bound, ...]  # all hold unless compress was told to return violations
@@ -183,7 +203,7 @@ class CompressResult:
 
 @dataclass(frozen=True)
 class DecompressStats:
-    """What the decoder measured; nothing here is read from the file's header.
+    """What the decoder measured; nothing here is read from the file.
 
     ``verified`` is the conjunction of the two checksum comparisons the decoder made (a failed
     one raises, so a returned result has it true). The decoder cannot measure the error against
@@ -196,9 +216,10 @@ class DecompressStats:
     decode_seconds: float
     max_abs_residual: float  # max |decoded KV - recomputed KV|
     tokens_verified: bool
-    kv_verified: bool  # the KV matched the file's digest (False: it could not be checked here)
-    tolerance: float | None  # the encoder's promise, as the file states it
-    # Model forwards the decode ran; files decoded together share theirs (each reports the total).
+    kv_verified: bool  # the KV matched the session's digest (False: it could not be checked)
+    tolerance: float | None  # the encoder's promise, as the session states it
+    # Model forwards the decode ran; sessions decoded together share theirs (each reports the
+    # total).
     forwards: int = 0
 
     @property
@@ -211,23 +232,14 @@ class DecompressResult:
     tokens: list[int]
     cache: DynamicCache
     kv: torch.Tensor  # [layers, 2, kv_heads, tokens, head_dim], float32
-    header: Header
+    session: CodedSession
     stats: DecompressStats
     trace: CodingTrace
-    # The KV is bit for bit the encoder's (verified against the file's digest). False only at a
-    # portable level decoded under another execution profile, or coded without its KV (no
+    # The KV is bit for bit the encoder's (verified against the session's digest). False only
+    # at a portable level decoded under another execution profile, or coded without its KV (no
     # digest recorded): the tokens are exact and verified, the KV is this machine's
     # recomputation with the stored residual (if any) applied.
     kv_exact: bool
-
-
-def kv_digest(kv: torch.Tensor) -> Digest:
-    """The digest of a KV tensor's float32 bytes."""
-    return digest(np.ascontiguousarray(kv.detach().to("cpu", torch.float32).numpy()).tobytes())
-
-
-def tokens_digest(tokens: Sequence[int]) -> Digest:
-    return digest(np.asarray(tokens, dtype="<i4").tobytes())
 
 
 class DictionarySource(Protocol):
@@ -237,29 +249,13 @@ class DictionarySource(Protocol):
     def get(self, digest: str) -> Dictionary | None: ...
 
 
-def _resolve_dictionary(header: Header,
-                        dictionaries: DictionarySource | None) -> Dictionary | None:
-    if header.dictionary is None:
-        return None
-    found = None if dictionaries is None else dictionaries.get(header.dictionary)
-    if found is None:
-        raise DictionaryUnavailableError(
-            f"the file was coded with the mixing dictionary {header.dictionary[:16]}...: pass "
-            "it (CLI: --dict DICT)")
-    if str(found.digest) != header.dictionary:
-        raise DictionaryMismatchError(
-            f"the dictionary given has digest {str(found.digest)[:16]}..., the file needs "
-            f"{header.dictionary[:16]}...")
-    return found
-
-
 class PrefixSource(Protocol):
-    """Where a decoder finds shared prefixes by hash: a ``seqkv.trie.PrefixTrie``."""
+    """Where a decoder finds shared prefixes by content hash: a ``seqkv.trie.PrefixTrie``."""
 
-    def resolve(self, prefix_hash: PrefixHash, *, with_kv: bool = True) -> ResolvedPrefix: ...
+    def resolve(self, prefix_hash: PrefixHash, *, with_kv: bool = True) -> Prefix: ...
 
 
-def _check_prefix(model: CausalLM, tokens: list[int], prefix: ResolvedPrefix) -> None:
+def _check_prefix(model: CausalLM, tokens: list[int], prefix: Prefix) -> None:
     length = len(prefix.tokens)
     if not 1 <= length < len(tokens) or list(prefix.tokens) != tokens[:length]:
         raise InvalidTokensError(
@@ -274,13 +270,94 @@ def _check_prefix(model: CausalLM, tokens: list[int], prefix: ResolvedPrefix) ->
         )
 
 
+def _caller_kv(kv: DynamicCache | torch.Tensor | None) -> torch.Tensor | None:
+    if kv is None:
+        return None
+    target = tensor_from_cache(kv) if isinstance(kv, DynamicCache) else kv
+    return target.detach().to("cpu", torch.float32)
+
+
+def _level(level: CodingLevel | str) -> CodingLevel:
+    return parse_level(level) if isinstance(level, str) else level
+
+
+def encode(
+    model: CausalLM,
+    tokens: Sequence[int],
+    kv: DynamicCache | torch.Tensor | None = None,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    prefix: Prefix | None = None,
+    level: CodingLevel | str = DEFAULT_LEVEL,
+    dictionary: Dictionary | None = None,
+    record_kv: bool = False,
+    kv_scope: KVScope = "all",
+    progress: bool = False,
+) -> Encoded:
+    """Code ``tokens`` (and the residual of ``kv``) into a ``CodedSession``, with its bounds.
+
+    See ``compress`` for the arguments. ``kv_scope="tail"`` makes the KV digest cover only the
+    positions after ``prefix`` (a store span, whose prefix its parent span vouches for). The
+    bounds are returned, not raised: the caller that writes bytes adds its own and raises.
+    """
+    token_list = [int(t) for t in tokens]
+    model.check_tokens(token_list)
+    if prefix is not None:
+        _check_prefix(model, token_list, prefix)
+    tail = token_list[len(prefix.tokens) if prefix is not None else 0 :]
+    target = _caller_kv(kv)
+    coding_level = _level(level)
+    spec = coding_level.spec
+    if dictionary is not None and not spec.mixes:
+        raise InvalidLevelError(f"level {spec.name!r} takes no dictionary: code at "
+                                "portable+mix to use one")
+    context = model.start_token_id
+    started = time.perf_counter()
+    encoder = ArithmeticEncoder()
+    encoded = coding_level.encode(EncodeRequest(
+        model, tail, prefix, context, encoder, progress, dictionary,
+        with_kv=target is not None or record_kv))
+    token_code = encoder.finish()
+    residual = None
+    rebuilt = encoded.kv
+    max_error = None
+    if target is not None:
+        assert encoded.kv is not None, "a level returns the KV when asked for it"
+        residual, rebuilt = encode_residual(target, encoded.kv, tolerance)
+        max_error = float((rebuilt - target).abs().max())
+    encode_seconds = time.perf_counter() - started
+    profile = execution_profile(model, spec.schedule)
+    skip = len(prefix.tokens) if prefix is not None and kv_scope == "tail" else 0
+    session = CodedSession(
+        level=spec.name,
+        count=len(tail),
+        segments=tuple(encoded.segments),
+        vocab_size=None if spec.model_coded else model.vocab_size,
+        model_digest=model_digest(model.identity),
+        profile_digest=profile_digest(profile) if rebuilt is not None else NO_PROFILE,
+        tokens_digest=tokens_digest(token_list),
+        kv_digest=None if rebuilt is None else kv_digest(rebuilt[:, :, :, skip:]),
+        prefix=prefix.ref() if prefix is not None and prefix.prefix_hash is not None else None,
+        dictionary=None if dictionary is None else str(dictionary.digest),
+        token_code=token_code,
+        residual=residual,
+        kv_scope=kv_scope,
+    )
+    trace = _trace(encoded.trace)
+    bounds = _bounds(model, coding_level, tail, encoded.segments, context, prefix,
+                     token_code.num_bits, trace, residual, max_error, tolerance)
+    return Encoded(session, trace, bounds, rebuilt, max_error,
+                   None if residual is None else residual.tolerance, encode_seconds,
+                   encoded.forwards, profile)
+
+
 def compress(
     model: CausalLM,
     tokens: Sequence[int],
     kv: DynamicCache | torch.Tensor | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     progress: bool = False,
-    prefix: ResolvedPrefix | None = None,
+    prefix: Prefix | None = None,
     level: CodingLevel | str = DEFAULT_LEVEL,
     *,
     on_violation: Literal["raise", "return"] = "raise",
@@ -312,81 +389,41 @@ def compress(
     >>> decompress(model, result.data).tokens
     [5, 17, 17, 3]
     """
-    token_list = [int(t) for t in tokens]
-    model.check_tokens(token_list)
-    if prefix is not None:
-        _check_prefix(model, token_list, prefix)
-    tail = token_list[len(prefix.tokens) if prefix is not None else 0 :]
-    target = None
-    if kv is not None:
-        target = (tensor_from_cache(kv) if isinstance(kv, DynamicCache) else kv).detach()
-        target = target.to("cpu", torch.float32)
-    coding_level = parse_level(level) if isinstance(level, str) else level
-    context = model.start_token_id
-    started = time.perf_counter()
-    encoder = ArithmeticEncoder()
-    if dictionary is not None and not coding_level.spec.mixes:
-        raise InvalidLevelError(f"level {coding_level.spec.name!r} takes no dictionary: code "
-                                "at portable+mix to use one")
-    with_kv = target is not None or record_kv
-    encoded = coding_level.encode(EncodeRequest(model, tail, prefix, context, encoder, progress,
-                                                dictionary, with_kv=with_kv))
-    token_code = encoder.finish()
-    residual = None
-    rebuilt = encoded.kv
-    max_error = None
-    if target is not None:
-        assert encoded.kv is not None, "a level returns the KV when asked for it"
-        residual, rebuilt = encode_residual(target, encoded.kv, tolerance)
-        max_error = float((rebuilt - target).abs().max())
-    encode_seconds = time.perf_counter() - started
-    spec = coding_level.spec
-    profile = execution_profile(model, spec.schedule)
-    header = Header(
-        format_version=FORMAT_VERSION,
-        level=spec.name,
-        count=len(tail),
-        segments=tuple(encoded.segments),
-        vocab_size=None if spec.model_coded else model.vocab_size,
-        model_digest=model_digest(model.identity),
-        profile_digest=profile_digest(profile) if rebuilt is not None else NO_PROFILE,
-        tokens_digest=tokens_digest(token_list),
-        kv_digest=None if rebuilt is None else kv_digest(rebuilt),
-        prefix=None if prefix is None or prefix.kv is None else PrefixRef(
-            str(prefix.prefix_hash), len(prefix.tokens), kv_digest(prefix.kv)),
-        dictionary=None if dictionary is None else str(dictionary.digest),
-    )
-    data, sections = encode_container_with_sections(Container(header, token_code, residual))
-    trace = _trace(encoded.trace)
-    bounds = _bounds(model, coding_level, tail, encoded.segments, context, prefix,
-                     token_code.num_bits, trace, residual, max_error, tolerance, len(data),
-                     sections)
+    if prefix is not None and prefix.prefix_hash is None:
+        raise InvalidKVError("a .skv file names its prefix by content hash: resolve the prefix "
+                             "from a PrefixTrie")
+    encoded = encode(model, tokens, kv, tolerance=tolerance, prefix=prefix, level=level,
+                     dictionary=dictionary, record_kv=record_kv, progress=progress)
+    written = write_skv(encoded.session)
+    bounds = (*encoded.bounds, file_bytes_accounted(len(written.data), written.sections))
     if on_violation == "raise":
         raise_unless_all_hold(bounds)
+    session = encoded.session
+    residual = session.residual
     stats = CompressStats(
-        tokens=len(tail),
-        prefix_tokens=len(token_list) - len(tail),
-        code_bits=token_code.num_bits,
-        ideal_code_bits=float(trace.code_cost_bits.sum()),
-        cross_entropy_bits=float(trace.surprisal_bits.sum()),
-        residual_bits=residual.num_bits if residual is not None else 0,
+        tokens=session.count,
+        prefix_tokens=0 if prefix is None else len(prefix.tokens),
+        code_bits=session.token_code.num_bits,
+        ideal_code_bits=float(encoded.trace.code_cost_bits.sum()),
+        cross_entropy_bits=float(encoded.trace.surprisal_bits.sum()),
+        residual_bits=encoded.residual_bits,
         residual_escapes=residual.num_escapes if residual is not None else 0,
-        file_bytes=len(data),
+        file_bytes=len(written.data),
         kv_components_per_token=model.kv_components_per_token,
-        encode_seconds=encode_seconds,
-        max_abs_kv_error=max_error,
-        tolerance=None if residual is None else residual.tolerance,
+        encode_seconds=encoded.encode_seconds,
+        max_abs_kv_error=encoded.max_abs_kv_error,
+        tolerance=encoded.tolerance,
         forwards=encoded.forwards,
     )
-    return CompressResult(data, header, stats, trace, bounds, sections, model.identity, profile,
-                          rebuilt)
+    return CompressResult(written.data, session, stats, encoded.trace, bounds,
+                          written.sections, model.identity, encoded.profile, encoded.kv)
 
 
 def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[int],
-            context: int | None, prefix: ResolvedPrefix | None, code_bits: int,
+            context: int | None, prefix: Prefix | None, code_bits: int,
             trace: CodingTrace, residual: ResidualCode | None, max_error: float | None,
-            tolerance: float, file_bytes: int, sections: dict[str, int]) -> tuple[Bound, ...]:
-    """The cheap bounds of ``seqkv.bounds`` on what ``compress`` has just coded."""
+            tolerance: float) -> tuple[Bound, ...]:
+    """The cheap bounds of ``seqkv.bounds`` on what ``encode`` has just coded."""
     bounds = [code_within_table_cost(code_bits, float(trace.code_cost_bits.sum()))]
     if level.spec.reference == "model":
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
@@ -403,50 +440,75 @@ def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[
     if residual is not None and max_error is not None:
         bounds.append(residual_within_tolerance(max_error, tolerance, residual.num_bits,
                                                 residual.num_escapes))
-    bounds.append(file_bytes_accounted(file_bytes, sections))
     return tuple(bounds)
 
 
-def level_of(header: Header) -> CodingLevel:
-    """The coding level a file records, or UnsupportedVersionError for one unknown here."""
+def level_of(session: CodedSession) -> CodingLevel:
+    """The coding level a session records, or UnsupportedVersionError for one unknown here."""
     try:
-        return parse_level(header.level)
+        return parse_level(session.level)
     except InvalidLevelError:
         raise UnsupportedVersionError(
-            f"the file was coded at level {header.level!r}, which this seqkv does not know: use "
-            "the seqkv release that wrote it"
+            f"the file was coded at level {session.level!r}, which this seqkv does not know: "
+            "use the seqkv release that wrote it"
         ) from None
 
 
-def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch: bool,
-                    descriptions: Descriptions | None = None,
-                    require_exact_kv: bool = False) -> bool:
-    """Raise unless ``model`` on this machine can decode the file; return whether its KV can be
-    reproduced (and so verified) here.
+def reader_side(model: CausalLM | None) -> ReaderSide:
+    """What reading an old .skv file on this machine knows of the reader: the model (if any)
+    and this machine's profile for a file's schedule and dtype."""
+    if model is None:
+        return ReaderSide(None, lambda recorded: current_profile(
+            _dtype_of(recorded.dtype), torch.device("cpu"), recorded.schedule))
+    return ReaderSide(ReaderModel(model.identity, model.start_token_id, model.geometry),
+                      lambda recorded: execution_profile(model, recorded.schedule))
 
-    A format-3 or 4 file names its model and execution profile by digest; when ``descriptions``
-    holds the file's profile, a mismatch is explained field by field, else by digest. At a
-    portable level (tokens coded without float probabilities) another profile is no refusal:
-    the tokens decode and verify anywhere, and the KV is reported inexact, unless
-    ``require_exact_kv``.
+
+class _FileDescriptions:
+    """The descriptions an old file carried, then a registry's (a ``DescriptionSource``)."""
+
+    def __init__(self, read: SkvRead, registry: DescriptionSource | None) -> None:
+        self._read = read
+        self._registry = registry
+
+    @property
+    def root(self) -> object:
+        return getattr(self._registry, "root", None)
+
+    def model(self, digest: Digest) -> ModelIdentity | None:
+        if self._read.model is not None and model_digest(self._read.model) == digest:
+            return self._read.model
+        return None if self._registry is None else self._registry.model(digest)
+
+    def profile(self, digest: Digest) -> ExecutionProfile | None:
+        if self._read.profile is not None and profile_digest(self._read.profile) == digest:
+            return self._read.profile
+        return None if self._registry is None else self._registry.profile(digest)
+
+
+def check_decodable(model: CausalLM, session: CodedSession, allow_environment_mismatch: bool,
+                    descriptions: DescriptionSource | None = None,
+                    require_exact_kv: bool = False) -> bool:
+    """Raise unless ``model`` on this machine can decode the session; return whether its KV can
+    be reproduced (and so verified) here.
+
+    A session names its model and execution profile by digest; when ``descriptions`` holds the
+    session's profile, a mismatch is explained field by field, else by digest. At a portable
+    level (tokens coded without float probabilities) another profile is no refusal: the tokens
+    decode and verify anywhere, and the KV is reported inexact, unless ``require_exact_kv``.
     """
-    level = level_of(header)
-    if header.legacy is not None:
-        recorded_model: ModelIdentity | None = header.legacy.model
-        same = header.legacy.model.same_model(model.identity)
-    else:
-        recorded_model = descriptions.model(header.model_digest) if descriptions else None
-        same = model_digest(model.identity) == header.model_digest
-    if not same:
+    level = level_of(session)
+    if model_digest(model.identity) != session.model_digest:
+        recorded_model = descriptions.model(session.model_digest) if descriptions else None
         theirs = (f"model {recorded_model.name!r} (weights {recorded_model.weights_sha256[:12]})"
                   if recorded_model is not None else
-                  f"another model (digest {header.model_digest.hex()})")
+                  f"another model (digest {session.model_digest.hex()})")
         raise ModelMismatchError(
             f"the file was coded with {theirs}, not with {model.name!r} (weights "
             f"{model.identity.weights_sha256[:12]}, digest "
             f"{model_digest(model.identity).hex()}): decode it with the model that coded it"
         )
-    if header.kv_digest is None:  # a portable file coded without its KV: tokens only
+    if session.kv_digest is None:  # a portable session coded without its KV: tokens only
         if require_exact_kv:
             raise KVNotRecordedError(
                 "the file records no KV (it was coded without one), so no decoder can verify "
@@ -454,17 +516,9 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
                 "--require-exact-kv) for the exact tokens and a recomputed KV")
         return False
     here = execution_profile(model, level.spec.schedule)
-    if header.legacy is not None:
-        # Files of formats 1 and 2 predate the CPU model and row block: compare the rest.
-        recorded: ExecutionProfile | None = replace(header.legacy.profile,
-                                                    cpu_model=here.cpu_model,
-                                                    row_block=here.row_block)
-        if recorded == here:
-            return True
-    elif profile_digest(here) == header.profile_digest:
+    if profile_digest(here) == session.profile_digest:
         return True
-    else:
-        recorded = descriptions.profile(header.profile_digest) if descriptions else None
+    recorded = descriptions.profile(session.profile_digest) if descriptions else None
     if level.spec.portable and not require_exact_kv:
         return False
     portable = "" if not level.spec.portable else (
@@ -473,10 +527,11 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
     if recorded is None:
         if allow_environment_mismatch:
             return True
-        where = f" in {descriptions.root}" if descriptions is not None else ""
+        root = getattr(descriptions, "root", None)
+        where = f" in {root}" if root is not None else ""
         raise EnvironmentMismatchError(
             f"the file was coded under another execution profile (digest "
-            f"{header.profile_digest.hex()}, this machine {profile_digest(here).hex()}; its "
+            f"{session.profile_digest.hex()}, this machine {profile_digest(here).hex()}; its "
             f"description is not at hand{where}), so exact decoding is unlikely. Pass "
             "allow_environment_mismatch=True (CLI: --allow-environment-mismatch) to try: the "
             "checksums still catch any error" + portable)
@@ -497,11 +552,11 @@ def check_decodable(model: CausalLM, header: Header, allow_environment_mismatch:
     return True
 
 
-def _resolve_prefix(header: Header, prefixes: PrefixSource | None,
-                    with_kv: bool = True) -> ResolvedPrefix | None:
-    """The file's shared prefix from ``prefixes``; without ``with_kv`` its tokens only (the
-    tokens digest then vouches for them)."""
-    ref = header.prefix
+def resolve_prefix(session: CodedSession, prefixes: PrefixSource | None,
+                   with_kv: bool = True) -> Prefix | None:
+    """The prefix a .skv session names, from ``prefixes``, checked against the reference;
+    without ``with_kv`` its tokens only (the tokens digest then vouches for them)."""
+    ref = session.prefix
     if ref is None:
         return None
     if prefixes is None:
@@ -510,7 +565,7 @@ def _resolve_prefix(header: Header, prefixes: PrefixSource | None,
             f"(hash {ref.prefix_hash[:16]}): pass the PrefixTrie that holds it"
         )
     prefix = prefixes.resolve(PrefixHash(ref.prefix_hash), with_kv=with_kv)
-    kv_differs = with_kv and (prefix.kv is None or kv_digest(prefix.kv) != ref.kv_digest)
+    kv_differs = with_kv and (prefix.kv is None or prefix.kv_digest != ref.kv_digest)
     if len(prefix.tokens) != ref.tokens or kv_differs:
         raise PrefixMismatchError(
             f"the trie's prefix {ref.prefix_hash[:16]} is not the one the file was coded "
@@ -519,46 +574,82 @@ def _resolve_prefix(header: Header, prefixes: PrefixSource | None,
     return prefix
 
 
+def resolve_dictionary(session: CodedSession,
+                       dictionaries: DictionarySource | None) -> Dictionary | None:
+    """The mixing dictionary a session was coded with, from ``dictionaries``, checked."""
+    if session.dictionary is None:
+        return None
+    found = None if dictionaries is None else dictionaries.get(session.dictionary)
+    if found is None:
+        raise DictionaryUnavailableError(
+            f"the file was coded with the mixing dictionary {session.dictionary[:16]}...: pass "
+            "it (CLI: --dict DICT)")
+    if str(found.digest) != session.dictionary:
+        raise DictionaryMismatchError(
+            f"the dictionary given has digest {str(found.digest)[:16]}..., the file needs "
+            f"{session.dictionary[:16]}...")
+    return found
+
+
+@dataclass(frozen=True)
+class _Given:
+    """One dictionary as a ``DictionarySource``."""
+
+    dictionary: Dictionary | None
+
+    def get(self, digest: str) -> Dictionary | None:
+        return self.dictionary
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    """One session to decode: the prefix it continues (checked against its reference, if it
+    names one) and the dictionary it was coded with (checked by digest)."""
+
+    session: CodedSession
+    prefix: Prefix | None = None
+    dictionary: Dictionary | None = None
+
+
 @dataclass
 class _Pending:
-    """A file between parsing and verification."""
+    """A session between checking and verification."""
 
-    container: Container
+    item: DecodeItem
     level: CodingLevel
-    prefix: ResolvedPrefix | None
     started: float
     context: int | None  # the start token the first token was coded after
     vocab_size: int
     kv_checkable: bool = True  # this machine reproduces the encoder's KV (its profile)
-    dictionary: Dictionary | None = None
     output: DecodeOutput | None = None
 
     def request(self, with_kv: bool, progress: bool = False) -> DecodeRequest:
-        header = self.container.header
-        lengths = list(header.segments)
-        if sum(lengths) != header.count or min(lengths, default=0) < 1:
+        session = self.item.session
+        lengths = list(session.segments)
+        if sum(lengths) != session.count or min(lengths, default=0) < 1:
             raise CorruptFileError("the file's segment lengths are not positive or do not add "
                                    "up to its token count")
-        return DecodeRequest(ArithmeticDecoder(self.container.token_code), header.count,
-                             lengths, self.context, self.vocab_size, self.prefix, with_kv,
-                             progress, self.dictionary)
+        return DecodeRequest(ArithmeticDecoder(session.token_code), session.count,
+                             lengths, self.context, self.vocab_size, self.item.prefix, with_kv,
+                             progress, self.item.dictionary)
 
 
-def _pending(container: Container, model: CausalLM | None,
-             prefix: ResolvedPrefix | None) -> _Pending:
-    header = container.header
-    level = level_of(header)
-    if header.legacy is not None:
-        context = header.legacy.first_token_context
-    else:
-        context = model.start_token_id if model is not None else None
-    vocab = header.vocab_size if header.vocab_size is not None else (
+def _pending(item: DecodeItem, model: CausalLM | None) -> _Pending:
+    session = item.session
+    level = level_of(session)
+    context = model.start_token_id if model is not None else None
+    vocab = session.vocab_size if session.vocab_size is not None else (
         model.vocab_size if model is not None else None)
     if vocab is None:
         raise CorruptFileError("the file's model-free level does not record the vocabulary "
                                "size")
-    _check_sizes(header, model, vocab, prefix)
-    return _Pending(container, level, prefix, time.perf_counter(), context, vocab)
+    if (item.dictionary is None) != (session.dictionary is None) or (
+            item.dictionary is not None and str(item.dictionary.digest) != session.dictionary):
+        resolve_dictionary(session, _Given(item.dictionary))  # raises the error that applies
+        raise DictionaryMismatchError("the session was coded without a mixing dictionary: "
+                                      "decode it without one")
+    _check_sizes(session, model, vocab, item.prefix)
+    return _Pending(item, level, time.perf_counter(), context, vocab)
 
 
 # NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram
@@ -566,11 +657,12 @@ def _pending(container: Container, model: CausalLM | None,
 MAX_MODEL_FREE_WORK = 1 << 32
 
 
-def _check_sizes(header: Header, model: CausalLM | None, vocab: int,
-                 prefix: ResolvedPrefix | None) -> None:
-    """Refuse, before any allocation or forward, a file whose sizes this decode cannot honour."""
-    positions = header.count + (len(prefix.tokens) if prefix is not None else 0)
-    if header.count < 1:
+def _check_sizes(session: CodedSession, model: CausalLM | None, vocab: int,
+                 prefix: Prefix | None) -> None:
+    """Refuse, before any allocation or forward, a session whose sizes this decode cannot
+    honour."""
+    positions = session.count + (len(prefix.tokens) if prefix is not None else 0)
+    if session.count < 1:
         raise CorruptFileError("the file declares no tokens")
     if model is not None:
         context = int(getattr(model.config, "max_position_embeddings", positions))
@@ -581,27 +673,16 @@ def _check_sizes(header: Header, model: CausalLM | None, vocab: int,
         if vocab != model.vocab_size:
             raise CorruptFileError(f"the file declares a vocabulary of {vocab:,}, the model has "
                                    f"{model.vocab_size:,}")
-    elif header.count * vocab > MAX_MODEL_FREE_WORK:
+    elif session.count * vocab > MAX_MODEL_FREE_WORK:
         raise CorruptFileError(
-            f"the file declares {header.count:,} tokens over a vocabulary of {vocab:,}: more "
+            f"the file declares {session.count:,} tokens over a vocabulary of {vocab:,}: more "
             "work than a model-free decode allows; pass the model, whose context bounds it")
 
 
-def _begin(model: CausalLM, container: Container, allow_environment_mismatch: bool,
-           prefixes: PrefixSource | None, descriptions: Descriptions | None,
-           require_exact_kv: bool, dictionaries: DictionarySource | None) -> _Pending:
-    checkable = check_decodable(model, container.header, allow_environment_mismatch,
-                                descriptions, require_exact_kv)
-    pending = _pending(container, model, _resolve_prefix(container.header, prefixes))
-    pending.kv_checkable = checkable
-    pending.dictionary = _resolve_dictionary(container.header, dictionaries)
-    return pending
-
-
-def _decode(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
-            progress: bool = False) -> None:
-    """Decode every pending file at its level; files whose levels share a batch group decode
-    in one call, sharing its forwards."""
+def _decode_levels(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
+                   progress: bool = False) -> None:
+    """Decode every pending session at its level; sessions whose levels share a batch group
+    decode in one call, sharing its forwards."""
     groups: dict[object, list[_Pending]] = {}
     for index, pending in enumerate(pendings):
         key = pending.level.spec.batch_group or ("alone", index)
@@ -612,60 +693,100 @@ def _decode(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
             pending.output = output
 
 
-SessionCheck = Callable[[Header, Sequence[int], torch.Tensor, bool], None]
-"""Verifies a decoded session (all its tokens; its rebuilt KV when the last argument says this
-machine can reproduce it) against what its container holds; raises ``DecodeVerificationError``
-on a mismatch."""
-
-
-def check_header_digests(header: Header, tokens: Sequence[int], kv: torch.Tensor,
-                         kv_checkable: bool) -> None:
-    """The file's own check: its tokens and KV digests."""
-    if tokens_digest(tokens) != header.tokens_digest:
+def verify(session: CodedSession, tokens: Sequence[int], kv: torch.Tensor | None,
+           prefix_length: int, kv_checkable: bool) -> None:
+    """Check decoded tokens (all, the prefix's included) and KV against the session's digests;
+    raise ``DecodeVerificationError`` on a mismatch."""
+    if tokens_digest(tokens) != session.tokens_digest:
         raise DecodeVerificationError(
             "the decoded tokens do not match the file's checksum: this machine did not "
             "reproduce the encoder's probabilities bit for bit"
         )
-    if kv_checkable and kv_digest(kv) != header.kv_digest:
-        raise DecodeVerificationError(
-            "the rebuilt KV cache does not match the file's checksum: the recomputation on this "
-            "machine differs from the encoder's"
-        )
+    if kv_checkable and kv is not None:
+        skip = prefix_length if session.kv_scope == "tail" else 0
+        if kv_digest(kv[:, :, :, skip:]) != session.kv_digest:
+            raise DecodeVerificationError(
+                "the rebuilt KV cache does not match the file's checksum: the recomputation on "
+                "this machine differs from the encoder's"
+            )
 
 
-def _finish(model: CausalLM, pending: _Pending,
-            check: SessionCheck = check_header_digests) -> DecompressResult:
-    """Rebuild the KV, then verify tokens and KV with ``check``."""
-    header = pending.container.header
-    prefix = pending.prefix
+def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
+    """Rebuild the KV, then verify tokens and KV."""
+    session = pending.item.session
+    prefix = pending.item.prefix
     output = pending.output
     assert output is not None and output.kv is not None
     tokens = ([] if prefix is None else list(prefix.tokens)) + output.tail
     recomputed = output.kv
     expected = (model.num_layers, 2, model.kv_heads, len(tokens), model.head_dim)
-    if header.legacy is not None and header.legacy.kv_shape != expected:
-        raise InvalidKVError(f"the file's KV has shape {list(header.legacy.kv_shape)}, this "
-                             f"model's for {len(tokens)} tokens {list(expected)}")
     if tuple(recomputed.shape) != expected:
         raise DecodeVerificationError(
             f"the decoder rebuilt KV of shape {list(recomputed.shape)}, not {list(expected)}")
-    residual_code = pending.container.residual
+    residual_code = session.residual
     kv = recomputed if residual_code is None else decode_residual(
         residual_code.with_shape(tuple(recomputed.shape)), recomputed)
-    check(header, tokens, kv, pending.kv_checkable)
-    tokens_verified, kv_verified = True, pending.kv_checkable
+    verify(session, tokens, kv, len(tokens) - session.count, pending.kv_checkable)
     stats = DecompressStats(
-        tokens=header.count,
+        tokens=session.count,
         decode_seconds=time.perf_counter() - pending.started,
         max_abs_residual=float((kv - recomputed).abs().max()) if kv.numel() else 0.0,
-        tokens_verified=tokens_verified,
-        kv_verified=kv_verified,
+        tokens_verified=True,
+        kv_verified=pending.kv_checkable,
         tolerance=None if residual_code is None else residual_code.tolerance,
         forwards=output.forwards,
     )
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
-    return DecompressResult(tokens, cache, kv, header, stats, _trace(output.trace),
+    return DecompressResult(tokens, cache, kv, session, stats, _trace(output.trace),
                             pending.kv_checkable)
+
+
+def _prepared(model: CausalLM, item: DecodeItem, kv_checkable: bool) -> _Pending:
+    pending = _pending(item, model)
+    pending.kv_checkable = kv_checkable
+    return pending
+
+
+def _run(model: CausalLM, pendings: Sequence[_Pending],
+         progress: bool = False) -> list[DecompressResult]:
+    _decode_levels(model, pendings, with_kv=True, progress=progress)
+    return [_finish(model, pending) for pending in pendings]
+
+
+def decode_many(
+    model: CausalLM,
+    items: Sequence[DecodeItem],
+    *,
+    allow_environment_mismatch: bool = False,
+    descriptions: DescriptionSource | None = None,
+    require_exact_kv: bool = False,
+    progress: bool = False,
+) -> list[DecompressResult]:
+    """Decode coded sessions into verified tokens and KV, sharing forwards among sessions whose
+    levels allow it.
+
+    At the ``rows``, ``segments`` and ``portable`` levels every stream of every session adds
+    rows to a round's forward, so N sessions decode in about the rounds of the longest one;
+    sessions at other levels are decoded one by one. Every session is checked before any
+    decodes, and verified after (module invariant 2); the first failure raises.
+    """
+    pendings = [_prepared(model, item, check_decodable(
+        model, item.session, allow_environment_mismatch, descriptions, require_exact_kv))
+        for item in items]
+    return _run(model, pendings, progress)
+
+
+def _read_pending(model: CausalLM, data: bytes, prefixes: PrefixSource | None,
+                  dictionaries: DictionarySource | None, allow_environment_mismatch: bool,
+                  descriptions: DescriptionSource | None, require_exact_kv: bool) -> _Pending:
+    """A file read, checked against this machine, then its prefix and dictionary resolved."""
+    read = read_skv(data, reader_side(model))
+    session = read.session
+    checkable = check_decodable(model, session, allow_environment_mismatch,
+                                _FileDescriptions(read, descriptions), require_exact_kv)
+    item = DecodeItem(session, resolve_prefix(session, prefixes),
+                      resolve_dictionary(session, dictionaries))
+    return _prepared(model, item, checkable)
 
 
 def decompress(
@@ -674,7 +795,7 @@ def decompress(
     allow_environment_mismatch: bool = False,
     progress: bool = False,
     prefixes: PrefixSource | None = None,
-    descriptions: Descriptions | None = None,
+    descriptions: DescriptionSource | None = None,
     require_exact_kv: bool = False,
     dictionaries: DictionarySource | None = None,
 ) -> DecompressResult:
@@ -687,10 +808,9 @@ def decompress(
     or refused with ``require_exact_kv``. A file coded with a mixing dictionary needs it from
     ``dictionaries``.
     """
-    pending = _begin(model, decode_container(data), allow_environment_mismatch, prefixes,
-                     descriptions, require_exact_kv, dictionaries)
-    _decode(model, [pending], with_kv=True, progress=progress)
-    return _finish(model, pending)
+    pending = _read_pending(model, data, prefixes, dictionaries, allow_environment_mismatch,
+                            descriptions, require_exact_kv)
+    return _run(model, [pending], progress)[0]
 
 
 def decompress_batch(
@@ -698,37 +818,15 @@ def decompress_batch(
     files: Sequence[bytes],
     allow_environment_mismatch: bool = False,
     prefixes: PrefixSource | None = None,
-    descriptions: Descriptions | None = None,
+    descriptions: DescriptionSource | None = None,
     dictionaries: DictionarySource | None = None,
 ) -> list[DecompressResult]:
-    """Decode many .skv files, sharing forwards among files whose levels allow it.
-
-    At the ``rows``, ``segments`` and ``portable`` levels every stream of every file adds rows
-    to a round's forward, so N sessions decode in about the rounds of the longest one; files at
-    other levels are decoded one by one. Each result is verified as by ``decompress``; the
-    first failure raises.
-    """
-    containers = [decode_container(data) for data in files]
-    return decode_containers(model, containers, allow_environment_mismatch, prefixes,
-                             descriptions, dictionaries=dictionaries)
-
-
-def decode_containers(
-    model: CausalLM,
-    containers: Sequence[Container],
-    allow_environment_mismatch: bool = False,
-    prefixes: PrefixSource | None = None,
-    descriptions: Descriptions | None = None,
-    check: SessionCheck = check_header_digests,
-    require_exact_kv: bool = False,
-    dictionaries: DictionarySource | None = None,
-) -> list[DecompressResult]:
-    """``decompress_batch`` of parsed containers, e.g. rebuilt from a store's records, which may
-    bring their own ``check`` of what was decoded (a store keeps its own digests per span)."""
-    pendings = [_begin(model, container, allow_environment_mismatch, prefixes, descriptions,
-                       require_exact_kv, dictionaries) for container in containers]
-    _decode(model, pendings, with_kv=True)
-    return [_finish(model, pending, check) for pending in pendings]
+    """Decode many .skv files together (as ``decode_many``): every file is read and checked
+    before any decodes; each result is verified as by ``decompress``; the first failure
+    raises."""
+    pendings = [_read_pending(model, data, prefixes, dictionaries, allow_environment_mismatch,
+                              descriptions, False) for data in files]
+    return _run(model, pendings)
 
 
 def decompress_tokens(
@@ -741,23 +839,22 @@ def decompress_tokens(
     Files at the ``ngram`` and ``plain`` levels need no model and decode on any machine; the
     others need ``model`` and a machine that reproduces the encoder's probabilities.
     """
-    container = decode_container(data)
-    header = container.header
-    level = level_of(header)
+    read = read_skv(data, reader_side(model))
+    session = read.session
+    level = level_of(session)
     if level.spec.model_coded:
         if model is None:
             raise EnvironmentMismatchError(
-                f"the file's tokens are coded under the model (level {header.level!r}): pass "
+                f"the file's tokens are coded under the model (level {session.level!r}): pass "
                 "the model that coded it"
             )
         return decompress(model, data, prefixes=prefixes).tokens
-    prefix = _resolve_prefix(header, prefixes, with_kv=False)
-    pending = _pending(container, None, prefix)
-    _decode(None, [pending], with_kv=False)
+    prefix = resolve_prefix(session, prefixes, with_kv=False)
+    pending = _pending(DecodeItem(session, prefix), None)
+    _decode_levels(None, [pending], with_kv=False)
     assert pending.output is not None
     tokens = ([] if prefix is None else list(prefix.tokens)) + pending.output.tail
-    if tokens_digest(tokens) != header.tokens_digest:
-        raise DecodeVerificationError("the decoded tokens do not match the file's checksum")
+    verify(session, tokens, None, 0, kv_checkable=False)
     return tokens
 
 
@@ -774,25 +871,12 @@ def upgrade(data: bytes, descriptions: Descriptions | None = None,
     stay unknown and the decoder will see another profile. A file already in the current format
     is returned unchanged.
     """
-    container = decode_container(data)
-    header = container.header
-    legacy = header.legacy
-    if legacy is None:
+    read = read_skv(data, reader_side(model))
+    if read.version not in (1, 2):
         return data
-    profile = legacy.profile
-    if model is not None:
-        here = execution_profile(model, profile.schedule)
-    else:
-        here = current_profile(_dtype_of(profile.dtype), torch.device("cpu"), profile.schedule)
-    if replace(here, cpu_model="", row_block=0) == replace(profile, cpu_model="", row_block=0):
-        profile = replace(profile, cpu_model=here.cpu_model, row_block=here.row_block)
-    if descriptions is not None:
-        descriptions.remember(legacy.model, profile)
-    model_coded = level_of(header).spec.model_coded
-    upgraded = replace(header, format_version=FORMAT_VERSION, legacy=None,
-                       vocab_size=None if model_coded else header.vocab_size,
-                       profile_digest=profile_digest(profile))
-    return encode_container(Container(upgraded, container.token_code, container.residual))
+    if descriptions is not None and read.model is not None:
+        descriptions.remember(read.model, read.profile)
+    return write_skv(read.session, FORMAT_VERSION).data
 
 
 def _dtype_of(name: str) -> torch.dtype:

@@ -26,12 +26,12 @@ import json
 import os
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
 
 from seqkv.digests import Digest, model_digest, profile_digest
 from seqkv.errors import SeqKVError
 from seqkv.files import write_atomically
-from seqkv.framing import load_json
+from seqkv.formats.framing import load_json
 from seqkv.types import ExecutionProfile, ModelIdentity, Schedule
 
 _ENTRY_LIMIT_BYTES = 64 * 1024
@@ -73,6 +73,15 @@ def default_root() -> Path:
     home = os.environ.get("SEQKV_HOME")
     base = Path(home) if home else Path.home() / ".cache" / "seqkv"
     return base / "descriptions"
+
+
+class DescriptionSource(Protocol):
+    """Where a decoder finds a model's or profile's full description by digest (a
+    ``Descriptions`` registry, or what a file carried itself)."""
+
+    def model(self, digest: Digest) -> ModelIdentity | None: ...
+
+    def profile(self, digest: Digest) -> ExecutionProfile | None: ...
 
 
 class Descriptions:

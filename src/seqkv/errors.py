@@ -159,3 +159,17 @@ class ProofInputError(SeqKVError, ValueError):
 
 class ProofInputTypeError(ProofInputError, TypeError):
     """A value given to a symbolic proof of a type it cannot take exactly (a bool, a str)."""
+
+
+class StoreError(SeqKVError):
+    """Base class of the session store's errors (``seqkv.store.errors``)."""
+
+
+class CorruptRecordError(StoreError):
+    """A stored record, or the store's metadata about it, fails its checksum or cannot be
+    parsed: the storage was damaged."""
+
+
+class InvalidNameError(SeqKVError, ValueError):
+    """A namespace or session id that breaks the length or character rules
+    (``seqkv.namespaces``)."""

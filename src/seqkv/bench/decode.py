@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache
 
 from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress, decompress_batch
-from seqkv.container import decode_container
+from seqkv.formats.skv import read_skv
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.models.rows import row_forward
@@ -243,8 +243,8 @@ def run_level(model: CausalLM, tokens: list[int], kv: DynamicCache, level: str,
             coded = compress(model, tokens, tolerance=tolerance, level=level)
             alone.append(coded.stats.encode_seconds)
             # the same predictor codes the same tokens: the token code must not depend on the KV
-            exact = exact and (decode_container(coded.data).token_code
-                               == decode_container(result.data).token_code)
+            exact = exact and (read_skv(coded.data).session.token_code
+                               == read_skv(result.data).session.token_code)
             if repeat + 1 < ENCODE_REPEATS:
                 with_kv.append(compress(model, tokens, kv, tolerance=tolerance,
                                         level=level).stats.encode_seconds)

@@ -36,18 +36,21 @@ import signal
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from tqdm.auto import tqdm
 
+from seqkv.digests import DIGEST_BYTES, Digest
+from seqkv.formats.skv import write_skv
 from seqkv.models.adapter import CausalLM
+from seqkv.store.backends.redis import RedisBackend
+from seqkv.store.backends.redis_server import RedisServer
+from seqkv.store.codecs import TokensCodec
 from seqkv.store.fleet import PutJob, StoreSpec, put_worker, read_acks
-from seqkv.store.redis_backend import RedisBackend
-from seqkv.store.redis_server import RedisServer
-from seqkv.store.skv_adapter import PortableTokenCodec
-from seqkv.store.store import SessionStore, skv_codecs
+from seqkv.store.registry import model_codecs
+from seqkv.store.store import SessionStore
 
 # NOTE: 6 GiB of decoded KV per store object: ~60 chains through a 4,300-token document
 # (23,040 float32 bytes per SmolLM2 token); the machine has 24 GiB.
@@ -118,7 +121,6 @@ class ByteFigures:
     target_bytes: float  # 1.05 * coded + 24 * sessions
     overhead_per_session: float  # (store_bytes - coded_bytes) / sessions
     backend_bytes: int | None  # Redis MEMORY USAGE of the keys, or bytes on disk
-    header_tax_per_session: float  # mean bytes a standalone .skv of a span adds to its code
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,15 @@ def _workload(config: StoreBenchConfig) -> list[_Session]:
     return sessions
 
 
+def _skv_bytes(model: CausalLM, level: str, tokens: list[int]) -> int:
+    """The bytes of one ``.skv`` file of ``tokens`` at a model-free ``level`` with its KV digest
+    (as ``compress`` writes it), without computing the KV: the digests' values do not change
+    the file's size."""
+    session = TokensCodec(model.vocab_size, level).encode(tokens, None, None, None).session
+    digest = Digest(bytes(DIGEST_BYTES))
+    return len(write_skv(replace(session, kv_scope="all", kv_digest=digest)).data)
+
+
 def _zstd(data: bytes) -> int | None:
     try:
         import zstandard
@@ -265,11 +276,9 @@ def _model_run(model: CausalLM, config: StoreBenchConfig, url: str, progress: bo
     tokenize = model.encode_text if model.tokenizer is not None else _hash_tokenizer(
         model.vocab_size)
     sessions = _workload(config)
-    store = SessionStore(RedisBackend(url, "model"), skv_codecs(model), hot_bytes=_HOT_BYTES)
+    store = SessionStore(RedisBackend(url, "model"), model_codecs(model), hot_bytes=_HOT_BYTES)
     lengths, turns, coded, first_tokens, shared, frames = [], [], 0, 0, 0, 0
     coded_tokens = 0
-    header_tax: list[int] = []
-    root_tax: list[int] = []
     token_lists: dict[str, list[int]] = {}
     texts: list[bytes] = []
     started = time.perf_counter()
@@ -289,9 +298,6 @@ def _model_run(model: CausalLM, config: StoreBenchConfig, url: str, progress: bo
                 coded += r.coded_bytes
                 frames += r.record_bytes - r.coded_bytes
                 coded_tokens += r.coded_tokens
-                header_tax.append(r.container_bytes - r.coded_bytes)
-                if r.shared_tokens == 0:
-                    root_tax.append(r.container_bytes - r.coded_bytes)
         lengths.append(len(tokens))
         turns.append(1 + len(session.turns))
         token_lists[session.name] = tokens
@@ -310,11 +316,10 @@ def _model_run(model: CausalLM, config: StoreBenchConfig, url: str, progress: bo
         n, sum(c.spans for c in counts), records, records - coded, index,
         sum(c.index_entries for c in counts), entries, ids, refcounts, store_bytes, coded,
         1.05 * coded + 24 * n, (store_bytes - coded) / n,
-        sum(c.backend_bytes or 0 for c in counts),
-        statistics.fmean(header_tax) if header_tax else 0.0)
+        sum(c.backend_bytes or 0 for c in counts))
     # Cold gets: a fresh store object (empty hot tier) on the same Redis, in batches of 8.
     sample = sessions[: config.get_sample]
-    cold = SessionStore(RedisBackend(url, "model"), skv_codecs(model), hot_bytes=_HOT_BYTES)
+    cold = SessionStore(RedisBackend(url, "model"), model_codecs(model), hot_bytes=_HOT_BYTES)
     exact = True
     got_tokens = 0
     started = time.perf_counter()
@@ -327,10 +332,7 @@ def _model_run(model: CausalLM, config: StoreBenchConfig, url: str, progress: bo
     get_seconds = time.perf_counter() - started
     skv_bytes = None
     if config.level in ("ngram", "plain"):
-        codec = PortableTokenCodec(model.vocab_size, config.level)
-        overhead = statistics.fmean(root_tax or header_tax or [0])
-        skv_bytes = int(sum(codec.encode(t, None, None).coded_bytes + overhead
-                            for t in token_lists.values()))
+        skv_bytes = sum(_skv_bytes(model, config.level, t) for t in token_lists.values())
     corpus = b"\n".join(texts)
     zstd_each = [_zstd(t) for t in texts]
     comparison = Comparison(
@@ -376,8 +378,8 @@ def _scale_jobs(config: StoreBenchConfig, vocab: int, count: int, salt: int
 
 def _scale_run(config: StoreBenchConfig, vocab: int, url: str, progress: bool
                ) -> tuple[ScalePoint, ...]:
-    def codecs(level: str) -> PortableTokenCodec:
-        return PortableTokenCodec(vocab, level)
+    def codecs(level: str) -> TokensCodec:
+        return TokensCodec(vocab, level)
 
     backend = RedisBackend(url, "scale")
     store = SessionStore(backend, codecs)

@@ -32,7 +32,6 @@ from seqkv.checker.per_vector import per_vector_entropy
 from seqkv.checker.premises import measure_determinism, measure_injectivity
 from seqkv.checker.sampling import EntropyRateEstimate, estimate_entropy_rate_from_data
 from seqkv.codec import DEFAULT_TOLERANCE, CodingTrace, compress, decompress
-from seqkv.container import decode_container
 from seqkv.levels import DEFAULT_LEVEL
 from seqkv.models.adapter import CausalLM
 from seqkv.proofs.claims import Claim, Measurements, paper_claims
@@ -160,7 +159,7 @@ def check_text_tokens(
     coded = _Coded(tokens, [tokens], [], model.kv_tensor(kv), result.trace,
                    CodeLengths(stats.tokens, stats.code_bits, stats.residual_bits,
                                stats.residual_escapes),
-                   result.bounds, result.header.level)
+                   result.bounds, result.session.level)
     data = DataFingerprint(source, "text", _tokens_sha256(tokens), len(tokens))
     return _report(model, coded, data, options or CheckOptions(), baselines)
 
@@ -170,22 +169,21 @@ def check_skv(
     progress: bool = False, baselines: Path | None = None,
 ) -> CheckReport:
     """Decode a .skv file, then check every bound on what it codes (per coded token)."""
-    container = decode_container(skv)
     decoded = decompress(model, skv, progress=progress)
-    header = container.header
-    count = header.count
+    session = decoded.session
+    count = session.count
     prefix = decoded.tokens[: len(decoded.tokens) - count]
     tail = decoded.tokens[len(prefix):]
-    lengths_list = list(header.segments)
+    lengths_list = list(session.segments)
     offsets = np.concatenate([[0], np.cumsum(lengths_list)]).astype(int)
     segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths_list))]
-    residual = container.residual
-    lengths = CodeLengths(count, container.token_code.num_bits,
+    residual = session.residual
+    lengths = CodeLengths(count, session.token_code.num_bits,
                           0 if residual is None else residual.num_bits,
                           0 if residual is None else residual.num_escapes)
     bounds = (code_within_table_cost(lengths.code_bits, float(decoded.trace.code_cost_bits.sum())),)
     coded = _Coded(decoded.tokens, segments, prefix, decoded.kv, decoded.trace, lengths, bounds,
-                   header.level)
+                   session.level)
     data = DataFingerprint(source, "skv", hashlib.sha256(skv).hexdigest(), count)
     return _report(model, coded, data, options or CheckOptions(), baselines)
 

@@ -93,6 +93,26 @@ def _cmd_bench_figures(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _cmd_bench_timing(args: argparse.Namespace) -> int:
+    from seqkv.bench import timing
+
+    model = common.load(args.model)
+    if args.record:
+        run = timing.measure(model, args.rounds)
+        path = timing.history_path(run.profile)
+        timing.record_run(path, run)
+        medians = ", ".join(f"{name} {run.median(name):.3f}" for name in run.samples)
+        print(f"recorded a timing run of {run.commit[:12]} for profile {run.profile} in {path}: "
+              f"{medians}")
+        return 0
+    verdict, _ = timing.run_gate(model, args.rounds, log=None if args.json else print)
+    if args.json:
+        print(json.dumps(asdict(verdict) | {"passed": verdict.passed}))
+    else:
+        print(verdict.render())
+    return 0 if verdict.passed else 1
+
+
 def _cmd_bench_mix(args: argparse.Namespace) -> int:
     from seqkv.bench.mix import render_markdown, run_mix_bench
 
@@ -189,6 +209,20 @@ def add_bench(commands: common.Subparsers) -> None:
     common.json_option(bs)
     common.progress_option(bs)
     bs.set_defaults(run=_cmd_bench_store)
+
+    bt2 = benches.add_parser("timing", help="the timing gate: encode and decode of the portable "
+                             "and ngram levels as ratios to one prefill, against the median of "
+                             "this machine profile's last recorded clean runs; exit 1 when one "
+                             "is slower than its threshold")
+    common.model_option(bt2)
+    bt2.add_argument("--record", action="store_true",
+                     help="append this run to the profile's history (refused on a tree with "
+                          "uncommitted changes)")
+    bt2.add_argument("--rounds", type=common.int_in(1, 1000), default=5,
+                     help="paired rounds per ratio (default 5)")
+    common.json_option(bt2)
+    common.progress_option(bt2)
+    bt2.set_defaults(run=_cmd_bench_timing)
 
     bm = benches.add_parser("mix", help="the exact mixer with a dictionary on a RAG-style "
                             "workload: bits against the model alone, the dictionary's cost, the "

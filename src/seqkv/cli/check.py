@@ -10,7 +10,7 @@ from seqkv.checker import check_skv, check_text_tokens, render_markdown
 from seqkv.checker.run import CheckOptions
 from seqkv.cli import common
 from seqkv.codec import DEFAULT_TOLERANCE
-from seqkv.container import MAGIC
+from seqkv.formats.skv import MAGIC
 
 
 def default_report(source: str) -> str:

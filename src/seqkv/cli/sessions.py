@@ -29,9 +29,9 @@ from seqkv.codec import (
     level_of,
     upgrade,
 )
-from seqkv.container import Container, decode_container
 from seqkv.descriptions import Descriptions
 from seqkv.errors import DecodeVerificationError, SeqKVError
+from seqkv.formats.skv import SkvRead, read_skv
 from seqkv.levels import DEFAULT_LEVEL, CodingLevel, parse_level
 from seqkv.models import CausalLM
 from seqkv.quantizers import TurboQuantMSE
@@ -56,7 +56,7 @@ def compress_figures(
     turboquant = TurboQuantMSE(model.head_dim, _QUANTIZER_BITS).num_bits_for(shape) / positions
     return {
         "model": model.name,
-        "level": result.header.level,
+        "level": result.session.level,
         "tokens": stats.tokens,
         "code_bits": stats.code_bits,
         "bits_per_token": stats.bits_per_token,
@@ -170,9 +170,9 @@ def kv_file_bytes(kv: torch.Tensor, tokens: list[int], model_name: str) -> bytes
 def _cmd_decompress(args: argparse.Namespace) -> int:
     reporter = common.reporter_of(args)
     data = common.read_bytes(args.file)
-    container = decode_container(data)  # fail on a damaged file before loading the model
+    read = read_skv(data)  # fail on a damaged file before loading the model
     if args.tokens_only:
-        portable = not level_of(container.header).spec.model_coded
+        portable = not level_of(read.session).spec.model_coded
         model = None if portable else _load(args)
         reporter.phase("decode the tokens")
         tokens = decompress_tokens(data, model)
@@ -196,37 +196,36 @@ def _cmd_decompress(args: argparse.Namespace) -> int:
     return 0
 
 
-def inspect_figures(container: Container, file_bytes: int,
+def inspect_figures(read: SkvRead, file_bytes: int,
                     descriptions: Descriptions) -> dict[str, object]:
     """What ``seqkv inspect`` prints: the header's fields, the sections' sizes, and the full
     model and profile descriptions when the file carries them or the registry has them."""
-    header = container.header
-    residual = container.residual
-    legacy = header.legacy
-    model = legacy.model if legacy is not None else descriptions.model(header.model_digest)
-    profile = legacy.profile if legacy is not None else descriptions.profile(
-        header.profile_digest)
+    session = read.session
+    residual = session.residual
+    carried = read.model is not None
+    model = read.model if carried else descriptions.model(session.model_digest)
+    profile = read.profile if carried else descriptions.profile(session.profile_digest)
     return {
-        "format_version": header.format_version,
-        "level": header.level,
-        "tokens": header.count,
-        "segments": list(header.segments),
-        "vocab_size": header.vocab_size,
-        "model_digest": header.model_digest.hex(),
-        "profile_digest": header.profile_digest.hex(),
-        "tokens_digest": header.tokens_digest.hex(),
-        "kv_digest": None if header.kv_digest is None else header.kv_digest.hex(),
-        "prefix": None if header.prefix is None else {
-            "prefix_hash": header.prefix.prefix_hash, "tokens": header.prefix.tokens,
-            "kv_digest": header.prefix.kv_digest.hex()},
-        "token_code_bits": container.token_code.num_bits,
+        "format_version": read.version,
+        "level": session.level,
+        "tokens": session.count,
+        "segments": list(session.segments),
+        "vocab_size": session.vocab_size,
+        "model_digest": session.model_digest.hex(),
+        "profile_digest": session.profile_digest.hex(),
+        "tokens_digest": session.tokens_digest.hex(),
+        "kv_digest": None if session.kv_digest is None else session.kv_digest.hex(),
+        "prefix": None if session.prefix is None else {
+            "prefix_hash": session.prefix.prefix_hash, "tokens": session.prefix.tokens,
+            "kv_digest": session.prefix.kv_digest.hex()},
+        "token_code_bits": session.token_code.num_bits,
         "residual": None if residual is None else {
             "mode": residual.mode.value, "tolerance": residual.tolerance,
             "bits": residual.num_bits, "escapes": residual.num_escapes},
         "file_bytes": file_bytes,
         "model": None if model is None else asdict(model),
         "profile": None if profile is None else asdict(profile),
-        "descriptions": "in the file (format 1 or 2)" if legacy is not None
+        "descriptions": "in the file (format 1 or 2)" if carried
         else f"registry {descriptions.root}" if model is not None or profile is not None
         else f"not found in the registry {descriptions.root}",
     }
@@ -234,7 +233,7 @@ def inspect_figures(container: Container, file_bytes: int,
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     data = common.read_bytes(args.file)
-    figures = inspect_figures(decode_container(data), len(data), Descriptions())
+    figures = inspect_figures(read_skv(data), len(data), Descriptions())
     common.print_figures(figures, args.json, f"{args.file}")
     return 0
 
@@ -246,8 +245,8 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
     rewrites: list[tuple[str, bytes]] = []
     for name in dict.fromkeys(args.files):
         data = common.read_bytes(name)
-        legacy = decode_container(data).header.legacy
-        if legacy is not None and legacy.profile.schedule == "rows" and model is None:
+        described = read_skv(data).profile  # formats 1 and 2 carry their profile
+        if described is not None and described.schedule == "rows" and model is None:
             model = _load(args)  # the row block is calibrated on the model
         rewritten = upgrade(data, descriptions, model)
         if rewritten != data:

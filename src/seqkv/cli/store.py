@@ -25,10 +25,10 @@ from seqkv.files import atomic_output
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryMismatchError
 from seqkv.models import CausalLM
-from seqkv.store import DEFAULT_STORE_LEVEL, SessionStore, skv_codecs
-from seqkv.store.directory import DirectoryBackend
+from seqkv.store import DEFAULT_STORE_LEVEL, SessionStore, model_codecs
+from seqkv.store.backends.directory import DirectoryBackend
+from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.jobs import get_many_jsonl, put_many_jsonl
-from seqkv.store.redis_backend import RedisBackend
 
 DEFAULT_STORE = "dir:seqkv-store"
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -41,9 +41,9 @@ class StoreLocationError(SeqKVError, ValueError):
 def open_store(location: str, model: CausalLM) -> SessionStore:
     """The store ``location`` names, coding with ``model``."""
     if location.startswith("dir:") and len(location) > 4:
-        return SessionStore(DirectoryBackend(location[4:]), skv_codecs(model))
+        return SessionStore(DirectoryBackend(location[4:]), model_codecs(model))
     if location.startswith(_REDIS_SCHEMES):
-        return SessionStore(RedisBackend(location), skv_codecs(model))
+        return SessionStore(RedisBackend(location), model_codecs(model))
     raise StoreLocationError(
         f"--store {location!r}: write dir:PATH for a local folder or redis://HOST:PORT/DB")
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.limits import MAX_VOCAB
+
 FREQUENCY_BITS = 32
 TOTAL_FREQUENCY = 1 << FREQUENCY_BITS
 # NOTE: 2**32 total counts keeps the quantization loss per token near 1e-5 bits for vocabularies up
 # to a few hundred thousand; the coder's 64-bit interval (see arithmetic.py) leaves >= 2**30
 # sub-interval width even for a count of 1.
-MAX_VOCAB = 1 << 22
 
 CumulativeTable = npt.NDArray[np.int64]
 

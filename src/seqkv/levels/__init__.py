@@ -35,7 +35,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from seqkv.container import split_lengths
 from seqkv.errors import InvalidLevelError
 from seqkv.levels.base import (
     CodingLevel,
@@ -53,6 +52,7 @@ from seqkv.levels.portable import PortableLevel
 from seqkv.levels.rows import RowsLevel
 from seqkv.levels.segments import SegmentsLevel
 from seqkv.levels.tokens import TokensLevel
+from seqkv.session import split_lengths
 
 LevelFactory = Callable[[int | None], CodingLevel]
 

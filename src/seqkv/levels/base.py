@@ -31,7 +31,7 @@ from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import CumulativeTable, symbol_cost_bits, table_and_log2p
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.models.adapter import CausalLM
-from seqkv.trie.radix import ResolvedPrefix
+from seqkv.session import Prefix
 from seqkv.types import Schedule
 
 Distribution = tuple[CumulativeTable, npt.NDArray[np.float64]]
@@ -72,11 +72,16 @@ class LevelSpec:
 
 @dataclass
 class TraceColumns:
-    """Per-position figures (see ``seqkv.codec.CodingTrace``), filled in any order."""
+    """Per-position figures (see ``seqkv.codec.CodingTrace``), filled in any order.
+
+    ``with_entropy`` False skips the entropies (a sum over the vocabulary per position, 40% of a
+    model-free put at V = 49,152 here): surprisal and table cost stay, which the bounds need.
+    """
 
     surprisal: list[float] = field(default_factory=list)
     cost: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
+    with_entropy: bool = True
 
     def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int,
                entropy: float | None = None) -> None:
@@ -84,6 +89,8 @@ class TraceColumns:
         tables', ``seqkv.models.integer.table``), else computed from ``log2p``."""
         self.surprisal.append(-float(log2p[token]))
         self.cost.append(symbol_cost_bits(table, token))
+        if not self.with_entropy:
+            return
         if entropy is None:
             # NOTE: not np.dot: it wakes OpenBLAS threads that slow the pinned torch thread 2x.
             entropy = -float((np.exp2(log2p) * log2p).sum())
@@ -101,7 +108,7 @@ class EncodeRequest:
 
     model: CausalLM
     tail: list[int]
-    prefix: ResolvedPrefix | None
+    prefix: Prefix | None
     context: int | None  # the start token the first token is coded after (no prefix)
     encoder: ArithmeticEncoder
     progress: bool = False
@@ -130,7 +137,7 @@ class DecodeRequest:
     segments: list[int]
     context: int | None
     vocab_size: int
-    prefix: ResolvedPrefix | None
+    prefix: Prefix | None
     with_kv: bool = True  # also rebuild the KV (False: tokens only)
     progress: bool = False
     dictionary: Dictionary | None = None  # the one the file was coded with

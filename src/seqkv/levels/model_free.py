@@ -17,6 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
+from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.levels.base import (
     DecodeOutput,
     DecodeRequest,
@@ -52,13 +53,34 @@ class ModelFreeLevel(ABC):
         return decode_model_free(self, model, requests)
 
 
+def code_tokens(source: ModelFreeLevel, vocab_size: int, prefix_tokens: Sequence[int],
+                tail: Sequence[int], encoder: ArithmeticEncoder, trace: TraceColumns) -> None:
+    """The model-free coding loop, the one every user of these levels runs (the codec's
+    encode, and the store's tokens-only codec, ``seqkv.store.codecs.TokensCodec``)."""
+    tables = source.tables(vocab_size, prefix_tokens, tail)
+    for token, (table, log2p) in zip(tail, tables, strict=False):
+        encoder.encode(table, token)
+        trace.record(log2p, table, token)
+
+
+def decode_tokens(source: ModelFreeLevel, vocab_size: int, prefix_tokens: Sequence[int],
+                  count: int, decoder: ArithmeticDecoder, trace: TraceColumns) -> list[int]:
+    """The model-free decoding loop (module invariant 1)."""
+    tail: list[int] = []
+    tables = source.tables(vocab_size, prefix_tokens, tail)
+    for _ in range(count):
+        table, log2p = next(tables)
+        token = decoder.decode(table)
+        tail.append(token)
+        trace.record(log2p, table, token)
+    return tail
+
+
 def encode_model_free(source: ModelFreeLevel, request: EncodeRequest) -> EncodeOutput:
     trace = TraceColumns()
     prefix_tokens = list(request.prefix.tokens) if request.prefix is not None else []
-    tables = source.tables(request.model.vocab_size, prefix_tokens, request.tail)
-    for token, (table, log2p) in zip(request.tail, tables, strict=False):
-        request.encoder.encode(table, token)
-        trace.record(log2p, table, token)
+    code_tokens(source, request.model.vocab_size, prefix_tokens, request.tail, request.encoder,
+                trace)
     engine = row_forward(request.model)
     before = engine.forwards
     with pinned_threads(schedule_threads("rows")):
@@ -70,15 +92,10 @@ def decode_model_free(source: ModelFreeLevel, model: CausalLM | None,
                       requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
     outputs = []
     for request in requests:
-        tail: list[int] = []
         trace = TraceColumns()
         prefix_tokens = list(request.prefix.tokens) if request.prefix is not None else []
-        tables = source.tables(request.vocab_size, prefix_tokens, tail)
-        for _ in range(request.count):
-            table, log2p = next(tables)
-            token = request.decoder.decode(table)
-            tail.append(token)
-            trace.record(log2p, table, token)
+        tail = decode_tokens(source, request.vocab_size, prefix_tokens, request.count,
+                             request.decoder, trace)
         kv = None
         forwards = 0
         if request.with_kv:

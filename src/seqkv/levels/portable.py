@@ -71,7 +71,7 @@ from seqkv.models.integer.table import (
 )
 from seqkv.models.integer.weights import IntegerWeights, integer_weights
 from seqkv.schedule import pinned_threads, schedule_threads
-from seqkv.trie.radix import ResolvedPrefix
+from seqkv.session import Prefix
 
 # NOTE: rows per encoder forward, and rows per batch of tables: the tables of 64 rows hold
 # 64 x 49,153 int64 counts (25 MB); a forward of 256 rows runs near prefill speed.
@@ -180,7 +180,7 @@ def integer_predictor(model: CausalLM, layers: int | None = None) -> IntegerForw
 
 
 def prefill_kv(model: CausalLM, tail: Sequence[int],
-               prefix: ResolvedPrefix | None) -> torch.Tensor:
+               prefix: Prefix | None) -> torch.Tensor:
     """The KV ``[layers, 2, kv_heads, prefix + tail, head_dim]`` of one float prefill of the
     tail, continuing the prefix's stored KV: the ``prefill`` schedule."""
     with pinned_threads(schedule_threads("prefill")), torch.inference_mode():
@@ -208,7 +208,7 @@ def _uniform(vocab: int) -> _Row:
 
 
 def _start(engine: IntegerForward, context: int | None,
-           prefix: ResolvedPrefix | None) -> tuple[IntSequence, _Row]:
+           prefix: Prefix | None) -> tuple[IntSequence, _Row]:
     """A sequence holding the prefix (integer KV recomputed from its tokens) and the
     distribution of the first coded token."""
     sequence = engine.new_sequence()
@@ -257,7 +257,7 @@ class PortableLevel:
         return EncodeOutput(trace, kv, [len(request.tail)], forwards)
 
     def _mixer(self, vocab: int, dictionary: Dictionary | None,
-               prefix: ResolvedPrefix | None) -> MixingPredictor | None:
+               prefix: Prefix | None) -> MixingPredictor | None:
         if not self.mix:
             if dictionary is not None:
                 raise InvalidLevelError(f"level {self.spec.name!r} takes no dictionary: code at "

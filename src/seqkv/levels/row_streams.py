@@ -35,7 +35,7 @@ from seqkv.levels import base
 from seqkv.levels.base import Distribution, TraceColumns
 from seqkv.levels.drafts import PromptLookup
 from seqkv.models.rows import RECOMPUTE_CHUNK_ROWS, RowForward, RowSequence, gather
-from seqkv.trie.radix import ResolvedPrefix
+from seqkv.session import Prefix
 
 # NOTE: rows per encoder forward, as the engine's recomputation: large enough for matrix
 # products to run at prefill speed, small enough that the float32 logit rows (V x 4 bytes each)
@@ -44,7 +44,7 @@ ENCODE_CHUNK_ROWS = RECOMPUTE_CHUNK_ROWS
 
 
 def row_start(engine: RowForward, context: int | None,
-              prefix: ResolvedPrefix | None) -> tuple[RowSequence, Distribution]:
+              prefix: Prefix | None) -> tuple[RowSequence, Distribution]:
     """A segment's starting sequence and the distribution its first token is coded under.
 
     After a prefix, the sequence holds the prefix's stored KV without its last position and the
@@ -62,7 +62,7 @@ def row_start(engine: RowForward, context: int | None,
 
 
 def recompute_kv(engine: RowForward, tail: Sequence[int],
-                 prefix: ResolvedPrefix | None) -> torch.Tensor:
+                 prefix: Prefix | None) -> torch.Tensor:
     """The KV ``[layers, 2, kv_heads, tokens, head_dim]`` of prefix + tail, in chunks.
 
     After a prefix, the sequence starts from its stored KV without its last position and
@@ -77,7 +77,7 @@ def recompute_kv(engine: RowForward, tail: Sequence[int],
 
 def encode_rows(engine: RowForward, encoder: ArithmeticEncoder, tail: Sequence[int],
                 lengths: Sequence[int], context: int | None,
-                prefix: ResolvedPrefix | None) -> tuple[TraceColumns, torch.Tensor | None]:
+                prefix: Prefix | None) -> tuple[TraceColumns, torch.Tensor | None]:
     """Code ``tail`` split into segments of ``lengths`` under the row-invariant forward.
 
     Returns the trace and, for a single segment, the KV its forwards left (the session's KV).
@@ -189,7 +189,7 @@ class DecodeJob:
 
 
 def new_job(engine: RowForward, decoder: ArithmeticDecoder, lengths: Sequence[int],
-            context: int | None, prefix: ResolvedPrefix | None) -> DecodeJob:
+            context: int | None, prefix: Prefix | None) -> DecodeJob:
     """A job for one file; a single-segment job also keeps its KV (the session's)."""
     start_sequence, first = row_start(engine, context, prefix)
     prefix_tokens = list(prefix.tokens) if prefix is not None else []

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from seqkv.container import split_lengths
 from seqkv.levels.base import (
     DecodeOutput,
     DecodeRequest,
@@ -30,6 +29,7 @@ from seqkv.levels.row_streams import decode_rows, encode_rows, new_job, recomput
 from seqkv.models.adapter import CausalLM
 from seqkv.models.rows import row_forward
 from seqkv.schedule import pinned_threads, schedule_threads
+from seqkv.session import split_lengths
 
 BATCH_GROUP = "row-forward"
 

@@ -34,11 +34,11 @@ from seqkv.levels.base import (
 )
 from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.schedule import pinned_threads
-from seqkv.trie.radix import ResolvedPrefix
+from seqkv.session import Prefix
 
 
 def start(model: CausalLM, context: int | None,
-          prefix: ResolvedPrefix | None) -> tuple[Stepper, Distribution]:
+          prefix: Prefix | None) -> tuple[Stepper, Distribution]:
     """The stepper and the distribution the first coded token is coded under."""
     if prefix is not None:
         assert prefix.kv is not None

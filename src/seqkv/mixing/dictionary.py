@@ -61,7 +61,8 @@ from typing import NewType
 import numpy as np
 import numpy.typing as npt
 
-from seqkv.framing import FramingErrors, SectionReader, encode_varint, frame, unframe
+from seqkv.formats.framing import FramingErrors, SectionReader, encode_varint, frame, unframe
+from seqkv.limits import MAX_VOCAB
 from seqkv.mixing.errors import (
     CorruptDictionaryError,
     DictionaryMismatchError,
@@ -83,7 +84,6 @@ _ERRORS = FramingErrors(NotADictionaryError, NotADictionaryError,
 _WHAT = "the dictionary"
 _HEADER = struct.Struct("<8sHHIIIQ")
 _DIGEST_BYTES = 32
-_MAX_VOCAB = (1 << 32) - 1  # the content encoding stores it in 32 bits
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class Dictionary:
                  namespace: str = "") -> None:
         array = np.array(tokens, dtype=np.int64).reshape(-1)
         lengths = tuple(int(length) for length in segment_lengths)
-        if not 1 <= vocab_size <= _MAX_VOCAB:
+        if not 2 <= vocab_size <= MAX_VOCAB:
             raise InvalidDictionaryInputError(
                 f"vocab_size must be in 1..2**32 - 1, not {vocab_size}")
         if any(length < 1 for length in lengths) or sum(lengths) != array.shape[0]:
@@ -231,7 +231,7 @@ def _read(data: bytes) -> tuple[npt.NDArray[np.integer], list[int], int, str]:
     if len(sections) != 4:
         raise CorruptDictionaryError(f"the dictionary has {len(sections)} sections, not 4")
     header = SectionReader(sections[0], "the dictionary's header", CorruptDictionaryError)
-    vocab = header.varint("vocabulary size", 1, _MAX_VOCAB)
+    vocab = header.varint("vocabulary size", 2, MAX_VOCAB)
     width = header.u8("token width")
     if width != _token_width(vocab):
         raise CorruptDictionaryError(

@@ -10,27 +10,30 @@ earlier ones, and keep every shared prefix once across the fleet::
     store.append("chat-1", next_turn, namespace="tenant-a")
     session = store.get("chat-1", namespace="tenant-a")     # tokens, DynamicCache, KV, kv_exact
 
-Modules: ``store`` (``SessionStore``), ``codec`` (the ``SessionCodec`` seam), ``skv_adapter``
-(the codec over today's ``seqkv.compress``, and a tokens-only codec), ``record`` (the span record
-format), ``index`` (the prefix index), ``backend`` / ``directory`` / ``redis_backend`` (where it
-is kept), ``hot`` (decoded spans kept in memory), ``hf`` (``save_cache`` / ``load_cache``),
-``jobs`` (JSON-lines batch jobs, Ray Data), ``fleet`` (worker processes), ``redis_server`` (a
-private redis-server for tests and benchmarks).
+Modules, one concern each: ``store`` (``SessionStore``, composing the rest), ``prefixes``
+(finding a new session's longest stored prefix), ``chains`` (decoding chains of spans),
+``dictionaries`` (each namespace's mixing dictionaries), ``codec`` (the ``SpanCodec`` seam),
+``codecs`` (the model's codec and a tokens-only one), ``registry`` (codecs by level and by
+stored index), ``index`` (the prefix index keys), ``hot`` (what a worker keeps in memory),
+``backends`` (where it is kept: ``base``, ``directory``, ``redis``), ``hf`` (``save_cache`` /
+``load_cache``), ``jobs`` (JSON-lines batch jobs, Ray Data), ``fleet`` (worker processes). The
+span record's bytes are a format of the coded session (``seqkv.formats.span``).
 
 Invariants:
 1. Importing the package computes nothing and holds no mutable state (enforced: modules define
    classes, functions and constants only; the Redis, Ray and SQLite modules load on use).
 """
 
-from seqkv.store.backend import AuditReport, ByteCounts, GcReport, StoreBackend
-from seqkv.store.codec import (
+from seqkv.store.backends.base import (
+    AuditReport,
+    ByteCounts,
     CodecIdentity,
-    DecodedSpan,
-    DictionaryCodec,
-    EncodedSpan,
-    PrefixState,
-    SessionCodec,
+    GcReport,
+    StoreBackend,
 )
+from seqkv.store.codec import DecodedSpan, EncodedSpan, SpanCodec, SpanItem
+from seqkv.store.codecs import DEFAULT_STORE_LEVEL, ModelCodec, TokensCodec
+from seqkv.store.dictionaries import StoredDictionary
 from seqkv.store.errors import (
     BatchInputError,
     CodecMismatchError,
@@ -46,16 +49,13 @@ from seqkv.store.errors import (
 )
 from seqkv.store.hf import SavedCache, load_cache, save_cache
 from seqkv.store.index import IndexSpacing
-from seqkv.store.skv_adapter import DEFAULT_STORE_LEVEL, PortableTokenCodec, SkvCodec
+from seqkv.store.registry import CodecFactory, model_codecs
 from seqkv.store.store import (
-    CodecFactory,
     PrefixMatch,
     PutResult,
     SessionStat,
     SessionStore,
-    StoredDictionary,
     StoredSession,
-    skv_codecs,
 )
 
 __all__ = [
@@ -69,30 +69,29 @@ __all__ = [
     "ConcurrentUpdateError",
     "CorruptRecordError",
     "DecodedSpan",
-    "DictionaryCodec",
     "DictionaryNamespaceError",
     "EncodedSpan",
     "GcReport",
     "IndexSpacing",
     "InvalidSessionIdError",
-    "PortableTokenCodec",
+    "ModelCodec",
     "PrefixMatch",
-    "PrefixState",
     "PutResult",
     "SavedCache",
-    "SessionCodec",
     "SessionExistsError",
     "SessionNotFoundError",
     "SessionStat",
     "SessionStore",
-    "SkvCodec",
+    "SpanCodec",
+    "SpanItem",
     "StoreBackend",
     "StoreError",
     "StoreUnavailableError",
     "StoreVerificationError",
     "StoredDictionary",
     "StoredSession",
+    "TokensCodec",
     "load_cache",
+    "model_codecs",
     "save_cache",
-    "skv_codecs",
 ]

@@ -1,79 +1,70 @@
-"""The codec seam: what the store needs from a session codec, and nothing more.
+"""The codec seam: what the store needs from a span codec, in one protocol.
 
-Motivation: the store must outlive the codec's current container. It keeps a codec's identity
-(model, execution profile, level) once per store and, per span, only the bytes the codec returns
-for the tokens after a prefix. Any codec that implements ``SessionCodec`` plugs in: the adapter
-over today's ``seqkv.compress`` (``seqkv.store.skv_adapter.SkvCodec``) and a model-free
-tokens-only codec (``seqkv.store.skv_adapter.PortableTokenCodec``) do.
+Motivation: the store must outlive any one codec. It keeps a codec's identity (model, execution
+profile, level, tolerance) once per store and, per span, only the coded fields of a
+``seqkv.session.CodedSession`` in a span record (``seqkv.formats.span``). Any codec that
+implements ``SpanCodec`` plugs in: the model's (``seqkv.store.codecs.ModelCodec``, any level)
+and a model-free tokens-only one (``seqkv.store.codecs.TokensCodec``) do.
 
-Invariants (the ``SessionCodec`` contract):
-1. ``decode_many([(encode(tokens, kv, prefix).payload, prefix)])`` returns the tokens after the
-   prefix, and the KV the encoder reported in ``EncodedSpan.kv`` when it reported one, bit for
-   bit, or raises (assumed of every codec; tested for both shipped ones).
-2. A payload decodes only against the exact ``PrefixState`` it was coded against: its tokens and
-   its KV bits (assumed; the store always passes the state it decoded from the parent span).
-3. ``identity().digest`` changes whenever anything that decoding depends on changes (assumed).
-4. A ``DictionaryCodec`` whose ``uses_dictionary`` is True codes with the dictionary the store
-   hands it and names it by digest inside the payload (``payload_dictionary``); it decodes only
-   with that dictionary, found through the ``DictionarySource`` the store hands it, which looks
-   in the span's own namespace alone (assumed of every such codec; tested for ``SkvCodec``).
+Invariants (the ``SpanCodec`` contract):
+1. ``decode_many`` of a record holding ``encode(tokens, kv, prefix, d).session``'s fields,
+   with the same prefix and dictionary, returns the tokens after the prefix and the KV the
+   encoder reported in ``EncodedSpan.kv``, bit for bit, or raises (assumed of every codec;
+   tested for both shipped ones). Its KV digest covers the positions after the prefix only
+   (``kv_scope`` "tail"): the prefix is a parent span the store decoded and verified first.
+2. ``identity().digest`` changes whenever anything that decoding depends on changes, and
+   ``reads`` accepts exactly the identities whose spans the codec decodes: its own, and those of
+   earlier releases of it whose records it still reads (assumed).
+3. A span coded with a dictionary names it by digest; it decodes only with that dictionary,
+   which the store finds in the span's own namespace alone (enforced by the store).
+4. ``encode`` evaluates the bounds of ``seqkv.bounds`` on what it coded and raises
+   ``BoundViolationError`` when one fails: the store then commits nothing (enforced by both
+   codecs; tested).
 
 Nothing here mutates anything: the types are frozen.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import torch
 
-from seqkv.codec import DictionarySource
-from seqkv.mixing.dictionary import Dictionary, DictionaryDigest
-from seqkv.store.ids import CodecDigest
-
-
-@dataclass(frozen=True, slots=True)
-class CodecIdentity:
-    """What a store records once per codec: a digest and the JSON description it digests."""
-
-    digest: CodecDigest
-    description: str  # canonical JSON (sorted keys); holds at least "codec" and "level"
-    level: str
-
-    @classmethod
-    def of(cls, description: Mapping[str, object]) -> CodecIdentity:
-        """The identity of ``description`` (canonical JSON, SHA-256).
-
-        >>> CodecIdentity.of({"codec": "x", "level": "plain"}).digest[:12]
-        'dc9a8b75c541'
-        """
-        text = json.dumps(description, sort_keys=True, separators=(",", ":"), default=str)
-        level = str(description.get("level", ""))
-        return cls(CodecDigest(hashlib.sha256(text.encode()).hexdigest()), text, level)
-
-
-@dataclass(frozen=True)
-class PrefixState:
-    """A decoded prefix a span continues: its tokens and the KV a decoder rebuilt for them."""
-
-    tokens: tuple[int, ...]
-    kv: torch.Tensor | None  # [layers, 2, kv_heads, len(tokens), head_dim] float32; None: no KV
+from seqkv.bounds import Bound
+from seqkv.formats.residual import encode_residual_section
+from seqkv.formats.span import SpanRecord, Version1Layout
+from seqkv.mixing.dictionary import Dictionary
+from seqkv.session import CodedSession, Prefix
+from seqkv.store.backends.base import CodecIdentity
 
 
 @dataclass(frozen=True)
 class EncodedSpan:
-    """A coded span: the payload the store keeps, and figures about it."""
+    """A coded span: the session's fields the record keeps, and figures about it."""
 
-    payload: bytes
-    tokens: int  # coded tokens (after the prefix)
-    coded_bytes: int  # of the payload, the coded tokens and residual (the rest is framing)
-    container_bytes: int  # what the same span costs as a standalone file (0: no such file)
-    kv: torch.Tensor | None  # the whole KV a decoder will rebuild, when known without decoding
+    session: CodedSession  # its ``kv_scope`` is "tail"
+    bounds: tuple[Bound, ...]  # every one holds (``encode`` raised otherwise)
+    kv: torch.Tensor | None  # the whole KV a decoder rebuilds (prefix included); None: none
     kv_exact: bool  # the rebuilt KV equals the caller's bit for bit (True when none was given)
+
+    @property
+    def coded_bytes(self) -> int:
+        """Bytes of coded tokens and residual: what a span holds beyond its frame."""
+        residual = self.session.residual
+        return len(self.session.token_code.data) + (
+            0 if residual is None else len(encode_residual_section(residual)))
+
+
+@dataclass(frozen=True)
+class SpanItem:
+    """One stored span to decode: its record, the prefix it continues (the decoded parent
+    chain, cut at the record's start) and the dictionary it names."""
+
+    record: SpanRecord
+    prefix: Prefix | None
+    dictionary: Dictionary | None = None
 
 
 @dataclass(frozen=True)
@@ -87,12 +78,16 @@ class DecodedSpan:
     kv_exact: bool = True
 
 
-@runtime_checkable
-class SessionCodec(Protocol):
+class SpanCodec(Protocol):
     """Codes the tokens (and KV residual) of a span that continues a prefix."""
 
     def identity(self) -> CodecIdentity:
         """The codec's identity, stored once per store."""
+        ...
+
+    def reads(self, identity: CodecIdentity) -> Version1Layout | bool:
+        """Whether this codec decodes spans stored under ``identity``: False, True (its own
+        records), or the layout of the version-1 records an earlier release of it wrote."""
         ...
 
     @property
@@ -101,47 +96,21 @@ class SessionCodec(Protocol):
         ...
 
     @property
+    def mixes(self) -> bool:
+        """Whether spans are coded with the namespace's mixing dictionary."""
+        ...
+
+    @property
     def max_prefix_error(self) -> float:
         """How far a caller's KV over a stored prefix may be from the stored prefix's KV for a
         session to be coded against that prefix (the residual tolerance)."""
         ...
 
-    def encode(self, tokens: Sequence[int], kv: torch.Tensor | None,
-               prefix: PrefixState | None) -> EncodedSpan:
+    def encode(self, tokens: Sequence[int], kv: torch.Tensor | None, prefix: Prefix | None,
+               dictionary: Dictionary | None) -> EncodedSpan:
         """Code ``tokens[len(prefix.tokens):]``; ``tokens`` and ``kv`` cover the prefix too."""
         ...
 
-    def decode_many(self, items: Sequence[tuple[bytes, PrefixState | None]]
-                    ) -> list[DecodedSpan]:
-        """Decode many payloads, sharing model forwards where the level allows."""
-        ...
-
-
-@runtime_checkable
-class DictionaryCodec(SessionCodec, Protocol):
-    """A ``SessionCodec`` that may code with a mixing dictionary (``seqkv.mixing``).
-
-    The store hands it the namespace's current dictionary to encode, and a source that finds
-    dictionaries by digest in the span's namespace to decode. Codecs without this protocol (or
-    with ``uses_dictionary`` False) are called through ``SessionCodec`` alone.
-    """
-
-    @property
-    def uses_dictionary(self) -> bool:
-        """Whether spans are coded with a dictionary (the level mixes)."""
-        ...
-
-    def payload_dictionary(self, payload: bytes) -> DictionaryDigest | None:
-        """The digest of the dictionary a payload was coded with (None: none)."""
-        ...
-
-    def encode_with_dictionary(self, tokens: Sequence[int], kv: torch.Tensor | None,
-                               prefix: PrefixState | None,
-                               dictionary: Dictionary | None) -> EncodedSpan:
-        """``encode`` with ``dictionary``; the payload names it by digest."""
-        ...
-
-    def decode_many_with_dictionaries(self, items: Sequence[tuple[bytes, PrefixState | None]],
-                                      dictionaries: DictionarySource) -> list[DecodedSpan]:
-        """``decode_many``, finding each payload's dictionary in ``dictionaries``."""
+    def decode_many(self, items: Sequence[SpanItem]) -> list[DecodedSpan]:
+        """Decode many spans, sharing model forwards where the level allows."""
         ...

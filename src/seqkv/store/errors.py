@@ -7,14 +7,12 @@ never tells one tenant that another tenant's session exists.
 
 from __future__ import annotations
 
-from seqkv.errors import SeqKVError
+from seqkv.errors import CorruptRecordError, InvalidNameError, StoreError
+
+__all__ = ["CorruptRecordError", "StoreError"]
 
 
-class StoreError(SeqKVError):
-    """Base class of the session store's errors."""
-
-
-class InvalidSessionIdError(StoreError, ValueError):
+class InvalidSessionIdError(StoreError, InvalidNameError):
     """A session id or namespace that breaks the length or character rules."""
 
 
@@ -31,10 +29,6 @@ class SessionExistsError(StoreError):
 
 class ConcurrentUpdateError(StoreError):
     """Another writer changed the session between this call's read and its commit."""
-
-
-class CorruptRecordError(StoreError):
-    """A stored record fails its checksum or cannot be parsed: the storage was damaged."""
 
 
 class StoreVerificationError(StoreError):

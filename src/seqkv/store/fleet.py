@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Literal
 
 from seqkv.store.errors import SessionExistsError, StoreUnavailableError
-from seqkv.store.store import CodecFactory, SessionStore, skv_codecs
+from seqkv.store.registry import CodecFactory, model_codecs
+from seqkv.store.store import SessionStore
 
 CodecKind = Literal["portable", "tiny", "default"]
 
@@ -39,24 +40,24 @@ class StoreSpec:
 
     def codecs(self) -> CodecFactory:
         if self.codec == "portable":
-            from seqkv.store.skv_adapter import PortableTokenCodec
+            from seqkv.store.codecs import TokensCodec
 
             vocab = self.vocab_size
-            return lambda level: PortableTokenCodec(vocab, level)
+            return lambda level: TokensCodec(vocab, level)
         if self.codec == "tiny":
             from seqkv.models import tiny_random_llama
 
-            return skv_codecs(tiny_random_llama())
+            return model_codecs(tiny_random_llama())
         from seqkv.models import load_default_model
 
-        return skv_codecs(load_default_model())
+        return model_codecs(load_default_model())
 
     def open(self) -> SessionStore:
         if self.kind == "directory":
-            from seqkv.store.directory import DirectoryBackend
+            from seqkv.store.backends.directory import DirectoryBackend
 
             return SessionStore(DirectoryBackend(self.location), self.codecs())
-        from seqkv.store.redis_backend import RedisBackend
+        from seqkv.store.backends.redis import RedisBackend
 
         return SessionStore(RedisBackend(self.location, self.prefix), self.codecs())
 

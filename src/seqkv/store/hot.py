@@ -1,29 +1,83 @@
-"""The hot tier: decoded spans kept in this process, least recently used first out.
+"""What a store worker keeps in memory, least recently used first out, within a byte budget:
+decoded spans (the hot tier) and mixing dictionaries.
 
 Motivation: coding a session against a shared prefix needs the prefix's tokens and KV; decoding
 them costs model forwards. Popular prefixes (system prompts) are asked for again and again, so a
-worker keeps what it decoded, up to a byte budget.
+worker keeps what it decoded, up to a byte budget. Dictionaries are read by every span coded
+with them; they are kept the same way.
 
 Invariants:
-1. Entries are keyed by (store id, namespace key, span id); span ids are never reused within a
-   store (``seqkv.store.backend``, invariant 4), so a hit is always the span's own decode
-   (enforced by the key).
+1. Entries of the hot tier are keyed by (store id, namespace key, span id); span ids are never
+   reused within a store (``seqkv.store.backends.base``, invariant 4), so a hit is always the
+   span's own decode (enforced by the key).
 2. ``nbytes <= capacity`` after every ``put`` (enforced; an entry larger than the capacity is
    not kept).
 
 ``get`` moves the entry to the most recently used end; ``put`` may evict. The eviction order is
 plain LRU (``collections.OrderedDict``): the trie's policies (``seqkv.trie.eviction``) rank
-``TrieNode``s by fields this tier does not have (path probabilities), so they are not reused here.
+``TrieNode``s by fields these entries do not have (path probabilities), so they are not reused.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
+from seqkv.session import Prefix
 from seqkv.store.ids import NamespaceKey, SpanId
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class ByteLRU(Generic[K, V]):
+    """A byte-bounded LRU map; ``size`` gives an entry's bytes."""
+
+    def __init__(self, capacity_bytes: int, size: Callable[[V], int]) -> None:
+        self._capacity = capacity_bytes
+        self._size = size
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._nbytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K) -> V | None:
+        value = self._entries.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._entries.move_to_end(key)
+        return value
+
+    def discard(self, key: K) -> None:
+        """Forget ``key`` (e.g. its span was deleted)."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._nbytes -= self._size(old)
+
+    def put(self, key: K, value: V) -> None:
+        size = self._size(value)
+        if size > self._capacity:
+            return
+        self.discard(key)
+        self._entries[key] = value
+        self._nbytes += size
+        while self._nbytes > self._capacity:
+            _, evicted = self._entries.popitem(last=False)
+            self._nbytes -= self._size(evicted)
+
 
 HotKey = tuple[str, NamespaceKey, SpanId]
 
@@ -50,51 +104,18 @@ class ChainState:
             holder = span
         return holder
 
+    def prefix(self, length: int) -> Prefix:
+        """The chain cut to its first ``length`` tokens, as the prefix a child continues."""
+        kv = None if self.kv is None else self.kv[:, :, :, :length]
+        return Prefix(self.tokens[:length], kv)
+
     @property
     def nbytes(self) -> int:
         return 8 * len(self.tokens) + (0 if self.kv is None else self.kv.nbytes)
 
 
-class HotTier:
-    """A byte-bounded LRU map from spans to their decoded chain state."""
+class HotTier(ByteLRU[HotKey, ChainState]):
+    """Decoded chain states by span, within a byte budget."""
 
     def __init__(self, capacity_bytes: int) -> None:
-        self._capacity = capacity_bytes
-        self._entries: OrderedDict[HotKey, ChainState] = OrderedDict()
-        self._nbytes = 0
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: HotKey) -> ChainState | None:
-        state = self._entries.get(key)
-        if state is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._entries.move_to_end(key)
-        return state
-
-    def discard(self, key: HotKey) -> None:
-        """Forget ``key`` (its span was deleted)."""
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._nbytes -= old.nbytes
-
-    def put(self, key: HotKey, state: ChainState) -> None:
-        if state.nbytes > self._capacity:
-            return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._nbytes -= old.nbytes
-        self._entries[key] = state
-        self._nbytes += state.nbytes
-        while self._nbytes > self._capacity:
-            _, evicted = self._entries.popitem(last=False)
-            self._nbytes -= evicted.nbytes
+        super().__init__(capacity_bytes, lambda state: state.nbytes)

@@ -28,10 +28,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from seqkv.store.codecs import DEFAULT_STORE_LEVEL
 from seqkv.store.errors import BatchInputError
 from seqkv.store.fleet import StoreSpec
 from seqkv.store.ids import check_namespace, check_session_id
-from seqkv.store.skv_adapter import DEFAULT_STORE_LEVEL
 from seqkv.store.store import SessionStore
 
 # NOTE: actors ask for half a CPU each: with a whole one, 2 actors on a 2-CPU Ray instance left no

@@ -32,15 +32,12 @@ from typing import NewType
 import numpy as np
 import numpy.typing as npt
 
-from seqkv.errors import InvalidArgumentTypeError
+from seqkv.namespaces import DEFAULT_NAMESPACE as DEFAULT_NAMESPACE
+from seqkv.namespaces import Namespace as Namespace
+from seqkv.namespaces import check_namespace as check_any_namespace
+from seqkv.session import PrefixHash as PrefixHash
 from seqkv.trie.errors import InvalidPrefixHashError
 from seqkv.trie.inputs import as_token_array
-
-Namespace = NewType("Namespace", str)
-"""A tenant / cache-salt key: sessions in different namespaces never share a node."""
-
-PrefixHash = NewType("PrefixHash", str)
-"""64 lowercase hexadecimal digits: the SHA-256 of a namespace and a prefix's tokens."""
 
 NodeId = NewType("NodeId", int)
 """A node's id, unique within one ``PrefixTrie`` object (not across saves and loads)."""
@@ -48,8 +45,6 @@ NodeId = NewType("NodeId", int)
 SessionId = NewType("SessionId", int)
 """A locked session: the nodes of its path are never evicted until it is released."""
 
-DEFAULT_NAMESPACE = Namespace("")
-"""The namespace of callers that do not separate tenants."""
 
 _DOMAIN = b"seqkv.trie.prefix.v1\x00"
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -88,9 +83,7 @@ def check_prefix_hash(value: str) -> PrefixHash:
     return PrefixHash(value)
 
 
-def check_namespace(value: str) -> Namespace:
-    """``value`` as a ``Namespace`` (any ``str``; anything else raises
-    ``InvalidArgumentTypeError``, a ``TypeError``)."""
-    if not isinstance(value, str):
-        raise InvalidArgumentTypeError(f"a namespace is a str, got {type(value).__name__}")
-    return Namespace(value)
+def check_namespace(value: object) -> Namespace:
+    """``value`` as a ``Namespace`` by the one rule of ``seqkv.namespaces`` (the empty default
+    included); anything else raises ``InvalidNameError``."""
+    return check_any_namespace(value)

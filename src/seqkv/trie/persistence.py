@@ -71,8 +71,7 @@ import torch
 
 from seqkv.errors import EmptyInputError
 from seqkv.files import write_atomically
-from seqkv.framing import (
-    MAX_VARINT,
+from seqkv.formats.framing import (
     FramingErrors,
     SectionReader,
     encode_varint,
@@ -81,6 +80,7 @@ from seqkv.framing import (
     load_json,
     unframe,
 )
+from seqkv.limits import MAX_HEAD_DIM, MAX_KV_HEADS, MAX_LAYERS, MAX_VARINT
 from seqkv.trie.errors import (
     CorruptTrieFileError,
     NotATrieFileError,
@@ -116,9 +116,6 @@ _SECTIONS = 6
 ZLIB_MAX_RATIO = 1032
 # NOTE: a trie serves one model; 1,024 layers, heads and a head dimension of 65,536 are beyond
 # any model seqkv runs (SmolLM2-135M: 30, 3, 64).
-MAX_LAYERS = 1024
-MAX_KV_HEADS = 1024
-MAX_HEAD_DIM = 1 << 16
 # NOTE: restoring a node hashes its whole path (``PrefixTrie.from_snapshot``): measured here at
 # about 4.3 million token positions a second (a 3,000-node chain, 4.5 million positions, loads
 # in 1.0 s). Real tries need far less than 64 positions per file byte (their nodes hold KV and

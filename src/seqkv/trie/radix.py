@@ -59,6 +59,7 @@ import numpy.typing as npt
 import torch
 
 from seqkv.errors import InvalidKVError
+from seqkv.session import Prefix
 from seqkv.trie.errors import (
     PrefixHashMismatchError,
     PrefixNotFoundError,
@@ -142,15 +143,13 @@ class InsertResult:
         return self.length - self.hit_tokens
 
 
-@dataclass(frozen=True)
-class ResolvedPrefix:
-    """Exactly the prefix a hash names: its tokens, log2-probabilities and KV over the path."""
+@dataclass(frozen=True, eq=False)
+class ResolvedPrefix(Prefix):
+    """Exactly the prefix a hash names: a ``seqkv.session.Prefix`` (tokens, KV over the path,
+    the hash), with its namespace and the log2-probabilities along it."""
 
-    namespace: Namespace
-    prefix_hash: PrefixHash
-    tokens: tuple[int, ...]
-    log2_probs: tuple[float, ...]
-    kv: torch.Tensor | None  # [layers, 2, kv_heads, len(tokens), head_dim]; None if not held
+    namespace: Namespace = DEFAULT_NAMESPACE
+    log2_probs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,10 +467,11 @@ class PrefixTrie:
             self._touch(path)
             log2_probs = np.concatenate([n.log2_probs for n in path]) if path else np.zeros(0)
             return ResolvedPrefix(
-                namespace=node.namespace, prefix_hash=wanted,
                 tokens=tuple(int(t) for t in tokens),
-                log2_probs=tuple(float(p) for p in log2_probs),
                 kv=self._path_kv(path) if with_kv else None,
+                prefix_hash=wanted,
+                namespace=node.namespace,
+                log2_probs=tuple(float(p) for p in log2_probs),
             )
 
     def release(self, session: SessionId) -> tuple[EvictedNode, ...]:

@@ -44,7 +44,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from seqkv.coding.frequencies import FREQUENCY_BITS, MAX_VOCAB, TOTAL_FREQUENCY
+from seqkv.coding.frequencies import FREQUENCY_BITS, TOTAL_FREQUENCY
+from seqkv.limits import MAX_VOCAB
 from seqkv.models.integer import native
 from seqkv.models.integer.fixedpoint import (
     FINE_FRAC_BITS,

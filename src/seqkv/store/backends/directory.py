@@ -27,14 +27,13 @@ Invariants:
 3. AUTOINCREMENT never reuses an id, even after deletes (enforced by SQLite), so record files and
    cached decoded spans can never be confused.
 4. A dictionary's bytes, its being current, and a span's reference to it change inside the same
-   transactions as the spans (enforced), so ``seqkv.store.backend`` invariant 5 holds across
+   transactions as the spans (enforced), so ``seqkv.store.backends.base`` invariant 5 holds across
    crashes. Dictionaries live in the database, not in files: they are written once per
    namespace and digest, and a row needs no orphan sweep.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import sqlite3
@@ -43,25 +42,26 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from seqkv.store.backend import (
+from seqkv.store.backends.base import (
     AuditReport,
     ByteCounts,
+    CodecIdentity,
     CommitPlan,
     DictionaryGoneError,
     GcReport,
+    IdentityCache,
     ParentGoneError,
     SessionChain,
     SessionEntry,
     StoredSpan,
 )
-from seqkv.store.codec import CodecIdentity
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
     SessionExistsError,
     StoreUnavailableError,
 )
-from seqkv.store.ids import CodecDigest, NamespaceKey, SessionName, SpanId
+from seqkv.store.ids import NamespaceKey, SessionName, SpanId
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -124,9 +124,7 @@ class DirectoryBackend:
                                         ) from error
         self._local = threading.local()
         self._trips = 0
-        self._codecs: dict[int, CodecIdentity] = {}
-        self._codec_index: dict[CodecDigest, int] = {}
-        self._id: str | None = None
+        self._cache = IdentityCache()
         self._connection()
 
     @property
@@ -183,32 +181,30 @@ class DirectoryBackend:
         return self._root / "records" / f"{span % 256:02x}" / f"{span:x}"
 
     def store_id(self) -> str:
-        if self._id is None:
-            with self._write() as db:
-                db.execute("INSERT OR IGNORE INTO meta VALUES ('id', ?)", (secrets.token_hex(16),))
-                self._id = str(db.execute("SELECT v FROM meta WHERE k = 'id'").fetchone()[0])
-        return self._id
+        return self._cache.store_id(self._fetch_store_id)
+
+    def _fetch_store_id(self) -> str:
+        with self._write() as db:
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('id', ?)", (secrets.token_hex(16),))
+            return str(db.execute("SELECT v FROM meta WHERE k = 'id'").fetchone()[0])
 
     def register_codec(self, identity: CodecIdentity) -> int:
-        if identity.digest not in self._codec_index:
-            with self._write() as db:
-                db.execute("INSERT OR IGNORE INTO codecs(digest, description) VALUES (?, ?)",
-                           (identity.digest, identity.description))
-                index = int(db.execute("SELECT idx FROM codecs WHERE digest = ?",
-                                       (identity.digest,)).fetchone()[0])
-            self._codec_index[identity.digest] = index
-            self._codecs[index] = identity
-        return self._codec_index[identity.digest]
+        return self._cache.register(identity, self._add_codec)
+
+    def _add_codec(self, identity: CodecIdentity) -> int:
+        with self._write() as db:
+            db.execute("INSERT OR IGNORE INTO codecs(digest, description) VALUES (?, ?)",
+                       (identity.digest, identity.description))
+            return int(db.execute("SELECT idx FROM codecs WHERE digest = ?",
+                                  (identity.digest,)).fetchone()[0])
 
     def codec(self, index: int) -> CodecIdentity:
-        if index not in self._codecs:
-            with self._read() as db:
-                row = db.execute("SELECT description FROM codecs WHERE idx = ?",
-                                 (index,)).fetchone()
-            if row is None:
-                raise CorruptRecordError(f"a span names codec {index}, which the store lacks")
-            self._codecs[index] = CodecIdentity.of(json.loads(row[0]))
-        return self._codecs[index]
+        return self._cache.codec(index, self._fetch_codec)
+
+    def _fetch_codec(self, index: int) -> str | None:
+        with self._read() as db:
+            row = db.execute("SELECT description FROM codecs WHERE idx = ?", (index,)).fetchone()
+        return None if row is None else str(row[0])
 
     def lookup(self, ns: NamespaceKey, keys: Sequence[bytes]) -> list[SpanId | None]:
         if not keys:

@@ -12,8 +12,10 @@ Layout (all integers little-endian)::
     sha256       32 bytes  of everything before it
 
 Version 1 predates coding levels: its files read as the ``tokens`` level in one segment. This
-module only reads; ``seqkv upgrade`` rewrites such files in the current format
-(``seqkv.container``) without re-coding them.
+module only reads, into the current value (``upgraded``: a ``seqkv.session.CodedSession``, with
+the file's full descriptions beside it), so nothing downstream knows an old file from a new one;
+``seqkv upgrade`` rewrites such files in the current format (``seqkv.formats.skv``) without
+re-coding them.
 
 Invariants:
 1. ``read_legacy`` checks, in this order, magic, version, length and checksum before it parses
@@ -24,7 +26,13 @@ Invariants:
    count); a file that passes the checksum but holds anything else is CorruptFileError
    (enforced; ``tests/test_fuzz_skv.py``).
 3. The JSON header is parsed only after its size (``MAX_HEADER_BYTES``) and nesting depth are
-   checked, and with NaN, Infinity and repeated keys refused (enforced: ``seqkv.framing``).
+   checked (in time linear in its size), and with NaN, Infinity and repeated keys refused
+   (enforced: ``seqkv.formats.framing``).
+4. ``upgraded`` refuses, before any decoding, a file that the reader's model cannot have coded
+   (another model, another start token, a KV of another geometry), where the reader says which
+   model it is; fields the old profile lacks (the CPU model, the row block) are taken as the
+   reader's when the rest of the profile is the reader's (enforced; the decode's checksums still
+   catch a wrong guess).
 """
 
 from __future__ import annotations
@@ -33,19 +41,24 @@ import hashlib
 import math
 import re
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from seqkv.coding.arithmetic import BitStream
-from seqkv.coding.frequencies import MAX_VOCAB
 from seqkv.coding.residual_code import ResidualCode, ResidualMode
+from seqkv.digests import DIGEST_BYTES, Digest, model_digest, profile_digest
 from seqkv.errors import (
     CorruptFileError,
+    InvalidKVError,
+    ModelMismatchError,
     TruncatedFileError,
     UnsupportedVersionError,
 )
-from seqkv.framing import load_json
-from seqkv.types import ExecutionProfile, ModelIdentity, Schedule
+from seqkv.formats.framing import load_json
+from seqkv.limits import MAX_GROUPS, MAX_POSITIONS, MAX_SEGMENTS, MAX_VOCAB
+from seqkv.session import CodedSession, PrefixRef
+from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity, Schedule
 
 LEGACY_MAGIC = b"\x89SKV\r\n\x1a\n"
 LEGACY_VERSIONS = (1, 2)
@@ -61,10 +74,6 @@ MAX_HEADER_BYTES = 64 * 1024
 _MAX_DEPTH = 4
 _MAX_STRING = 256
 _MAX_THREADS = 4096
-# The same bounds as format 3 (``seqkv.container``), repeated: that module imports this one.
-MAX_POSITIONS = 1 << 31
-MAX_SEGMENTS = 64
-MAX_GROUPS = 2 * 1024
 
 
 @dataclass(frozen=True)
@@ -207,7 +216,7 @@ def _parse(raw: Any, version: int, token_data: bytes, words: bytes,
             "seqkv release that wrote it")
     segments = _segments(tokens.get("segments", [count]), level, count)
     vocab_raw = tokens.get("vocab_size")
-    vocab = None if vocab_raw is None else _int(vocab_raw, "tokens.vocab_size", 1, MAX_VOCAB)
+    vocab = None if vocab_raw is None else _int(vocab_raw, "tokens.vocab_size", 2, MAX_VOCAB)
     if vocab is None and level in _MODEL_FREE:
         raise _fail(f"tokens.vocab_size is missing, which the {level} level needs")
     context_raw = tokens["first_token_context"]
@@ -319,3 +328,82 @@ def _residual(raw: Any, shape: tuple[int, ...], words: bytes,
     if not all(math.isfinite(value) for (value,) in struct.iter_unpack("<f", escapes)):
         raise CorruptFileError("the .skv residual escapes a value that is not finite")
     return code
+
+
+@dataclass(frozen=True)
+class ReaderModel:
+    """The model on the reading side: what an old file must have been coded with."""
+
+    identity: ModelIdentity
+    start_token: int | None  # the context the first token is coded after (None: uniform)
+    geometry: KVGeometry
+
+
+@dataclass(frozen=True)
+class ReaderSide:
+    """What upgrading an old file on read needs to know of the reader (None: unknown, not
+    checked): its model, and its execution profile for the schedule and dtype a file states."""
+
+    model: ReaderModel | None = None
+    profile: Callable[[ExecutionProfile], ExecutionProfile] | None = None
+
+
+@dataclass(frozen=True)
+class LegacyRead:
+    """An old file read into the current value, with the full descriptions it carried."""
+
+    session: CodedSession
+    version: int
+    writer: str
+    model: ModelIdentity
+    profile: ExecutionProfile  # completed with the reader's CPU model and row block where known
+
+
+def upgraded(file: LegacyFile, side: ReaderSide) -> LegacyRead:
+    """``file`` as a ``CodedSession`` (module invariant 4)."""
+    model = model_digest(file.model)
+    if side.model is not None:
+        reader = side.model
+        if not file.model.same_model(reader.identity):
+            raise ModelMismatchError(
+                f"the file was coded with model {file.model.name!r} (weights "
+                f"{file.model.weights_sha256[:12]}), not with {reader.identity.name!r} (weights "
+                f"{reader.identity.weights_sha256[:12]}): decode it with the model that coded "
+                "it")
+        if file.first_token_context != reader.start_token:
+            raise ModelMismatchError(
+                f"the file's first token was coded after token {file.first_token_context}, this "
+                f"model starts after {reader.start_token}: its tokenizer or config differs from "
+                "the coder's")
+        geometry = reader.geometry
+        expected = (geometry.layers, 2, geometry.kv_heads, file.kv_shape[3], geometry.head_dim)
+        if file.kv_shape != expected:
+            raise InvalidKVError(f"the file's KV has shape {list(file.kv_shape)}, this model's "
+                                 f"for {file.kv_shape[3]} tokens {list(expected)}")
+        model = model_digest(reader.identity)
+    profile = file.profile
+    if side.profile is not None:
+        here = side.profile(profile)
+        if replace(here, cpu_model="", row_block=0) == replace(profile, cpu_model="",
+                                                              row_block=0):
+            profile = replace(profile, cpu_model=here.cpu_model, row_block=here.row_block)
+    parameter = len(file.segments) if file.level == "segments" else 0
+    prefix = None
+    if file.prefix_hash is not None:
+        prefix = PrefixRef(file.prefix_hash, file.prefix_tokens,
+                           Digest(bytes.fromhex(file.prefix_kv_sha256)[:DIGEST_BYTES]))
+    session = CodedSession(
+        level=f"segments:{parameter}" if parameter else file.level,
+        count=file.count,
+        segments=file.segments,
+        vocab_size=file.vocab_size if file.level in _MODEL_FREE else None,
+        model_digest=model,
+        profile_digest=profile_digest(profile),
+        tokens_digest=Digest(bytes.fromhex(file.tokens_sha256)[:DIGEST_BYTES]),
+        kv_digest=Digest(bytes.fromhex(file.kv_sha256)[:DIGEST_BYTES]),
+        prefix=prefix,
+        dictionary=None,
+        token_code=file.token_code,
+        residual=file.residual,
+    )
+    return LegacyRead(session, file.version, file.writer, file.model, profile)

@@ -29,7 +29,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,26 +36,27 @@ from typing import Any
 
 import redis
 
-from seqkv.store.backend import (
+from seqkv.formats.span import read_frame
+from seqkv.store.backends.base import (
     AuditReport,
     ByteCounts,
+    CodecIdentity,
     CommitPlan,
     DictionaryGoneError,
     GcReport,
+    IdentityCache,
     ParentGoneError,
     SessionChain,
     SessionEntry,
     StoredSpan,
 )
-from seqkv.store.codec import CodecIdentity
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
     SessionExistsError,
     StoreUnavailableError,
 )
-from seqkv.store.ids import CodecDigest, NamespaceKey, SessionName, SpanId
-from seqkv.store.record import unpack
+from seqkv.store.ids import NamespaceKey, SessionName, SpanId
 
 _LIB = """
 local function varint(s, pos)
@@ -342,9 +342,7 @@ class RedisBackend:
                                  ("audit", _AUDIT), ("bytes", _BYTES), ("register", _REGISTER),
                                  ("dictionary", _PUT_DICTIONARY))
         }
-        self._codecs: dict[int, CodecIdentity] = {}
-        self._codec_index: dict[CodecDigest, int] = {}
-        self._id: str | None = None
+        self._cache = IdentityCache()
 
     @property
     def url(self) -> str:
@@ -380,32 +378,31 @@ class RedisBackend:
             return self._scripts[name](keys=list(keys), args=list(args))
 
     def store_id(self) -> str:
-        if self._id is None:
-            key = f"{self._prefix}:meta"
-            with self._request():
-                self._client.hsetnx(key, "id", secrets.token_hex(16))
-                self._id = self._client.hget(key, "id").decode()
-            assert self._id is not None
-        return self._id
+        return self._cache.store_id(self._fetch_store_id)
+
+    def _fetch_store_id(self) -> str:
+        key = f"{self._prefix}:meta"
+        with self._request():
+            self._client.hsetnx(key, "id", secrets.token_hex(16))
+            raw = self._client.hget(key, "id")
+        if not isinstance(raw, bytes):
+            raise CorruptRecordError("the store's id is missing")
+        return raw.decode("ascii", "replace")
 
     def register_codec(self, identity: CodecIdentity) -> int:
-        if identity.digest not in self._codec_index:
-            keys = [f"{self._prefix}:codecs", f"{self._prefix}:codecidx",
-                    f"{self._prefix}:codecn"]
-            index = int(self._run("register", [identity.digest, identity.description], keys))
-            self._codec_index[identity.digest] = index
-            self._codecs[index] = identity
-        return self._codec_index[identity.digest]
+        return self._cache.register(identity, self._add_codec)
+
+    def _add_codec(self, identity: CodecIdentity) -> int:
+        keys = [f"{self._prefix}:codecs", f"{self._prefix}:codecidx", f"{self._prefix}:codecn"]
+        return int(self._run("register", [identity.digest, identity.description], keys))
 
     def codec(self, index: int) -> CodecIdentity:
-        if index not in self._codecs:
-            with self._request():
-                raw = self._client.hget(f"{self._prefix}:codecs", index)
-            if raw is None:
-                raise CorruptRecordError(f"a span names codec {index}, which the store lacks")
-            identity = CodecIdentity.of(_loads(raw))
-            self._codecs[index] = identity
-        return self._codecs[index]
+        return self._cache.codec(index, self._fetch_codec)
+
+    def _fetch_codec(self, index: int) -> bytes | None:
+        with self._request():
+            raw = self._client.hget(f"{self._prefix}:codecs", index)
+        return raw if isinstance(raw, bytes) else None
 
     def lookup(self, ns: NamespaceKey, keys: Sequence[bytes]) -> list[SpanId | None]:
         if not keys:
@@ -521,12 +518,6 @@ class RedisBackend:
         self._client.close()
 
 
-def _loads(raw: bytes) -> dict[str, object]:
-    value = json.loads(raw)
-    assert isinstance(value, dict)
-    return value
-
-
 def _entry(raw: bytes) -> SessionEntry:
     span, length = raw.decode().split(":")
     return SessionEntry(SpanId(int(span)), int(length))
@@ -538,5 +529,6 @@ def _chain_of(entry: SessionEntry, records: dict[int, bytes]) -> SessionChain:
     while span is not None:
         record = records[span]
         chain.append(StoredSpan(span, record))
-        span = unpack(record).parent
+        parent = read_frame(record).parent
+        span = None if parent is None else SpanId(parent)
     return SessionChain(entry, tuple(reversed(chain)))

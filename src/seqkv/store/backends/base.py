@@ -26,12 +26,82 @@ Invariants every backend keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from seqkv.store.codec import CodecIdentity
-from seqkv.store.ids import NamespaceKey, SessionName, SpanId
+from seqkv.store.errors import CorruptRecordError
+from seqkv.store.ids import CodecDigest, NamespaceKey, SessionName, SpanId
+
+
+@dataclass(frozen=True, slots=True)
+class CodecIdentity:
+    """What a store records once per codec: a digest and the JSON description it digests."""
+
+    digest: CodecDigest
+    description: str  # canonical JSON (sorted keys); holds at least "codec" and "level"
+    level: str
+
+    @classmethod
+    def of(cls, description: Mapping[str, object]) -> CodecIdentity:
+        """The identity of ``description`` (canonical JSON, SHA-256).
+
+        >>> CodecIdentity.of({"codec": "x", "level": "plain"}).digest[:12]
+        'dc9a8b75c541'
+        """
+        text = json.dumps(description, sort_keys=True, separators=(",", ":"), default=str)
+        level = str(description.get("level", ""))
+        return cls(CodecDigest(hashlib.sha256(text.encode()).hexdigest()), text, level)
+
+    @classmethod
+    def stored(cls, text: str | bytes, index: int) -> CodecIdentity:
+        """The identity a backend stored as ``text``, checked: a JSON object naming its codec
+        and level (``CorruptRecordError`` otherwise)."""
+        try:
+            description = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise CorruptRecordError(f"the store's codec {index} is not JSON: {error}") from None
+        if not (isinstance(description, dict) and isinstance(description.get("codec"), str)
+                and isinstance(description.get("level"), str)):
+            raise CorruptRecordError(f"the store's codec {index} is not a codec description")
+        return cls.of(description)
+
+
+class IdentityCache:
+    """A backend's codec table and store id, cached in this process: what both backends share.
+
+    Identities never change once stored (a codec's index names it forever), so a cached entry is
+    never stale.
+    """
+
+    def __init__(self) -> None:
+        self._by_index: dict[int, CodecIdentity] = {}
+        self._by_digest: dict[CodecDigest, int] = {}
+        self._store_id: str | None = None
+
+    def register(self, identity: CodecIdentity, add: Callable[[CodecIdentity], int]) -> int:
+        """The identity's index, stored by ``add`` on first use."""
+        if identity.digest not in self._by_digest:
+            index = add(identity)
+            self._by_digest[identity.digest] = index
+            self._by_index[index] = identity
+        return self._by_digest[identity.digest]
+
+    def codec(self, index: int, fetch: Callable[[int], str | bytes | None]) -> CodecIdentity:
+        """The identity stored under ``index``, read by ``fetch`` on first use."""
+        if index not in self._by_index:
+            text = fetch(index)
+            if text is None:
+                raise CorruptRecordError(f"a span names codec {index}, which the store lacks")
+            self._by_index[index] = CodecIdentity.stored(text, index)
+        return self._by_index[index]
+
+    def store_id(self, fetch: Callable[[], str]) -> str:
+        if self._store_id is None:
+            self._store_id = fetch()
+        return self._store_id
 
 
 class ParentGoneError(Exception):

@@ -1,0 +1,121 @@
+"""Decoding chains of spans: a session's tokens and KV, parents first, sharing forwards.
+
+A session is a chain of spans, each coded against its parent's chain cut at its ``start``. To
+rebuild one, every span of the chain not held in this worker's hot tier is decoded, parents
+first, each round one ``decode_many`` per codec (sessions at levels that batch share forwards).
+
+Invariants:
+1. A span's prefix is exactly what a decoder rebuilt: its parent's decoded chain cut at
+   ``start`` (enforced: prefixes come only from decoded or hot states), and a record is decoded
+   only when the parent it names is the one the store's chain names (enforced; else
+   ``CorruptRecordError``).
+2. A chain that loops or names a span it does not hold ends in ``CorruptRecordError``, never in
+   an endless loop (enforced: each round must decode at least one span).
+3. Every decoded span is verified by its codec before it enters the hot tier (enforced by the
+   codecs, ``seqkv.store.codec`` invariant 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from seqkv.formats.span import SpanRecord, read_frame, read_span
+from seqkv.store.backends.base import StoreBackend, StoredSpan
+from seqkv.store.codec import SpanItem
+from seqkv.store.dictionaries import NamespaceDictionaries
+from seqkv.store.errors import CorruptRecordError
+from seqkv.store.hot import ChainState, HotKey, HotTier
+from seqkv.store.ids import SpanId, Tenant
+from seqkv.store.registry import CodecRegistry
+
+
+class ChainDecoder:
+    """Decodes the spans of a store's chains into chain states, keeping them hot."""
+
+    def __init__(self, backend: StoreBackend, registry: CodecRegistry, hot: HotTier,
+                 dictionaries: NamespaceDictionaries) -> None:
+        self._backend = backend
+        self._registry = registry
+        self._hot = hot
+        self._dictionaries = dictionaries
+
+    def key(self, tenant: Tenant, span: SpanId) -> HotKey:
+        return (self._backend.store_id(), tenant.key, span)
+
+    def record(self, stored: StoredSpan) -> SpanRecord:
+        """A stored span's record, read in the layout its codec wrote."""
+        _, layout = self._registry.for_index(read_frame(stored.record).codec)
+        return read_span(stored.record, layout)
+
+    def state(self, tenant: Tenant, span: SpanId) -> ChainState | None:
+        """The decoded chain through ``span`` (None: the span is gone)."""
+        hot = self._hot.get(self.key(tenant, span))
+        if hot is not None:
+            return hot
+        chain = self._backend.fetch_chain(tenant.key, span)
+        if chain is None:
+            return None
+        return self.states(tenant, [chain])[span]
+
+    def _pending(self, tenant: Tenant, chains: Sequence[tuple[StoredSpan, ...]],
+                 states: dict[SpanId, ChainState]) -> dict[SpanId, SpanRecord]:
+        """The records of every span of ``chains`` that is neither hot nor decoded yet, each
+        checked against the parent the store's chain names."""
+        need: dict[SpanId, SpanRecord] = {}
+        for chain in chains:
+            for position in range(len(chain) - 1, -1, -1):
+                stored = chain[position]
+                if stored.span in states or stored.span in need:
+                    break
+                hot = self._hot.get(self.key(tenant, stored.span))
+                if hot is not None:
+                    states[stored.span] = hot
+                    break
+                record = self.record(stored)
+                parent = chain[position - 1].span if position else None
+                if record.parent != parent:
+                    raise CorruptRecordError(
+                        f"span {stored.span}'s record names parent {record.parent}, the store's "
+                        f"chain {parent}: the record or the store's metadata was damaged")
+                need[stored.span] = record
+        return need
+
+    def states(self, tenant: Tenant, chains: Sequence[tuple[StoredSpan, ...]]
+               ) -> dict[SpanId, ChainState]:
+        """The chain state of every span in ``chains`` (and of what decoding them needed)."""
+        states: dict[SpanId, ChainState] = {}
+        need = self._pending(tenant, chains, states)
+        while need:
+            ready = [span for span, record in need.items()
+                     if record.parent is None or record.parent in states]
+            if not ready:
+                raise CorruptRecordError(
+                    f"the store's chains through spans {sorted(need)[:8]} loop or name a parent "
+                    "they do not hold: the store's metadata was damaged")
+            groups: dict[int, list[SpanId]] = {}
+            for span in ready:
+                groups.setdefault(need[span].codec, []).append(span)
+            for index, spans in groups.items():
+                self._decode_group(tenant, index, [(s, need.pop(s)) for s in spans], states)
+        return states
+
+    def _decode_group(self, tenant: Tenant, index: int,
+                      spans: list[tuple[SpanId, SpanRecord]],
+                      states: dict[SpanId, ChainState]) -> None:
+        codec, _ = self._registry.for_index(index)
+        items = []
+        for _, record in spans:
+            parent = None if record.parent is None else states[SpanId(record.parent)]
+            prefix = None if parent is None else parent.prefix(record.start)
+            dictionary = (None if record.dictionary is None
+                          else self._dictionaries.required(tenant, record.dictionary))
+            items.append(SpanItem(record, prefix, dictionary))
+        for (span, record), item, result in zip(spans, items, codec.decode_many(items),
+                                                strict=True):
+            parent = None if record.parent is None else states[SpanId(record.parent)]
+            state = ChainState(
+                (item.prefix.tokens if item.prefix else ()) + tuple(result.tokens), result.kv,
+                record.kv_exact and result.kv_exact and (parent is None or parent.kv_exact),
+                (parent.spans_until(record.start) if parent else ()) + ((span, record.start),))
+            states[span] = state
+            self._hot.put(self.key(tenant, span), state)
