@@ -44,7 +44,8 @@ import torch
 from ratio_timing import PairedReference, time_ratio, timing_enabled
 
 from seqkv import compress, decompress, decompress_batch
-from seqkv.bench.decode import TEXT_KINDS, kind_tokens, time_token_by_token
+from seqkv.bench.decode import kind_tokens, time_token_by_token
+from seqkv.bench.texts import TEXT_FILES
 from seqkv.models import CausalLM
 from seqkv.schedule import pinned_threads
 
@@ -103,8 +104,8 @@ def workload(request: pytest.FixtureRequest) -> Workload:
     model: CausalLM = request.getfixturevalue("real_model")
     tokens = kind_tokens(model, "prose", TOKENS)
     sessions = []
-    for kind in TEXT_KINDS:
-        text = kind_tokens(model, kind, SESSIONS // len(TEXT_KINDS) * SESSION_TOKENS)
+    for kind in TEXT_FILES:
+        text = kind_tokens(model, kind, SESSIONS // len(TEXT_FILES) * SESSION_TOKENS)
         sessions += [text[i : i + SESSION_TOKENS] for i in range(0, len(text), SESSION_TOKENS)]
     assert len(sessions) == SESSIONS and all(len(s) == SESSION_TOKENS for s in sessions)
     with pinned_threads(THREADS):

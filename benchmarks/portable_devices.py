@@ -38,7 +38,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from seqkv.bench.decode import TEXT_KINDS, kind_tokens
+from seqkv.bench.decode import kind_tokens
+from seqkv.bench.texts import TEXT_FILES
 from seqkv.codec import compress, decompress, decompress_batch
 from seqkv.levels.portable import IntegerPredictors
 from seqkv.models.adapter import CausalLM
@@ -112,7 +113,7 @@ def logit_mismatches(reference: IntegerForward, other: IntegerForward,
 def file_checks(cpu: CausalLM, other: CausalLM, device: str, count: int) -> list[FileCheck]:
     """Each shipped text coded at ``portable`` on one side and decoded on the other."""
     checks = []
-    for kind in TEXT_KINDS:
+    for kind in TEXT_FILES:
         tokens = kind_tokens(cpu, kind, count)
         for coder, decoder, coded_on, decoded_on in ((cpu, other, "cpu", device),
                                                      (other, cpu, device, "cpu")):
@@ -128,7 +129,7 @@ def throughput(cpu: CausalLM, other: CausalLM, sessions: Sequence[int], count: i
                distinct: int = 64) -> list[Throughput]:
     """Batched decode on ``other``'s device against batched greedy generation there."""
     pool: list[int] = []
-    for kind in TEXT_KINDS:
+    for kind in TEXT_FILES:
         pool += kind_tokens(cpu, kind, 10_000)
     stride = max(1, (len(pool) - count) // distinct)
     chunks = [pool[i * stride : i * stride + count] for i in range(distinct)]

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqkv.bench.figures import TEXT_FILES, shipped_text
+from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.codec import DEFAULT_TOLERANCE
 from seqkv.coding.residual import encode_residual
 from seqkv.models import CausalLM, load_default_model

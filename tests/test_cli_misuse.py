@@ -99,3 +99,4 @@ def test_a_full_disk_is_one_line_and_changes_nothing(
     _expect_error(capsys, "no space left", "compress", str(text), "-o", str(skv), "--no-verify")
     assert skv.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "s.skv"]
+

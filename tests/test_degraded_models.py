@@ -13,7 +13,7 @@ import pytest
 
 import seqkv.levels.base
 from seqkv import cli, compress
-from seqkv.bench.figures import shipped_text
+from seqkv.bench.texts import shipped_text
 from seqkv.bounds import BoundViolationError
 from seqkv.coding.frequencies import cumulative_from_logits, log_softmax_bits, uniform_distribution
 from seqkv.models import CausalLM

@@ -32,13 +32,13 @@ def test_put_many_then_get_many(tiny_model: CausalLM, tmp_path: Path) -> None:
     rows = _sessions(6)
     store = SessionStore(DirectoryBackend(tmp_path / "store"), model_codecs(tiny_model))
     report = put_many_jsonl(store, _write(tmp_path / "in.jsonl", rows), level="ngram",
-                            progress=False)
+                            progress=None)
     assert report.sessions == 6
     assert report.shared_tokens == 4 * len(SYSTEM)  # the first of each namespace shares nothing
     wanted = _write(tmp_path / "ids.jsonl", [{"id": r["id"], "namespace": r["namespace"]}
                                              for r in rows])
     get_many_jsonl(store, wanted, tmp_path / "out.jsonl", batch_size=2,
-                   detokenize=lambda t: " ".join(map(str, t)), progress=False)
+                   detokenize=lambda t: " ".join(map(str, t)), progress=None)
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert sorted((o["id"], o["tokens"]) for o in out) == sorted(
         (r["id"], r["tokens"]) for r in rows)

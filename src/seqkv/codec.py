@@ -84,6 +84,7 @@ from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryMismatchError, DictionaryUnavailableError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.profiles import execution_profile
+from seqkv.progress import ProgressSink
 from seqkv.schedule import current_profile
 from seqkv.session import CodedSession, KVScope, Prefix, PrefixHash
 from seqkv.types import ExecutionProfile, ModelIdentity
@@ -292,7 +293,7 @@ def encode(
     dictionary: Dictionary | None = None,
     record_kv: bool = False,
     kv_scope: KVScope = "all",
-    progress: bool = False,
+    progress: ProgressSink | None = None,
 ) -> Encoded:
     """Code ``tokens`` (and the residual of ``kv``) into a ``CodedSession``, with its bounds.
 
@@ -356,7 +357,7 @@ def compress(
     tokens: Sequence[int],
     kv: DynamicCache | torch.Tensor | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-    progress: bool = False,
+    progress: ProgressSink | None = None,
     prefix: Prefix | None = None,
     level: CodingLevel | str = DEFAULT_LEVEL,
     *,
@@ -623,7 +624,7 @@ class _Pending:
     kv_checkable: bool = True  # this machine reproduces the encoder's KV (its profile)
     output: DecodeOutput | None = None
 
-    def request(self, with_kv: bool, progress: bool = False) -> DecodeRequest:
+    def request(self, with_kv: bool, progress: ProgressSink | None = None) -> DecodeRequest:
         session = self.item.session
         lengths = list(session.segments)
         if sum(lengths) != session.count or min(lengths, default=0) < 1:
@@ -680,7 +681,7 @@ def _check_sizes(session: CodedSession, model: CausalLM | None, vocab: int,
 
 
 def _decode_levels(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
-                   progress: bool = False) -> None:
+                   progress: ProgressSink | None = None) -> None:
     """Decode every pending session at its level; sessions whose levels share a batch group
     decode in one call, sharing its forwards."""
     groups: dict[object, list[_Pending]] = {}
@@ -748,7 +749,7 @@ def _prepared(model: CausalLM, item: DecodeItem, kv_checkable: bool) -> _Pending
 
 
 def _run(model: CausalLM, pendings: Sequence[_Pending],
-         progress: bool = False) -> list[DecompressResult]:
+         progress: ProgressSink | None = None) -> list[DecompressResult]:
     _decode_levels(model, pendings, with_kv=True, progress=progress)
     return [_finish(model, pending) for pending in pendings]
 
@@ -760,7 +761,7 @@ def decode_many(
     allow_environment_mismatch: bool = False,
     descriptions: DescriptionSource | None = None,
     require_exact_kv: bool = False,
-    progress: bool = False,
+    progress: ProgressSink | None = None,
 ) -> list[DecompressResult]:
     """Decode coded sessions into verified tokens and KV, sharing forwards among sessions whose
     levels allow it.
@@ -793,7 +794,7 @@ def decompress(
     model: CausalLM,
     data: bytes,
     allow_environment_mismatch: bool = False,
-    progress: bool = False,
+    progress: ProgressSink | None = None,
     prefixes: PrefixSource | None = None,
     descriptions: DescriptionSource | None = None,
     require_exact_kv: bool = False,

@@ -17,7 +17,6 @@ wall-clock on whatever machine runs the bench; the JSON names it.
 
 from __future__ import annotations
 
-import importlib.resources
 import os
 import platform
 import time
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import DynamicCache
 
+from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress, decompress_batch
 from seqkv.formats.skv import read_skv
 from seqkv.kvcache import tensor_from_cache
@@ -43,8 +43,6 @@ DEFAULT_LEVELS = ("tokens", "rows", "segments:4", "segments:8", "segments:16", "
 # compare the machine's moods, not the two computations. The float levels' encodes (up to
 # tens of seconds) run once.
 ENCODE_REPEATS = 5
-TEXT_KINDS = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
-              "technical": "kinds/technical.txt"}
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,7 @@ class DecodeBench:
 
 
 def kind_tokens(model: CausalLM, kind: str, count: int) -> list[int]:
-    text = (importlib.resources.files("seqkv") / "data" / TEXT_KINDS[kind]).read_text("utf-8")
+    text = shipped_text(kind)
     return model.encode_text(text)[:count]
 
 
@@ -285,7 +283,7 @@ def run_batched(model: CausalLM, sessions: int, count: int, tolerance: float,
     whether all were exact, and the token-by-token tokens/s on the same sessions (measured
     unless ``baseline`` gives it: the sessions depend only on ``sessions`` and ``count``)."""
     pool: list[int] = []
-    for kind in TEXT_KINDS:
+    for kind in TEXT_FILES:
         pool += kind_tokens(model, kind, 10_000)
     stride = max(1, (len(pool) - count) // max(1, sessions - 1))
     chunks = [pool[i * stride : i * stride + count] for i in range(sessions)]
@@ -321,7 +319,7 @@ def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int 
                      log: Callable[[str], None] | None = None,
                      more_sessions: Sequence[int] = (4, 32)) -> DecodeBench:
     texts = [run_text(model, kind, tokens_per_text, levels, tolerance, log)
-             for kind in TEXT_KINDS]
+             for kind in TEXT_FILES]
     total = sum(t.tokens for t in texts)
     prefill = total / sum(t.tokens / t.prefill_tokens_per_second for t in texts)
     baseline = total / sum(t.tokens / t.token_by_token_tokens_per_second for t in texts)

@@ -48,6 +48,7 @@ from typing import Literal
 
 import numpy as np
 
+from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress
 from seqkv.errors import CorruptFileError, DecodeVerificationError, SeqKVError
 from seqkv.levels import DEFAULT_LEVEL, parse_level
@@ -61,8 +62,6 @@ from seqkv.schedule import cpu_vendor
 GATE_TOKENS = 96
 FLOAT_LEVELS = ("tokens", "rows", "segments:4")
 INTEGER_LEVELS = ("ngram", "plain", "portable")
-TEXT_FILES = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
-              "technical": "kinds/technical.txt"}
 Dependence = Literal["integer", "float"]
 
 
@@ -169,11 +168,6 @@ def float_profile(model: CausalLM) -> FloatProfile:
     profile = model.profile("rows")
     return FloatProfile(cpu_vendor(), profile.cpu_capability, row_forward(model).row_block,
                         profile.torch_version, profile.transformers_version)
-
-
-def shipped_text(kind: str) -> str:
-    """One of the texts shipped in ``seqkv/data`` (prose, code, legal, technical)."""
-    return (importlib.resources.files("seqkv") / "data" / TEXT_FILES[kind]).read_text("utf-8")
 
 
 def tokens_sha256(tokens: Sequence[int]) -> str:

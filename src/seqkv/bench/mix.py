@@ -27,7 +27,6 @@ nothing else can act), against the guarantee of at most 1.001x the base's code l
 
 from __future__ import annotations
 
-import importlib.resources
 import lzma
 import os
 import platform
@@ -42,6 +41,7 @@ import numpy.typing as npt
 import torch
 from transformers import DynamicCache
 
+from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.coding.frequencies import cumulative_from_counts, table_and_log2p
 from seqkv.coding.ngram import AdaptiveNgram
 from seqkv.mixing.dictionary import Dictionary, build_dictionary
@@ -51,8 +51,6 @@ from seqkv.mixing.mixer import MixerConfig, MixingPredictor
 from seqkv.models.adapter import CausalLM
 from seqkv.schedule import pinned_threads
 
-TEXT_FILES = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
-              "technical": "kinds/technical.txt"}
 QUOTE_SPAN = 16
 GUARANTEE_FACTOR = 1.001
 GUARANTEE_BITS = 16.0
@@ -98,10 +96,6 @@ class Session:
 class Workload:
     dictionary_sessions: tuple[Session, ...]
     measured_sessions: tuple[Session, ...]
-
-
-def shipped_text(kind: str) -> str:
-    return (importlib.resources.files("seqkv") / "data" / TEXT_FILES[kind]).read_text("utf-8")
 
 
 def passages() -> list[Passage]:

@@ -34,17 +34,17 @@ import os
 import random
 import signal
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from tqdm.auto import tqdm
-
 from seqkv.digests import DIGEST_BYTES, Digest
 from seqkv.formats.skv import write_skv
 from seqkv.models.adapter import CausalLM
+from seqkv.progress import Progress, ProgressSink, tracked
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.codecs import TokensCodec
@@ -271,7 +271,8 @@ def _zstd(data: bytes) -> int | None:
     return len(zstandard.ZstdCompressor(level=19).compress(data))
 
 
-def _model_run(model: CausalLM, config: StoreBenchConfig, url: str, progress: bool
+def _model_run(model: CausalLM, config: StoreBenchConfig, url: str,
+               progress: ProgressSink | None
                ) -> tuple[WorkloadFigures, ByteFigures, Comparison, ModelRun]:
     tokenize = model.encode_text if model.tokenizer is not None else _hash_tokenizer(
         model.vocab_size)
@@ -282,7 +283,7 @@ def _model_run(model: CausalLM, config: StoreBenchConfig, url: str, progress: bo
     token_lists: dict[str, list[int]] = {}
     texts: list[bytes] = []
     started = time.perf_counter()
-    for session in tqdm(sessions, desc="model workload", disable=not progress):
+    for session in tracked(sessions, progress, "model workload", "session", len(sessions)):
         tokens = [t for piece in session.pieces for t in tokenize(piece)]
         result = store.put(session.name, tokens, level=config.level,
                            namespace=session.namespace)
@@ -313,10 +314,12 @@ def _model_run(model: CausalLM, config: StoreBenchConfig, url: str, progress: bo
     store_bytes = records + index + entries + refcounts
     n = len(sessions)
     bytes_figures = ByteFigures(
-        n, sum(c.spans for c in counts), records, records - coded, index,
-        sum(c.index_entries for c in counts), entries, ids, refcounts, store_bytes, coded,
-        1.05 * coded + 24 * n, (store_bytes - coded) / n,
-        sum(c.backend_bytes or 0 for c in counts))
+        sessions=n, spans=sum(c.spans for c in counts), records=records,
+        record_frames=records - coded, index=index,
+        index_entries=sum(c.index_entries for c in counts), session_entries=entries,
+        session_ids=ids, refcounts=refcounts, store_bytes=store_bytes, coded_bytes=coded,
+        target_bytes=1.05 * coded + 24 * n, overhead_per_session=(store_bytes - coded) / n,
+        backend_bytes=sum(c.backend_bytes or 0 for c in counts))
     # Cold gets: a fresh store object (empty hot tier) on the same Redis, in batches of 8.
     sample = sessions[: config.get_sample]
     cold = SessionStore(RedisBackend(url, "model"), model_codecs(model), hot_bytes=_HOT_BYTES)
@@ -336,22 +339,27 @@ def _model_run(model: CausalLM, config: StoreBenchConfig, url: str, progress: bo
     corpus = b"\n".join(texts)
     zstd_each = [_zstd(t) for t in texts]
     comparison = Comparison(
-        sum(lengths) * model.kv_components_per_token * 2,
-        None if None in zstd_each else sum(z or 0 for z in zstd_each), _zstd(corpus),
-        skv_bytes, len(corpus))
+        fp16_kv_bytes=sum(lengths) * model.kv_components_per_token * 2,
+        zstd19_per_session_bytes=None if None in zstd_each else sum(z or 0 for z in zstd_each),
+        zstd19_corpus_bytes=_zstd(corpus), skv_per_session_bytes=skv_bytes,
+        text_bytes=len(corpus))
     with_document = sum(1 for s in sessions if s.has_document)
     workload = WorkloadFigures(
-        n, config.tenants, config.level, Distribution.of(lengths), Distribution.of(turns),
-        with_document, sum(1 for x in lengths if x >= 4000),
-        "per session: one of the tenant's 2 system prompts (60-250 words of the shipped "
-        f"texts), with probability {config.doc_probability} one of the tenant's 2 documents "
-        f"({config.long_document_words} or {config.short_document_words} words of the shipped "
-        "texts, rotated per tenant), a first user message of 15-60 words drawn from the texts, "
-        f"then 0-{config.max_turns} appended turns of 10-50 words; tenants drawn with weights "
-        "1/(1+t); pieces tokenized separately and concatenated")
-    run = ModelRun(sum(lengths) / put_seconds, coded_tokens / put_seconds, len(sample),
-                   got_tokens / get_seconds if get_seconds else 0.0,
-                   shared / first_tokens, coded_tokens / sum(lengths), exact)
+        sessions=n, tenants=config.tenants, level=config.level,
+        session_tokens=Distribution.of(lengths), turns=Distribution.of(turns),
+        sessions_with_document=with_document,
+        sessions_over_4000_tokens=sum(1 for x in lengths if x >= 4000),
+        description="per session: one of the tenant's 2 system prompts (60-250 words of the "
+        f"shipped texts), with probability {config.doc_probability} one of the tenant's 2 "
+        f"documents ({config.long_document_words} or {config.short_document_words} words of "
+        "the shipped texts, rotated per tenant), a first user message of 15-60 words drawn "
+        f"from the texts, then 0-{config.max_turns} appended turns of 10-50 words; tenants "
+        "drawn with weights 1/(1+t); pieces tokenized separately and concatenated")
+    run = ModelRun(put_tokens_per_second=sum(lengths) / put_seconds,
+                   coded_tokens_per_second=coded_tokens / put_seconds, get_sessions=len(sample),
+                   get_tokens_per_second=got_tokens / get_seconds if get_seconds else 0.0,
+                   prefix_hit_rate=shared / first_tokens,
+                   coded_fraction=coded_tokens / sum(lengths), all_gets_exact=exact)
     store.close()
     cold.close()
     return workload, bytes_figures, comparison, run
@@ -376,7 +384,8 @@ def _scale_jobs(config: StoreBenchConfig, vocab: int, count: int, salt: int
     return jobs
 
 
-def _scale_run(config: StoreBenchConfig, vocab: int, url: str, progress: bool
+def _scale_run(config: StoreBenchConfig, vocab: int, url: str,
+               progress: ProgressSink | None
                ) -> tuple[ScalePoint, ...]:
     def codecs(level: str) -> TokensCodec:
         return TokensCodec(vocab, level)
@@ -388,7 +397,6 @@ def _scale_run(config: StoreBenchConfig, vocab: int, url: str, progress: bool
     step = max(1, config.scale_sessions // config.scale_checkpoints)
     points = []
     done = 0
-    bar = tqdm(total=len(jobs), desc="index scale", disable=not progress)
     while done < len(jobs):
         started = time.perf_counter()
         batch = jobs[done : done + step]
@@ -396,7 +404,8 @@ def _scale_run(config: StoreBenchConfig, vocab: int, url: str, progress: bool
             store.put(f"s{done + offset}", tokens, level="plain", namespace=namespace)
         put_ms = 1000 * (time.perf_counter() - started) / len(batch)
         done += len(batch)
-        bar.update(len(batch))
+        if progress is not None:
+            progress(Progress("index scale", done, len(jobs), "session"))
         prober = SessionStore(RedisBackend(url, "scale"), codecs)  # cold hot tier
         times, trips, candidates = [], [], []
         for namespace, tokens in probes:
@@ -410,11 +419,14 @@ def _scale_run(config: StoreBenchConfig, vocab: int, url: str, progress: bool
         memory = int(backend.client.info("memory")["used_memory"])
         times.sort()
         points.append(ScalePoint(
-            done, statistics.fmean(trips), statistics.fmean(candidates),
-            float(statistics.median(times)), times[int(0.9 * (len(times) - 1))], put_ms, memory,
-            sum(c.records + c.index + c.sessions + c.refcounts for c in counts),
-            sum(c.index for c in counts), sum(c.index_entries for c in counts)))
-    bar.close()
+            sessions=done, lookup_round_trips=statistics.fmean(trips),
+            lookup_candidates=statistics.fmean(candidates),
+            lookup_ms_median=float(statistics.median(times)),
+            lookup_ms_p90=times[int(0.9 * (len(times) - 1))], put_ms_mean=put_ms,
+            redis_used_memory=memory,
+            logical_bytes=sum(c.records + c.index + c.sessions + c.refcounts for c in counts),
+            index_bytes=sum(c.index for c in counts),
+            index_entries=sum(c.index_entries for c in counts)))
     store.close()
     return tuple(points)
 
@@ -541,7 +553,7 @@ def _fault_run(config: StoreBenchConfig, vocab: int, kind: str, workdir: Path,
 
 
 def run_store_bench(model: CausalLM, config: StoreBenchConfig | None = None, *,
-                    workdir: str | os.PathLike[str], progress: bool = False,
+                    workdir: str | os.PathLike[str], progress: ProgressSink | None = None,
                     parts: Sequence[str] = ("model", "scale", "throughput", "faults"),
                     ) -> StoreBenchResult:
     """Run the chosen parts in ``workdir`` (Redis servers are started there and stopped)."""
@@ -610,12 +622,16 @@ def main() -> None:
         overrides["scale_sessions"] = args.scale_sessions
     if overrides:
         config = StoreBenchConfig(**{**asdict(config), **overrides})
-    result = run_store_bench(model, config, workdir=args.workdir, progress=True,
+    result = run_store_bench(model, config, workdir=args.workdir, progress=_print_progress,
                              parts=args.parts.split(","))
     text = json.dumps(result.to_json_dict(), indent=2)
     if args.json:
         args.json.write_text(text + "\n")
     print(text)
+
+
+def _print_progress(event: Progress) -> None:
+    print(f"{event.task}: {event.done}/{event.total}", file=sys.stderr)
 
 
 if __name__ == "__main__":

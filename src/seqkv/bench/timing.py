@@ -45,7 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqkv.bench.figures import baselines_root, shipped_text
+from seqkv.bench.figures import baselines_root
+from seqkv.bench.texts import shipped_text
 from seqkv.codec import compress, decompress
 from seqkv.errors import SeqKVError
 from seqkv.models.adapter import CausalLM

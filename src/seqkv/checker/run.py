@@ -34,6 +34,7 @@ from seqkv.checker.sampling import EntropyRateEstimate, estimate_entropy_rate_fr
 from seqkv.codec import DEFAULT_TOLERANCE, CodingTrace, compress, decompress
 from seqkv.levels import DEFAULT_LEVEL
 from seqkv.models.adapter import CausalLM
+from seqkv.progress import ProgressSink
 from seqkv.proofs.claims import Claim, Measurements, paper_claims
 from seqkv.proofs.ratios import per_vector_bits_per_token, per_vector_over_sequential
 from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity
@@ -145,7 +146,7 @@ class _Coded:
 
 def check_text_tokens(
     model: CausalLM, tokens: list[int], source: str, tolerance: float = DEFAULT_TOLERANCE,
-    options: CheckOptions | None = None, progress: bool = False,
+    options: CheckOptions | None = None, progress: ProgressSink | None = None,
     baselines: Path | None = None, level: str = DEFAULT_LEVEL,
 ) -> CheckReport:
     """Compress ``tokens`` with their prefill KV, then check every bound on the result.
@@ -166,7 +167,7 @@ def check_text_tokens(
 
 def check_skv(
     model: CausalLM, skv: bytes, source: str, options: CheckOptions | None = None,
-    progress: bool = False, baselines: Path | None = None,
+    progress: ProgressSink | None = None, baselines: Path | None = None,
 ) -> CheckReport:
     """Decode a .skv file, then check every bound on what it codes (per coded token)."""
     decoded = decompress(model, skv, progress=progress)

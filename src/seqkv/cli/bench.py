@@ -132,7 +132,7 @@ def _cmd_bench_store(args: argparse.Namespace) -> int:
     config = StoreBenchConfig(sessions=args.sessions, scale_sessions=args.scale_sessions,
                               level=args.level)
     result = run_store_bench(model, config, workdir=args.workdir,
-                             progress=common.reporter_of(args).enabled,
+                             progress=common.reporter_of(args).sink,
                              parts=args.parts.split(","))
     figures = result.to_json_dict()
     if args.json:

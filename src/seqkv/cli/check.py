@@ -27,13 +27,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     reporter.phase("check")
     data = common.read_bytes(args.input)
     if data.startswith(MAGIC):  # formats 1 and 2 start with these bytes too
-        report = check_skv(model, data, args.input, options, progress=reporter.enabled,
+        report = check_skv(model, data, args.input, options, progress=reporter.sink,
                            baselines=baselines)
     else:
         tokens = model.encode_text(common.read_text(args.input, common.text_limit(model)))
         model.check_tokens(tokens)
         report = check_text_tokens(model, tokens, args.input, args.tolerance, options,
-                                   progress=reporter.enabled, baselines=baselines)
+                                   progress=reporter.sink, baselines=baselines)
     target = Path(args.report)
     common.make_folder(target.parent)
     common.write_text(str(target), render_markdown(report))

@@ -36,6 +36,7 @@ from seqkv.errors import EmptyInputError, InputTooLongError, OutputError, UsageE
 from seqkv.files import write_all_atomically
 from seqkv.levels import CodingLevel, parse_level
 from seqkv.models import CausalLM, load_default_model, load_model
+from seqkv.progress import Progress, ProgressSink
 
 MODEL_HELP = "local HF model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)"
 STDIO = "-"
@@ -335,28 +336,34 @@ def print_figures(figures: dict[str, object], as_json: bool, title: str) -> None
 
 class ProgressMode(Enum):
     OFF = "off"  # stderr is not a terminal and --progress was not given
-    TERMINAL = "terminal"  # tqdm's own bars on a terminal
+    TERMINAL = "terminal"  # bars on a terminal
     LINES = "lines"  # --progress: one plain line per update
     JSON = "json"  # --progress --json: one JSON object per line
 
 
-# NOTE: one line per second per bar keeps a log readable (tqdm redraws 10 times a second).
+# NOTE: one line per second per task keeps a log readable (a decode emits an event per token).
 _PROGRESS_INTERVAL_SECONDS = 1.0
 
 
 @dataclass
 class Reporter:
-    """Reports phases and the progress of tqdm bars on stderr in the chosen mode."""
+    """Renders the commands' phases and the library's ``Progress`` events on stderr, in the
+    chosen mode: tqdm bars on a terminal, plain lines or JSON lines otherwise."""
 
     mode: ProgressMode
     stream: TextIO
     started: float = field(default_factory=time.perf_counter)
-    _last: dict[int, tuple[float, int]] = field(default_factory=dict)
-    _bars: dict[int, Any] = field(default_factory=dict)
+    _last: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _bars: dict[str, Any] = field(default_factory=dict)
 
     @property
     def enabled(self) -> bool:
         return self.mode is not ProgressMode.OFF
+
+    @property
+    def sink(self) -> ProgressSink | None:
+        """What to hand the library: this reporter, or None when nothing is shown."""
+        return self if self.enabled else None
 
     def _elapsed(self) -> float:
         return round(time.perf_counter() - self.started, 3)
@@ -374,60 +381,39 @@ class Reporter:
             self._emit({"event": "phase", "phase": name, "elapsed_s": self._elapsed()},
                        f"{name} ({self._elapsed():.1f} s)")
 
-    def bars_updated(self) -> None:
-        """Called on every write of a tqdm bar: reports the bars due for a line, and a last
-        line for each bar that has closed since (tqdm closes a bar before its last redraw)."""
+    def __call__(self, event: Progress) -> None:
+        """One ``Progress`` event: a bar on a terminal, else a line at most once a second per
+        task (and always the last one)."""
+        finished = event.total is not None and event.done >= event.total
+        if self.mode is ProgressMode.TERMINAL:
+            bar = self._bars.get(event.task)
+            if bar is None:
+                bar = self._bars[event.task] = tqdm(total=event.total, desc=event.task,
+                                                    unit=event.unit, file=self.stream)
+            bar.update(event.done - bar.n)
+            if finished:
+                bar.close()
+                del self._bars[event.task]
+            return
+        if self.mode is ProgressMode.OFF:
+            return
         now = time.perf_counter()
-        for bar in list(tqdm._instances):
-            if not getattr(bar, "disable", True):
-                self._bars.setdefault(id(bar), bar)
-        for key, bar in list(self._bars.items()):
-            closed = bool(getattr(bar, "disable", True))
-            n, total = int(bar.n), bar.total
-            last_time, last_n = self._last.get(key, (-math.inf, -1))
-            finished = closed or (total is not None and n >= total)
-            if closed:
-                del self._bars[key]
-            if n == last_n or (now - last_time < _PROGRESS_INTERVAL_SECONDS and not finished):
-                continue
-            self._last[key] = (now, n)
-            task = str(bar.desc or "working").strip(": ")
-            unit = str(getattr(bar, "unit", "it"))
-            share = f" ({100 * n / total:.0f}%)" if total else ""
-            self._emit({"event": "progress", "task": task, "done": n,
-                        "total": None if total is None else int(total), "unit": unit,
-                        "elapsed_s": self._elapsed()},
-                       f"{task} {n:,}/{'?' if total is None else f'{int(total):,}'} {unit}"
-                       f"{share}, {self._elapsed():.1f} s")
+        last_time, last_done = self._last.get(event.task, (-math.inf, -1))
+        if event.done == last_done or (now - last_time < _PROGRESS_INTERVAL_SECONDS
+                                       and not finished):
+            return
+        self._last[event.task] = (now, event.done)
+        total = event.total
+        share = f" ({100 * event.done / total:.0f}%)" if total else ""
+        self._emit({"event": "progress", "task": event.task, "done": event.done,
+                    "total": total, "unit": event.unit, "elapsed_s": self._elapsed()},
+                   f"{event.task} {event.done:,}/{'?' if total is None else f'{total:,}'} "
+                   f"{event.unit}{share}, {self._elapsed():.1f} s")
 
-
-class _BarStream:
-    """What tqdm writes to while a forced-progress command runs: it says it is a terminal (so
-    tqdm draws), turns each redraw into ``Reporter`` lines, and passes other text through."""
-
-    def __init__(self, reporter: Reporter, target: TextIO) -> None:
-        self._reporter = reporter
-        self._target = target
-
-    def isatty(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if text[:1] in ("\r", "\n", "\x1b") or not text:
-            self._reporter.bars_updated()
-        else:
-            self._target.write(text)
-        return len(text)
-
-    def flush(self) -> None:
-        self._target.flush()
-
-    def fileno(self) -> int:
-        return self._target.fileno()
-
-    @property
-    def encoding(self) -> str:
-        return getattr(self._target, "encoding", None) or "utf-8"
+    def close(self) -> None:
+        for bar in self._bars.values():
+            bar.close()
+        self._bars.clear()
 
 
 def progress_mode(args: argparse.Namespace, stream: TextIO) -> ProgressMode:
@@ -439,18 +425,12 @@ def progress_mode(args: argparse.Namespace, stream: TextIO) -> ProgressMode:
 
 @contextmanager
 def reporting(args: argparse.Namespace) -> Iterator[Reporter]:
-    """The command's reporter; in the LINES and JSON modes stderr is swapped for a stream that
-    turns tqdm's redraws into lines, and restored on exit."""
-    stream = sys.stderr
-    reporter = Reporter(progress_mode(args, stream), stream)
-    if reporter.mode not in (ProgressMode.LINES, ProgressMode.JSON):
-        yield reporter
-        return
-    sys.stderr = _BarStream(reporter, stream)
+    """The command's reporter, its bars closed on exit."""
+    reporter = Reporter(progress_mode(args, sys.stderr), sys.stderr)
     try:
         yield reporter
     finally:
-        sys.stderr = stream
+        reporter.close()
 
 
 def reporter_of(args: argparse.Namespace) -> Reporter:

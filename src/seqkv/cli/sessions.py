@@ -105,7 +105,7 @@ def _compress_and_verify(
     dictionary: DictionaryFile | None = None,
 ) -> tuple[CompressResult, dict[str, object]]:
     reporter = reporter or common.Reporter(common.ProgressMode.OFF, sys.stderr)
-    progress = reporter.enabled
+    progress = reporter.sink
     model.check_tokens(tokens)  # the context's bound, before any forward
     if kv_mode == "prefill":
         reporter.phase("prefill")
@@ -181,7 +181,7 @@ def _cmd_decompress(args: argparse.Namespace) -> int:
     model = _load(args)
     reporter.phase("decode")
     result = decompress(model, data, allow_environment_mismatch=args.allow_environment_mismatch,
-                        progress=reporter.enabled, descriptions=Descriptions(),
+                        progress=reporter.sink, descriptions=Descriptions(),
                         require_exact_kv=args.require_exact_kv,
                         dictionaries=DictionaryFile(args.dict) if args.dict else None)
     outputs = [(args.output, model.decode_tokens(result.tokens).encode("utf-8"))]
@@ -289,7 +289,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         path = args.output if args.output else str(Path(folder) / "sample.skv")
         common.write_outputs([(path, result.data)])
         reporter.phase("decode")
-        decoded = decompress(model, common.read_bytes(path), progress=reporter.enabled)
+        decoded = decompress(model, common.read_bytes(path), progress=reporter.sink)
     if decoded.tokens != tokens or model.decode_tokens(decoded.tokens) != model.decode_tokens(
         tokens
     ):

@@ -146,7 +146,7 @@ def _cmd_put_many(args: argparse.Namespace) -> int:
     store, model = _store(args)
     report = put_many_jsonl(store, args.sessions, level=args.level.spec.name,
                             tokenize=model.encode_text,
-                            progress=common.reporter_of(args).enabled)
+                            progress=common.reporter_of(args).sink)
     common.print_figures(asdict(report), args.json, f"stored the sessions of {args.sessions}")
     return 0
 
@@ -157,7 +157,7 @@ def _cmd_get_many(args: argparse.Namespace) -> int:
         with atomic_output(args.output) as temporary:
             report = get_many_jsonl(store, args.sessions, temporary,
                                     detokenize=model.decode_tokens,
-                                    progress=common.reporter_of(args).enabled)
+                                    progress=common.reporter_of(args).sink)
     except OSError as error:
         raise OutputError(f"cannot write {args.output}: {error.strerror or error}; no output "
                           "was changed") from None

@@ -31,6 +31,7 @@ from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import CumulativeTable, symbol_cost_bits, table_and_log2p
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.models.adapter import CausalLM
+from seqkv.progress import ProgressSink
 from seqkv.session import Prefix
 from seqkv.types import Schedule
 
@@ -111,7 +112,7 @@ class EncodeRequest:
     prefix: Prefix | None
     context: int | None  # the start token the first token is coded after (no prefix)
     encoder: ArithmeticEncoder
-    progress: bool = False
+    progress: ProgressSink | None = None
     dictionary: Dictionary | None = None  # for levels that mix (``portable+mix``)
     # Whether the file records the KV the decoder rebuilds. A portable level computes that KV
     # only for it (one float prefill); other levels have it from coding and always return it.
@@ -139,7 +140,7 @@ class DecodeRequest:
     vocab_size: int
     prefix: Prefix | None
     with_kv: bool = True  # also rebuild the KV (False: tokens only)
-    progress: bool = False
+    progress: ProgressSink | None = None
     dictionary: Dictionary | None = None  # the one the file was coded with
 
 

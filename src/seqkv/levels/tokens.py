@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tqdm.auto import tqdm
-
 from seqkv.coding.frequencies import uniform_distribution
 from seqkv.levels import base
 from seqkv.levels.base import (
@@ -33,6 +31,7 @@ from seqkv.levels.base import (
     TraceColumns,
 )
 from seqkv.models.adapter import CausalLM, Stepper
+from seqkv.progress import tracked
 from seqkv.schedule import pinned_threads
 from seqkv.session import Prefix
 
@@ -63,8 +62,8 @@ class TokensLevel:
         recorder = TraceColumns()
         with pinned_threads():
             stepper, (table, log2p) = start(model, request.context, request.prefix)
-            for position, token in enumerate(tqdm(tail, desc="encoding", unit="tok",
-                                                  disable=None if request.progress else True)):
+            for position, token in enumerate(tracked(tail, request.progress, "encoding", "tok",
+                                                     len(tail))):
                 request.encoder.encode(table, token)
                 recorder.record(log2p, table, token)
                 logits = stepper.step(token)
@@ -85,8 +84,8 @@ class TokensLevel:
         trace = TraceColumns()
         with pinned_threads():
             stepper, (table, log2p) = start(model, request.context, request.prefix)
-            for position in tqdm(range(request.count), desc="decoding", unit="tok",
-                                 disable=None if request.progress else True):
+            for position in tracked(range(request.count), request.progress, "decoding", "tok",
+                                    request.count):
                 token = request.decoder.decode(table)
                 tail.append(token)
                 trace.record(log2p, table, token)

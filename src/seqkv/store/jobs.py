@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
+from seqkv.progress import Progress, ProgressSink, tracked
 from seqkv.store.codecs import DEFAULT_STORE_LEVEL
 from seqkv.store.errors import BatchInputError
 from seqkv.store.fleet import StoreSpec
@@ -104,12 +103,12 @@ def _tokens(line: SessionLine, tokenize: Tokenize | None) -> list[int]:
 
 def put_many_jsonl(store: SessionStore, path: str | os.PathLike[str], *,
                    level: str = DEFAULT_STORE_LEVEL, tokenize: Tokenize | None = None,
-                   progress: bool = True) -> BatchReport:
+                   progress: ProgressSink | None = None) -> BatchReport:
     """Put every session of the JSON-lines file ``path``."""
     lines = read_lines(path)
     started = time.perf_counter()
     tokens = shared = stored = 0
-    for line in tqdm(lines, desc="put", unit="session", disable=not progress):
+    for line in tracked(lines, progress, "put", "session", len(lines)):
         result = store.put(line.session, _tokens(line, tokenize), level=level,
                            namespace=line.namespace)
         tokens += result.tokens
@@ -138,20 +137,23 @@ def _row(session: str, namespace: str, tokens: list[int], kv_exact: bool,
 
 def get_many_jsonl(store: SessionStore, path: str | os.PathLike[str],
                    out: str | os.PathLike[str], *, batch_size: int = 16,
-                   detokenize: Detokenize | None = None, progress: bool = True) -> BatchReport:
+                   detokenize: Detokenize | None = None,
+                   progress: ProgressSink | None = None) -> BatchReport:
     """Decode the sessions listed in ``path`` and write them as JSON lines to ``out``."""
     lines = read_lines(path, need_content=False)
     started = time.perf_counter()
     tokens = 0
-    with open(Path(out), "w", encoding="utf-8") as sink, tqdm(
-            total=len(lines), desc="get", unit="session", disable=not progress) as bar:
+    done = 0
+    with open(Path(out), "w", encoding="utf-8") as sink:
         for batch in _batches(lines, batch_size):
             for got in store.get_many([line.session for line in batch],
                                       namespace=batch[0].namespace):
                 tokens += len(got.tokens)
                 sink.write(json.dumps(_row(got.session, got.namespace, got.tokens, got.kv_exact,
                                            detokenize)) + "\n")
-            bar.update(len(batch))
+            done += len(batch)
+            if progress is not None:
+                progress(Progress("get", done, len(lines), "session"))
     return BatchReport(len(lines), tokens, 0, 0, time.perf_counter() - started)
 
 
