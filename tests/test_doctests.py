@@ -9,6 +9,9 @@ import pytest
 
 MODULES = (
     "seqkv.codec",
+    "seqkv.digests",
+    "seqkv.formats.framing",
+    "seqkv.progress",
     "seqkv.levels.drafts",
     "seqkv.models.tiny",
     *(f"seqkv.quantizers.{name}" for name in (

@@ -77,12 +77,14 @@ from seqkv.levels import (
     DecodeOutput,
     DecodeRequest,
     EncodeRequest,
+    KVClasses,
     TraceColumns,
     parse_level,
 )
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryMismatchError, DictionaryUnavailableError
 from seqkv.models.adapter import CausalLM
+from seqkv.models.collisions import collision_classes
 from seqkv.models.profiles import execution_profile
 from seqkv.progress import ProgressSink
 from seqkv.schedule import current_profile
@@ -113,11 +115,50 @@ class CodingTrace:
     surprisal_bits: npt.NDArray[np.float64]
     code_cost_bits: npt.NDArray[np.float64]
     entropy_bits: npt.NDArray[np.float64]
+    # H(t_i | prefix) - H(KV_i | prefix), exact, at every position (``seqkv.models.collisions``);
+    # empty where the tables are not the model's (the model-free levels)
+    kv_gap_bits: npt.NDArray[np.float64]
+
+    def theorem1(self) -> Theorem1 | None:
+        """Theorem 1's two sides at every coded position (None: no model distribution)."""
+        gap = self.kv_gap_bits
+        if gap.size == 0 or gap.size != self.entropy_bits.size:
+            return None  # a level whose tables are not the model's
+        top = np.argsort(-gap, kind="stable")[:TOP_POSITIONS]
+        return Theorem1(
+            positions=int(gap.size), token_entropy_bits=float(self.entropy_bits.sum()),
+            kv_entropy_bits=float((self.entropy_bits - gap).sum()), gap_bits=float(gap.sum()),
+            max_gap_bits=float(gap.max()),
+            top_positions=tuple((int(i), float(gap[i])) for i in top if gap[i] > 0))
+
+
+# NOTE: the positions where the gap is largest, reported by position and size.
+TOP_POSITIONS = 5
+
+
+@dataclass(frozen=True)
+class Theorem1:
+    """H(t_(i+1) | prefix) and H(KV_(i+1) | prefix) summed over every coded position, exactly:
+    the KV side is the coder's own next-token distribution pushed forward through the model's
+    KV-collision classes (``seqkv.models.collisions``), so no forward runs per position. Given
+    Lemma 1 (a fixed schedule's KV is a function of the tokens) the gap is >= 0 by construction:
+    a report figure, whose gate is Lemma 1 (``seqkv check``)."""
+
+    positions: int
+    token_entropy_bits: float
+    kv_entropy_bits: float
+    gap_bits: float
+    max_gap_bits: float
+    top_positions: tuple[tuple[int, float], ...]  # (position, gap bits), largest first
+
+    @property
+    def mean_gap_bits(self) -> float:
+        return self.gap_bits / self.positions
 
 
 def _trace(columns: TraceColumns) -> CodingTrace:
     return CodingTrace(np.array(columns.surprisal), np.array(columns.cost),
-                       np.array(columns.entropy))
+                       np.array(columns.entropy), np.array(columns.kv_gap))
 
 
 @dataclass(frozen=True)
@@ -278,6 +319,14 @@ def _caller_kv(kv: DynamicCache | torch.Tensor | None) -> torch.Tensor | None:
     return target.detach().to("cpu", torch.float32)
 
 
+def _classes(model: CausalLM | None, level: CodingLevel) -> KVClasses | None:
+    """The model's KV-collision classes where the level codes under the model's distribution
+    (Theorem 1's exact gap in the trace), else None."""
+    if model is None or not level.spec.model_coded:
+        return None
+    return tuple(collision_classes(model).index_arrays())
+
+
 def _level(level: CodingLevel | str) -> CodingLevel:
     return parse_level(level) if isinstance(level, str) else level
 
@@ -294,12 +343,16 @@ def encode(
     record_kv: bool = False,
     kv_scope: KVScope = "all",
     progress: ProgressSink | None = None,
+    reference: npt.NDArray[np.float64] | None = None,
 ) -> Encoded:
     """Code ``tokens`` (and the residual of ``kv``) into a ``CodedSession``, with its bounds.
 
     See ``compress`` for the arguments. ``kv_scope="tail"`` makes the KV digest cover only the
     positions after ``prefix`` (a store span, whose prefix its parent span vouches for). The
     bounds are returned, not raised: the caller that writes bytes adds its own and raises.
+    ``reference`` is the tail's ``-log2 p`` under one prefill of the model that a caller
+    computed already (``seqkv check`` shares one prefill): the reference bound reads it instead
+    of running its own (it must be what ``seqkv.bounds.reference_surprisal`` computes).
     """
     token_list = [int(t) for t in tokens]
     model.check_tokens(token_list)
@@ -317,7 +370,7 @@ def encode(
     encoder = ArithmeticEncoder()
     encoded = coding_level.encode(EncodeRequest(
         model, tail, prefix, context, encoder, progress, dictionary,
-        with_kv=target is not None or record_kv))
+        with_kv=target is not None or record_kv, classes=_classes(model, coding_level)))
     token_code = encoder.finish()
     residual = None
     rebuilt = encoded.kv
@@ -346,7 +399,7 @@ def encode(
     )
     trace = _trace(encoded.trace)
     bounds = _bounds(model, coding_level, tail, encoded.segments, context, prefix,
-                     token_code.num_bits, trace, residual, max_error, tolerance)
+                     token_code.num_bits, trace, residual, max_error, tolerance, reference)
     return Encoded(session, trace, bounds, rebuilt, max_error,
                    None if residual is None else residual.tolerance, encode_seconds,
                    encoded.forwards, profile)
@@ -364,6 +417,7 @@ def compress(
     on_violation: Literal["raise", "return"] = "raise",
     dictionary: Dictionary | None = None,
     record_kv: bool = False,
+    reference: npt.NDArray[np.float64] | None = None,
 ) -> CompressResult:
     """Code ``tokens`` (and the residual of ``kv``, a cache those tokens produced) into .skv bytes.
 
@@ -382,7 +436,8 @@ def compress(
 
     Every run evaluates the bounds of ``seqkv.bounds`` on what it coded and raises
     ``BoundViolationError`` when one fails; ``on_violation="return"`` returns the result with its
-    failed bounds instead (``seqkv check`` reports them).
+    failed bounds instead (``seqkv check`` reports them, and passes the ``reference`` it shares
+    with the rest of its measurements: see ``encode``).
 
     >>> from seqkv.models import tiny_random_llama
     >>> model = tiny_random_llama()
@@ -394,7 +449,8 @@ def compress(
         raise InvalidKVError("a .skv file names its prefix by content hash: resolve the prefix "
                              "from a PrefixTrie")
     encoded = encode(model, tokens, kv, tolerance=tolerance, prefix=prefix, level=level,
-                     dictionary=dictionary, record_kv=record_kv, progress=progress)
+                     dictionary=dictionary, record_kv=record_kv, progress=progress,
+                     reference=reference)
     written = write_skv(encoded.session)
     bounds = (*encoded.bounds, file_bytes_accounted(len(written.data), written.sections))
     if on_violation == "raise":
@@ -423,14 +479,16 @@ def compress(
 def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[int],
             context: int | None, prefix: Prefix | None, code_bits: int,
             trace: CodingTrace, residual: ResidualCode | None, max_error: float | None,
-            tolerance: float) -> tuple[Bound, ...]:
+            tolerance: float, reference: npt.NDArray[np.float64] | None = None
+            ) -> tuple[Bound, ...]:
     """The cheap bounds of ``seqkv.bounds`` on what ``encode`` has just coded."""
     bounds = [code_within_table_cost(code_bits, float(trace.code_cost_bits.sum()))]
     if level.spec.reference == "model":
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
-        segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths))]
-        reference = reference_surprisal(model, segments, context,
-                                        prefix.tokens if prefix is not None else ())
+        if reference is None:
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+            segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths))]
+            reference = reference_surprisal(model, segments, context,
+                                            prefix.tokens if prefix is not None else ())
         bounds.append(code_within_reference_cross_entropy(
             code_bits, float(reference.sum()), len(tail), model.vocab_size,
             level.spec.reference_allowance))
@@ -623,6 +681,7 @@ class _Pending:
     vocab_size: int
     kv_checkable: bool = True  # this machine reproduces the encoder's KV (its profile)
     output: DecodeOutput | None = None
+    classes: KVClasses | None = None
 
     def request(self, with_kv: bool, progress: ProgressSink | None = None) -> DecodeRequest:
         session = self.item.session
@@ -632,7 +691,7 @@ class _Pending:
                                    "up to its token count")
         return DecodeRequest(ArithmeticDecoder(session.token_code), session.count,
                              lengths, self.context, self.vocab_size, self.item.prefix, with_kv,
-                             progress, self.item.dictionary)
+                             progress, self.item.dictionary, self.classes)
 
 
 def _pending(item: DecodeItem, model: CausalLM | None) -> _Pending:
@@ -650,7 +709,8 @@ def _pending(item: DecodeItem, model: CausalLM | None) -> _Pending:
         raise DictionaryMismatchError("the session was coded without a mixing dictionary: "
                                       "decode it without one")
     _check_sizes(session, model, vocab, item.prefix)
-    return _Pending(item, level, time.perf_counter(), context, vocab)
+    return _Pending(item, level, time.perf_counter(), context, vocab,
+                    classes=_classes(model, level))
 
 
 # NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram

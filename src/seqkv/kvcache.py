@@ -60,3 +60,15 @@ def cache_from_tensor(kv: torch.Tensor, batch: int = 1) -> DynamicCache:
         values = kv[layer, 1].unsqueeze(0).expand(batch, -1, -1, -1).contiguous()  # [B, H, T, D]
         cache.update(keys, values, layer)
     return cache
+
+
+def batch_row(cache: DynamicCache, row: int) -> torch.Tensor:
+    """Row ``row`` of a batched cache as ``[layers, 2, kv_heads, tokens, head_dim]`` float32 on
+    the CPU."""
+    stacked = []
+    for index, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor)):
+            raise InvalidKVError(f"layer {index} of the KV cache holds no keys and values")
+        stacked.append(torch.stack([keys[row], values[row]]))  # [2, H, T, D]
+    return torch.stack(stacked).detach().to("cpu", torch.float32)  # [L, 2, H, T, D]

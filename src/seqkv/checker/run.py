@@ -3,53 +3,75 @@
 The checker reads; it never mutates the model, the data or a .skv file. The core package never
 imports it.
 
-Monte-Carlo sizes (``CheckOptions``): Theorem 1 is measured at 32 prefixes drawn from the data;
-the model's entropy rate from 16 contexts drawn from the data, 4 sampled continuations of 32
-tokens each (64 sequences; the interval is a t-interval over the 16 contexts); the ratio's
-Monte-Carlo range over the same 64 sequences.
+What one run costs, and why (measured with its phases, ``CheckReport.phases``):
+
+1. One prefill over the start token and the text, with every position's logits, shared by the
+   reference cross-entropy bound, the entropy-rate contexts and their KV. One prefill of the
+   text alone: the caller's KV the file codes a residual against (as ``seqkv compress`` does),
+   and Lemma 1's float reference.
+2. ``compress`` at the level (its Theorem 1 gap comes with its trace: no forward per position),
+   then a full decode, which verifies the file's digests (the float path's Lemma 1 gate).
+3. Lemma 1 on the schedules that occur (``seqkv.checker.lemma1``): the integer predictor's KV
+   planes, the float model's KV.
+4. The model's entropy rate: ``entropy_contexts`` contexts drawn from the data, 4 sampled
+   continuations of 32 tokens each, the contexts advanced together in batched forwards over the
+   shared prefill's KV (``seqkv.checker.sampling``).
+5. The per-vector figure: the entropy of 3-bit TurboQuant codes of the file's KV.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 import torch
+from transformers import DynamicCache
 
 from seqkv.bench.figures import CommittedCodeBits, committed_code_bits
-from seqkv.bounds import (
-    Bound,
-    code_within_table_cost,
-    reference_surprisal,
-)
+from seqkv.bounds import Bound, code_within_table_cost
 from seqkv.checker.checks import Check, CheckInputs, CodeLengths, context_trend, evaluate
 from seqkv.checker.estimators import Interval, percentile_interval
-from seqkv.checker.kv_entropy import KVEntropyEstimate, estimate_kv_entropy
+from seqkv.checker.lemma1 import Lemma1, float_schedules, integer_schedules
 from seqkv.checker.per_vector import per_vector_entropy
-from seqkv.checker.premises import measure_determinism, measure_injectivity
 from seqkv.checker.sampling import EntropyRateEstimate, estimate_entropy_rate_from_data
-from seqkv.codec import DEFAULT_TOLERANCE, CodingTrace, compress, decompress
-from seqkv.levels import DEFAULT_LEVEL
+from seqkv.codec import (
+    DEFAULT_TOLERANCE,
+    CodingTrace,
+    DecompressResult,
+    Theorem1,
+    compress,
+    decompress,
+)
+from seqkv.errors import DecodeVerificationError
+from seqkv.levels import DEFAULT_LEVEL, parse_level
 from seqkv.models.adapter import CausalLM
+from seqkv.models.collisions import CollisionClasses, collision_classes
 from seqkv.progress import ProgressSink
 from seqkv.proofs.claims import Claim, Measurements, paper_claims
 from seqkv.proofs.ratios import per_vector_bits_per_token, per_vector_over_sequential
+from seqkv.schedule import pinned_threads, schedule_threads
 from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity
+
+# NOTE: rows of the shared prefill's logits turned into log-probabilities at a time: [512, V]
+# float64 is 200 MB for SmolLM2-135M, where the whole [T, V] at 8,192 tokens would be 3.2 GB.
+_REFERENCE_CHUNK = 512
 
 
 @dataclass(frozen=True)
 class CheckOptions:
     """How much to measure; see the module docstring for what the defaults buy."""
 
-    determinism_tokens: int = 48  # the schedules are compared on the first 48 tokens
-    kv_positions: int = 32  # prefixes drawn from the data for H(KV | prefix) vs H(t | prefix)
-    kv_top_k: int = 32  # most probable next tokens stepped at each of them
     entropy_contexts: int = 16  # contexts drawn from the data for the model's entropy rate
     entropy_sequences: int = 4  # sampled continuations per context
     entropy_length: int = 32  # tokens per continuation
+    lemma1_window: int = 32  # positions the token-by-token schedules are compared on
     per_vector_bits: int = 3  # the per-vector quantizer the paper compares against
     seed: int = 0
 
@@ -77,22 +99,47 @@ class RatioSummary:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One phase of a check: CPU seconds of this process (all its threads) and wall seconds."""
+
+    name: str
+    cpu_seconds: float
+    wall_seconds: float
+
+
+@dataclass
+class _Clock:
+    phases: list[Phase] = field(default_factory=list)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        cpu, wall = time.process_time(), time.perf_counter()
+        yield
+        self.phases.append(Phase(name, time.process_time() - cpu, time.perf_counter() - wall))
+
+
+@dataclass(frozen=True)
 class CheckReport:
     model: ModelIdentity
     profile: ExecutionProfile
     data: DataFingerprint
     options: CheckOptions
+    level: str
     lengths: CodeLengths
     cross_entropy_bits: float
     ideal_code_bits: float
     checks: tuple[Check, ...]
-    kv_entropy: KVEntropyEstimate
+    theorem1: Theorem1 | None
+    lemma1: Lemma1
+    collisions: CollisionClasses
     ratios: RatioSummary
     paper_claims: tuple[Claim, ...]
+    phases: tuple[Phase, ...]
 
     @property
     def passed(self) -> bool:
-        """True when every bound holds (premises and claims are reported, not gated)."""
+        """True when every bound holds (premises, claims and figures are reported, not
+        gated)."""
         return all(check.holds for check in self.checks if check.kind == "bound")
 
     def to_json_dict(self) -> dict[str, object]:
@@ -100,6 +147,7 @@ class CheckReport:
             "passed": self.passed,
             "model": asdict(self.model),
             "data": asdict(self.data),
+            "level": self.level,
             "tokens": self.lengths.tokens,
             "code_bits": self.lengths.code_bits,
             "residual_bits": self.lengths.residual_bits,
@@ -112,13 +160,10 @@ class CheckReport:
                  "holds": c.holds, "method": c.method}
                 for c in self.checks
             ],
-            "kv_entropy_positions": [
-                {"position": p.position, "token_entropy": p.token_entropy,
-                 "kv_entropy": p.kv_entropy, "gap": p.gap, "tested_mass": p.tested_mass,
-                 "merged": [list(g) for g in p.merged],
-                 "nondeterministic": list(p.nondeterministic)}
-                for p in self.kv_entropy.positions
-            ],
+            "theorem1": None if self.theorem1 is None else {
+                **asdict(self.theorem1), "mean_gap_bits": self.theorem1.mean_gap_bits,
+                "exact": True, "collision_classes": [list(c) for c in self.collisions.classes]},
+            "lemma1": asdict(self.lemma1),
             "ratios": {
                 "symbolic_ratio_vs_per_vector": self.ratios.symbolic_ratio,
                 "monte_carlo_ratio_median": self.ratios.monte_carlo_ratio.estimate,
@@ -127,21 +172,55 @@ class CheckReport:
                 "ratio_vs_fp16": self.ratios.ratio_vs_fp16,
             },
             "paper_claims": [{"name": c.name, "holds": c.holds} for c in self.paper_claims],
+            "phases": [asdict(p) for p in self.phases],
         }
 
 
 @dataclass(frozen=True)
-class _Coded:
-    """What the checks need of one coded session, however it was obtained."""
+class _Shared:
+    """The prefills one check shares: over the start token and the text (every position's
+    logits, and its KV), and over the text alone (its KV, the caller's)."""
 
-    tokens: list[int]  # every token, the shared prefix included
-    segments: list[list[int]]  # the coded tokens, as the level split them
-    prefix: list[int]
-    kv: torch.Tensor  # [layers, 2, kv_heads, tokens, head_dim]
-    trace: CodingTrace
-    lengths: CodeLengths
-    run_bounds: tuple[Bound, ...]
-    level: str
+    logits: torch.Tensor  # [T', V] float32; T' = T + 1 with a start token
+    context_kv: torch.Tensor  # [L, 2, H, T', D]
+    text_kv: torch.Tensor  # [L, 2, H, T, D]
+    offset: int  # 1 with a start token, else 0
+
+    def reference(self, tokens: list[int], vocab: int) -> npt.NDArray[np.float64]:
+        """``-log2 p(t_i | t_<i)`` of every token under the shared prefill (the first token
+        after the start token, or uniform without one), as ``seqkv.bounds`` computes it."""
+        out = np.empty(len(tokens))
+        first = 0
+        if self.offset == 0:
+            out[0], first = np.log2(vocab), 1
+        ids = torch.tensor(tokens)
+        for start in range(first, len(tokens), _REFERENCE_CHUNK):
+            stop = min(start + _REFERENCE_CHUNK, len(tokens))
+            rows = self.logits[start - 1 + self.offset : stop - 1 + self.offset].double()
+            picked = torch.log_softmax(rows, dim=-1).gather(1, ids[start:stop, None])[:, 0]
+            out[start:stop] = (-picked / np.log(2.0)).numpy()
+        return out
+
+
+@torch.inference_mode()
+def _shared_prefills(model: CausalLM, tokens: list[int]) -> _Shared:
+    start = model.start_token_id
+    ids = tokens if start is None else [start, *tokens]
+    cache = DynamicCache()
+    with pinned_threads(schedule_threads("prefill")):
+        logits = model.model(input_ids=torch.tensor([ids], device=model.device), cache=cache,
+                             use_cache=True).logits[0].float().cpu()  # [T', V]
+        text_kv = model.kv_tensor(model.prefill(tokens))
+    return _Shared(logits, model.kv_tensor(cache), text_kv, 0 if start is None else 1)
+
+
+def _decoded(model: CausalLM, data: bytes, progress: ProgressSink | None
+             ) -> DecompressResult | None:
+    """The file decoded and verified, or None where its KV digest was not restored."""
+    try:
+        return decompress(model, data, progress=progress)
+    except DecodeVerificationError:
+        return None
 
 
 def check_text_tokens(
@@ -149,20 +228,29 @@ def check_text_tokens(
     options: CheckOptions | None = None, progress: ProgressSink | None = None,
     baselines: Path | None = None, level: str = DEFAULT_LEVEL,
 ) -> CheckReport:
-    """Compress ``tokens`` with their prefill KV, then check every bound on the result.
-
-    The encoder's own bounds are reported, not raised, so a violation shows in the report.
-    """
-    kv = model.prefill(tokens)
-    result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=progress,
-                      level=level, on_violation="return")
+    """Compress ``tokens`` at ``level`` with their prefill KV, decode the file, then check every
+    bound on the result. The encoder's own bounds are reported, not raised, so a violation
+    shows in the report."""
+    options = options or CheckOptions()
+    clock = _Clock()
+    with clock.phase("shared prefills"):
+        shared = _shared_prefills(model, tokens)
+        # the segments levels restart their context per segment: their reference is their own
+        single = not parse_level(level).spec.name.startswith("segments")
+        reference = shared.reference(tokens, model.vocab_size) if single else None
+    with clock.phase("compress"):
+        result = compress(model, tokens, kv=shared.text_kv, tolerance=tolerance,
+                          progress=progress, level=level, on_violation="return",
+                          reference=reference)
+    with clock.phase("decode and verify"):
+        decoded = _decoded(model, result.data, progress)
     stats = result.stats
-    coded = _Coded(tokens, [tokens], [], model.kv_tensor(kv), result.trace,
-                   CodeLengths(stats.tokens, stats.code_bits, stats.residual_bits,
-                               stats.residual_escapes),
-                   result.bounds, result.session.level)
+    lengths = CodeLengths(stats.tokens, stats.code_bits, stats.residual_bits,
+                          stats.residual_escapes)
     data = DataFingerprint(source, "text", _tokens_sha256(tokens), len(tokens))
-    return _report(model, coded, data, options or CheckOptions(), baselines)
+    return _report(model, _Coded(tokens, result.trace, lengths, result.bounds,
+                                 result.session.level, decoded is not None, shared), data,
+                   options, baselines, clock)
 
 
 def check_skv(
@@ -170,23 +258,37 @@ def check_skv(
     progress: ProgressSink | None = None, baselines: Path | None = None,
 ) -> CheckReport:
     """Decode a .skv file, then check every bound on what it codes (per coded token)."""
-    decoded = decompress(model, skv, progress=progress)
+    options = options or CheckOptions()
+    clock = _Clock()
+    with clock.phase("decode and verify"):
+        decoded = decompress(model, skv, progress=progress)
     session = decoded.session
-    count = session.count
-    prefix = decoded.tokens[: len(decoded.tokens) - count]
-    tail = decoded.tokens[len(prefix):]
-    lengths_list = list(session.segments)
-    offsets = np.concatenate([[0], np.cumsum(lengths_list)]).astype(int)
-    segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths_list))]
+    with clock.phase("shared prefills"):
+        shared = _shared_prefills(model, decoded.tokens)
     residual = session.residual
-    lengths = CodeLengths(count, session.token_code.num_bits,
+    lengths = CodeLengths(session.count, session.token_code.num_bits,
                           0 if residual is None else residual.num_bits,
                           0 if residual is None else residual.num_escapes)
-    bounds = (code_within_table_cost(lengths.code_bits, float(decoded.trace.code_cost_bits.sum())),)
-    coded = _Coded(decoded.tokens, segments, prefix, decoded.kv, decoded.trace, lengths, bounds,
-                   session.level)
-    data = DataFingerprint(source, "skv", hashlib.sha256(skv).hexdigest(), count)
-    return _report(model, coded, data, options or CheckOptions(), baselines)
+    bounds = (code_within_table_cost(lengths.code_bits,
+                                     float(decoded.trace.code_cost_bits.sum())),)
+    data = DataFingerprint(source, "skv", hashlib.sha256(skv).hexdigest(), session.count)
+    return _report(model, _Coded(decoded.tokens, decoded.trace, lengths, bounds, session.level,
+                                 True, shared, session.count != len(decoded.tokens)), data,
+                   options, baselines, clock)
+
+
+@dataclass(frozen=True)
+class _Coded:
+    """What the checks need of one coded session, however it was obtained."""
+
+    tokens: list[int]  # every token, the shared prefix included
+    trace: CodingTrace
+    lengths: CodeLengths
+    run_bounds: tuple[Bound, ...]
+    level: str
+    digest_restored: bool  # a decode reproduced the file's tokens and KV digests
+    shared: _Shared
+    has_prefix: bool = False
 
 
 def _tokens_sha256(tokens: list[int]) -> str:
@@ -194,56 +296,49 @@ def _tokens_sha256(tokens: list[int]) -> str:
 
 
 def _report(model: CausalLM, coded: _Coded, data: DataFingerprint, options: CheckOptions,
-            baselines: Path | None) -> CheckReport:
+            baselines: Path | None, clock: _Clock) -> CheckReport:
     tokens = coded.tokens
-    entropy_rate = estimate_entropy_rate_from_data(
-        model, tokens, options.entropy_contexts, options.entropy_sequences,
-        options.entropy_length, options.seed)
-    reference = reference_surprisal(model, coded.segments, model.start_token_id, coded.prefix,
-                                    dtype=torch.float64)
-    baseline = (committed_code_bits(model, coded.tokens, coded.level, baselines)
-                if not coded.prefix else
+    with clock.phase("Lemma 1: integer predictor"):
+        integer = integer_schedules(model, tokens, options.lemma1_window)
+    with clock.phase("Lemma 1: float model"):
+        floats = float_schedules(model, tokens, coded.shared.text_kv, options.lemma1_window)
+    lemma1 = Lemma1(integer, floats, coded.lengths.residual_bits / coded.lengths.tokens,
+                    coded.digest_restored)
+    with clock.phase("entropy rate"):
+        entropy_rate = estimate_entropy_rate_from_data(
+            model, coded.shared.context_kv, coded.shared.logits, options.entropy_contexts,
+            options.entropy_sequences, options.entropy_length, options.seed)
+    with clock.phase("per-vector figure"):
+        per_vector = per_vector_entropy(coded.shared.text_kv, options.per_vector_bits,
+                                        options.seed)
+    baseline = (committed_code_bits(model, tokens, coded.level, baselines)
+                if not coded.has_prefix else
                 CommittedCodeBits("no baseline row for these tokens", None, None, ""))
-    kv_entropy = estimate_kv_entropy(model, tokens, options.kv_positions, options.kv_top_k,
-                                     options.seed)
+    classes = collision_classes(model)
+    theorem1 = coded.trace.theorem1()
     inputs = CheckInputs(
-        geometry=model.geometry,
-        vocab_size=model.vocab_size,
-        lengths=coded.lengths,
-        trace=coded.trace,
-        run_bounds=coded.run_bounds,
-        reference_float64_bits=float(reference.sum()),
-        baseline=baseline,
-        kv_entropy=kv_entropy,
-        per_vector=per_vector_entropy(coded.kv, options.per_vector_bits, options.seed),
-        determinism=measure_determinism(model, tokens[: options.determinism_tokens]),
-        injectivity=measure_injectivity(model),
-        entropy_rate=entropy_rate,
-    )
+        geometry=model.geometry, vocab_size=model.vocab_size, lengths=coded.lengths,
+        trace=coded.trace, run_bounds=coded.run_bounds, baseline=baseline, theorem1=theorem1,
+        lemma1=lemma1, collisions=classes, per_vector=per_vector, entropy_rate=entropy_rate)
     checks = evaluate(inputs)
     by_name = {c.name: c for c in checks}
     measured = Measurements(
-        deterministic_per_schedule=by_name["deterministic_per_schedule"].holds,
+        deterministic_per_schedule=lemma1.integer_holds and all(
+            p.identical for p in floats if p.b == "the same prefill again"),
         schedule_invariant=by_name["schedule_invariant"].holds,
-        kv_entropy_within_token_entropy=by_name["kv_entropy_within_token_entropy"].holds,
-        kv_entropy_equals_token_entropy=all(not p.merged and not p.nondeterministic
-                                            for p in kv_entropy.positions),
+        kv_entropy_within_token_entropy=theorem1 is None or theorem1.gap_bits >= 0,
+        kv_entropy_equals_token_entropy=theorem1 is not None and theorem1.max_gap_bits == 0,
         entropy_falls_with_context=context_trend(inputs).decreasing(),
     )
     return CheckReport(
-        model=model.identity,
-        profile=model.profile(),
-        data=data,
-        options=options,
-        lengths=coded.lengths,
+        model=model.identity, profile=model.profile(), data=data, options=options,
+        level=coded.level, lengths=coded.lengths,
         cross_entropy_bits=float(coded.trace.surprisal_bits.sum()),
-        ideal_code_bits=float(coded.trace.code_cost_bits.sum()),
-        checks=checks,
-        kv_entropy=kv_entropy,
+        ideal_code_bits=float(coded.trace.code_cost_bits.sum()), checks=checks,
+        theorem1=theorem1, lemma1=lemma1, collisions=classes,
         ratios=ratio_summary(model.geometry, options.per_vector_bits, coded.lengths,
                              entropy_rate),
-        paper_claims=paper_claims(measured),
-    )
+        paper_claims=paper_claims(measured), phases=tuple(clock.phases))
 
 
 def ratio_summary(

@@ -11,6 +11,7 @@ from seqkv.checker.run import CheckOptions
 from seqkv.cli import common
 from seqkv.codec import DEFAULT_TOLERANCE
 from seqkv.formats.skv import MAGIC
+from seqkv.levels import DEFAULT_LEVEL
 
 
 def default_report(source: str) -> str:
@@ -19,8 +20,7 @@ def default_report(source: str) -> str:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     reporter = common.reporter_of(args)
-    options = CheckOptions(seed=args.seed, kv_positions=args.kv_positions,
-                           entropy_contexts=args.entropy_contexts)
+    options = CheckOptions(seed=args.seed, entropy_contexts=args.entropy_contexts)
     reporter.phase("load the model")
     model = common.load(args.model)
     baselines = None if args.baselines is None else Path(args.baselines)
@@ -33,7 +33,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         tokens = model.encode_text(common.read_text(args.input, common.text_limit(model)))
         model.check_tokens(tokens)
         report = check_text_tokens(model, tokens, args.input, args.tolerance, options,
-                                   progress=reporter.sink, baselines=baselines)
+                                   progress=reporter.sink, baselines=baselines,
+                                   level=args.level)
     target = Path(args.report)
     common.make_folder(target.parent)
     common.write_text(str(target), render_markdown(report))
@@ -56,10 +57,9 @@ def add_check(commands: common.Subparsers) -> None:
     common.tolerance_option(k, DEFAULT_TOLERANCE)
     k.add_argument("--seed", type=common.int_in(0, 2**63 - 1), default=0,
                    help="seed of the Monte-Carlo estimates")
-    k.add_argument("--kv-positions", type=common.int_in(1, 100_000),
-                   default=CheckOptions.kv_positions, metavar="N",
-                   help="prefixes drawn from the data for H(KV | prefix) vs H(t | prefix) "
-                        f"(default {CheckOptions.kv_positions})")
+    k.add_argument("--level", type=common.level_name, default=DEFAULT_LEVEL,
+                   help=f"the level a text is coded at (default {DEFAULT_LEVEL}); a .skv file "
+                        "is checked at its own")
     k.add_argument("--entropy-contexts", type=common.int_in(2, 100_000),
                    default=CheckOptions.entropy_contexts,
                    metavar="N", help="contexts drawn from the data for the model's entropy "

@@ -71,18 +71,40 @@ class LevelSpec:
     mixes: bool = False
 
 
+KVClasses = tuple[npt.NDArray[np.int64], ...]
+"""A model's KV-collision classes as index arrays (``seqkv.models.collisions``)."""
+
+
+def kv_gap_bits(log2p: npt.NDArray[np.float64], classes: KVClasses) -> float:
+    """H(t | prefix) - H(KV | prefix) at one position, exactly: the entropy within each class of
+    ids whose KV is identical, weighted by the class's mass (0 when there are no classes)."""
+    gap = 0.0
+    for ids in classes:
+        log2 = log2p[ids]
+        mass = np.exp2(log2)
+        total = float(mass.sum())
+        if total > 0.0:
+            inner = float(-(mass * np.where(mass > 0, log2, 0.0)).sum())
+            gap += inner + total * float(np.log2(total))
+    return max(gap, 0.0)
+
+
 @dataclass
 class TraceColumns:
     """Per-position figures (see ``seqkv.codec.CodingTrace``), filled in any order.
 
     ``with_entropy`` False skips the entropies (a sum over the vocabulary per position, 40% of a
     model-free put at V = 49,152 here): surprisal and table cost stay, which the bounds need.
+    ``classes`` (the model's KV-collision classes, possibly none) adds Theorem 1's exact gap per
+    position; None (a level whose tables are not the model's) records no gap.
     """
 
     surprisal: list[float] = field(default_factory=list)
     cost: list[float] = field(default_factory=list)
     entropy: list[float] = field(default_factory=list)
+    kv_gap: list[float] = field(default_factory=list)
     with_entropy: bool = True
+    classes: KVClasses | None = None
 
     def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int,
                entropy: float | None = None) -> None:
@@ -90,6 +112,8 @@ class TraceColumns:
         tables', ``seqkv.models.integer.table``), else computed from ``log2p``."""
         self.surprisal.append(-float(log2p[token]))
         self.cost.append(symbol_cost_bits(table, token))
+        if self.classes is not None:
+            self.kv_gap.append(kv_gap_bits(log2p, self.classes))
         if not self.with_entropy:
             return
         if entropy is None:
@@ -101,6 +125,7 @@ class TraceColumns:
         self.surprisal += other.surprisal
         self.cost += other.cost
         self.entropy += other.entropy
+        self.kv_gap += other.kv_gap
 
 
 @dataclass
@@ -117,6 +142,10 @@ class EncodeRequest:
     # Whether the file records the KV the decoder rebuilds. A portable level computes that KV
     # only for it (one float prefill); other levels have it from coding and always return it.
     with_kv: bool = True
+    classes: KVClasses | None = None  # the model's KV-collision classes (Theorem 1's gap)
+
+    def new_trace(self) -> TraceColumns:
+        return TraceColumns(classes=self.classes)
 
 
 @dataclass(frozen=True)
@@ -142,6 +171,10 @@ class DecodeRequest:
     with_kv: bool = True  # also rebuild the KV (False: tokens only)
     progress: ProgressSink | None = None
     dictionary: Dictionary | None = None  # the one the file was coded with
+    classes: KVClasses | None = None  # the model's KV-collision classes (Theorem 1's gap)
+
+    def new_trace(self) -> TraceColumns:
+        return TraceColumns(classes=self.classes)
 
 
 @dataclass(frozen=True)

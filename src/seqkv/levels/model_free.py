@@ -77,7 +77,7 @@ def decode_tokens(source: ModelFreeLevel, vocab_size: int, prefix_tokens: Sequen
 
 
 def encode_model_free(source: ModelFreeLevel, request: EncodeRequest) -> EncodeOutput:
-    trace = TraceColumns()
+    trace = TraceColumns()  # the tables are not the model's: no Theorem 1 gap
     prefix_tokens = list(request.prefix.tokens) if request.prefix is not None else []
     code_tokens(source, request.model.vocab_size, prefix_tokens, request.tail, request.encoder,
                 trace)

@@ -283,7 +283,7 @@ class PortableLevel:
                      sequence: IntSequence, first: _Row, mixer: MixingPredictor | None,
                      buffers: _EncodeBuffers, forwards: int) -> tuple[TraceColumns, int]:
         tail = request.tail
-        trace = TraceColumns()
+        trace = request.new_trace()
         table, log2p, entropy = first
         position = 0
         for start in range(0, len(tail), ENCODE_CHUNK_ROWS):
@@ -345,7 +345,8 @@ class _Stream:
               mixer: MixingPredictor | None) -> _Stream:
         sequence, first = _start(engine, request.context, request.prefix)
         prefix = list(request.prefix.tokens) if request.prefix is not None else []
-        return cls(sequence, request.decoder, request.count, prefix, first, mixer)
+        return cls(sequence, request.decoder, request.count, prefix, first, mixer,
+                   trace=request.new_trace())
 
     @property
     def done(self) -> bool:

@@ -32,7 +32,7 @@ import torch
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import CumulativeTable, uniform_distribution
 from seqkv.levels import base
-from seqkv.levels.base import Distribution, TraceColumns
+from seqkv.levels.base import Distribution, KVClasses, TraceColumns
 from seqkv.levels.drafts import PromptLookup
 from seqkv.models.rows import RECOMPUTE_CHUNK_ROWS, RowForward, RowSequence, gather
 from seqkv.session import Prefix
@@ -76,8 +76,8 @@ def recompute_kv(engine: RowForward, tail: Sequence[int],
 
 
 def encode_rows(engine: RowForward, encoder: ArithmeticEncoder, tail: Sequence[int],
-                lengths: Sequence[int], context: int | None,
-                prefix: Prefix | None) -> tuple[TraceColumns, torch.Tensor | None]:
+                lengths: Sequence[int], context: int | None, prefix: Prefix | None,
+                classes: KVClasses | None = None) -> tuple[TraceColumns, torch.Tensor | None]:
     """Code ``tail`` split into segments of ``lengths`` under the row-invariant forward.
 
     Returns the trace and, for a single segment, the KV its forwards left (the session's KV).
@@ -86,7 +86,7 @@ def encode_rows(engine: RowForward, encoder: ArithmeticEncoder, tail: Sequence[i
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
     segments = [list(tail[offsets[j] : offsets[j + 1]]) for j in range(len(lengths))]
     sequences = gather([start_sequence] * len(segments), start_sequence.length + max(lengths))
-    traces = [TraceColumns() for _ in segments]
+    traces = [TraceColumns(classes=classes) for _ in segments]
     # Rounds are coded in windows: forward every segment's next ``window`` tokens in one call,
     # then code the window's symbols in the decoder's order.
     window = max(1, ENCODE_CHUNK_ROWS // len(segments))
@@ -189,13 +189,15 @@ class DecodeJob:
 
 
 def new_job(engine: RowForward, decoder: ArithmeticDecoder, lengths: Sequence[int],
-            context: int | None, prefix: Prefix | None) -> DecodeJob:
+            context: int | None, prefix: Prefix | None,
+            classes: KVClasses | None = None) -> DecodeJob:
     """A job for one file; a single-segment job also keeps its KV (the session's)."""
     start_sequence, first = row_start(engine, context, prefix)
     prefix_tokens = list(prefix.tokens) if prefix is not None else []
     keep_kv = len(lengths) == 1
     streams = [_Stream(start_sequence.copy(), length, list(prefix_tokens), first, keep_kv,
-                       start_sequence.length) for length in lengths]
+                       start_sequence.length, trace=TraceColumns(classes=classes))
+               for length in lengths]
     return DecodeJob(decoder, streams)
 
 

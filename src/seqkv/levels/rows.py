@@ -52,7 +52,7 @@ class RowStreamsLevel:
         lengths = split_lengths(len(request.tail), self.segments)
         with pinned_threads(schedule_threads("rows")):
             trace, kv = encode_rows(engine, request.encoder, request.tail, lengths,
-                                    request.context, request.prefix)
+                                    request.context, request.prefix, request.classes)
             if kv is None:
                 kv = recompute_kv(engine, request.tail, request.prefix)
         return EncodeOutput(trace, kv, lengths, engine.forwards - before)
@@ -64,7 +64,7 @@ class RowStreamsLevel:
         engine = row_forward(model)
         before = engine.forwards
         with pinned_threads(schedule_threads("rows")):
-            jobs = [new_job(engine, r.decoder, r.segments, r.context, r.prefix)
+            jobs = [new_job(engine, r.decoder, r.segments, r.context, r.prefix, r.classes)
                     for r in requests]
             decode_rows(engine, jobs)
         shared = engine.forwards - before

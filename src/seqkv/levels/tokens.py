@@ -28,7 +28,6 @@ from seqkv.levels.base import (
     EncodeOutput,
     EncodeRequest,
     LevelSpec,
-    TraceColumns,
 )
 from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.progress import tracked
@@ -59,7 +58,7 @@ class TokensLevel:
 
     def encode(self, request: EncodeRequest) -> EncodeOutput:
         model, tail = request.model, request.tail
-        recorder = TraceColumns()
+        recorder = request.new_trace()
         with pinned_threads():
             stepper, (table, log2p) = start(model, request.context, request.prefix)
             for position, token in enumerate(tracked(tail, request.progress, "encoding", "tok",
@@ -81,7 +80,7 @@ class TokensLevel:
     @staticmethod
     def _decode_one(model: CausalLM, request: DecodeRequest) -> DecodeOutput:
         tail: list[int] = []
-        trace = TraceColumns()
+        trace = request.new_trace()
         with pinned_threads():
             stepper, (table, log2p) = start(model, request.context, request.prefix)
             for position in tracked(range(request.count), request.progress, "decoding", "tok",
