@@ -107,19 +107,25 @@ def test_damaged_files_are_clear_errors(
     assert not out.exists()
 
 
-def test_check_passes_with_measured_theorem1(
+def test_check_passes_with_exact_theorem1_and_lemma1_rows(
     use_model: CausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     source, report = tmp_path / "in.txt", tmp_path / "report.md"
     source.write_text(TEXT)
     status, out, _ = _run(capsys, "check", str(source), "--report", str(report), "--json",
-                          "--kv-positions", "4", "--entropy-contexts", "2")
+                          "--entropy-contexts", "2")
     figures = json.loads(out)
-    assert status == 0 and figures["passed"] is True
+    assert status == 0 and figures["passed"] is True and figures["level"] == "portable"
     for check in figures["checks"]:
         assert {"name", "bound", "measured", "holds", "interval"} <= set(check)
-    kv = next(c for c in figures["checks"] if "kv" in c["name"] and "entropy" in c["name"])
-    assert kv["interval"] is not None and len(figures["kv_entropy_positions"]) == 4
+    theorem1 = figures["theorem1"]
+    assert theorem1["exact"] is True and theorem1["positions"] == figures["tokens"]
+    assert theorem1["collision_classes"]  # SmolLM2-135M: 15 ids in 4 classes
+    names = {c["name"]: c for c in figures["checks"]}
+    assert names["theorem1_exact_gap"]["kind"] == "figure"
+    assert names["lemma1_integer_batch_of_2"]["kind"] == "bound"
+    assert names["lemma1_integer_batch_of_2"]["holds"] is True
+    assert names["lemma1_float_digest_restored"]["holds"] is True
     assert "**Verdict: PASS**" in report.read_text()
 
 

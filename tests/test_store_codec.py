@@ -240,3 +240,34 @@ def test_doctests(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
 
+
+
+def test_a_put_that_violates_a_bound_raises_and_commits_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every path checks (the proof-check issue): a store put at plain/ngram whose code is
+    longer than its tables' cost raises ``BoundViolationError`` and stores nothing."""
+    import seqkv.store.codecs as codecs
+
+    store = SessionStore(DirectoryBackend(tmp_path / "s"), lambda level: TokensCodec(512, level))
+    store.put("ok", _tokens(20, 5), level="plain", namespace="n")
+    finish = codecs.ArithmeticEncoder.finish
+
+    def padded(self: object) -> BitStream:
+        code = finish(self)  # type: ignore[arg-type]
+        return BitStream(code.data + b"\xff" * 4, code.num_bits + 32)
+
+    monkeypatch.setattr(codecs.ArithmeticEncoder, "finish", padded)
+    for level in ("plain", "ngram"):
+        with pytest.raises(BoundViolationError, match="code_within_table_cost"):
+            store.put(f"bad-{level}", _tokens(20, 6), level=level, namespace="n")
+    assert store.list(namespace="n") == ["ok"]
+    assert store.byte_counts(namespace="n").spans == 1
+
+
+def test_a_model_put_records_theorem1_aggregates(tiny_model: CausalLM, tmp_path: Path) -> None:
+    store = SessionStore.directory(tmp_path / "s", tiny_model)
+    tokens = _tokens(24, 7)
+    result = store.put("s", tokens, tiny_model.prefill(tokens), namespace="n")
+    assert result.theorem1 is not None and result.theorem1.positions == 24
+    plain = store.put("p", _tokens(10, 8), level="plain", namespace="n")
+    assert plain.theorem1 is None  # the plain level's tables are not the model's

@@ -5,10 +5,11 @@ imports it.
 
 What one run costs, and why (measured with its phases, ``CheckReport.phases``):
 
-1. One prefill over the start token and the text, with every position's logits, shared by the
-   reference cross-entropy bound, the entropy-rate contexts and their KV. One prefill of the
-   text alone: the caller's KV the file codes a residual against (as ``seqkv compress`` does),
-   and Lemma 1's float reference.
+1. One prefill over the text, with every position's logits, shared by: the caller's KV the file
+   codes a residual against (as ``seqkv compress`` does; the logits do not change the KV), the
+   reference cross-entropy bound, Lemma 1's float reference, and the entropy-rate contexts
+   (slices of its KV, its next-token rows). Plus one row after the start token alone (the first
+   token's distribution, as the coders have it).
 2. ``compress`` at the level (its Theorem 1 gap comes with its trace: no forward per position),
    then a full decode, which verifies the file's digests (the float path's Lemma 1 gate).
 3. Lemma 1 on the schedules that occur (``seqkv.checker.lemma1``): the integer predictor's KV
@@ -178,40 +179,43 @@ class CheckReport:
 
 @dataclass(frozen=True)
 class _Shared:
-    """The prefills one check shares: over the start token and the text (every position's
-    logits, and its KV), and over the text alone (its KV, the caller's)."""
+    """The one prefill a check shares: over the text (the caller's KV, every position's logits),
+    plus the start token's row (the first token's distribution, as the coders have it)."""
 
-    logits: torch.Tensor  # [T', V] float32; T' = T + 1 with a start token
-    context_kv: torch.Tensor  # [L, 2, H, T', D]
-    text_kv: torch.Tensor  # [L, 2, H, T, D]
-    offset: int  # 1 with a start token, else 0
+    logits: torch.Tensor  # [T, V] float32: row i follows the first i + 1 tokens
+    first: torch.Tensor | None  # [V] float32 after the start token alone; None: uniform
+    kv: torch.Tensor  # [L, 2, H, T, D]
 
     def reference(self, tokens: list[int], vocab: int) -> npt.NDArray[np.float64]:
         """``-log2 p(t_i | t_<i)`` of every token under the shared prefill (the first token
-        after the start token, or uniform without one), as ``seqkv.bounds`` computes it."""
+        after the start token alone, or uniform without one), as ``seqkv.bounds`` computes
+        it."""
         out = np.empty(len(tokens))
-        first = 0
-        if self.offset == 0:
-            out[0], first = np.log2(vocab), 1
+        if self.first is None:
+            out[0] = np.log2(vocab)
+        else:
+            out[0] = -float(torch.log_softmax(self.first.double(), dim=-1)[tokens[0]]) / np.log(2)
         ids = torch.tensor(tokens)
-        for start in range(first, len(tokens), _REFERENCE_CHUNK):
+        for start in range(1, len(tokens), _REFERENCE_CHUNK):
             stop = min(start + _REFERENCE_CHUNK, len(tokens))
-            rows = self.logits[start - 1 + self.offset : stop - 1 + self.offset].double()
+            rows = self.logits[start - 1 : stop - 1].double()
             picked = torch.log_softmax(rows, dim=-1).gather(1, ids[start:stop, None])[:, 0]
             out[start:stop] = (-picked / np.log(2.0)).numpy()
         return out
 
 
 @torch.inference_mode()
-def _shared_prefills(model: CausalLM, tokens: list[int]) -> _Shared:
-    start = model.start_token_id
-    ids = tokens if start is None else [start, *tokens]
+def _shared_prefill(model: CausalLM, tokens: list[int]) -> _Shared:
+    """One prefill over the text (the ``prefill`` schedule's KV, bit for bit: the logits of
+    every position do not change it), and the start token's row."""
     cache = DynamicCache()
+    start = model.start_token_id
     with pinned_threads(schedule_threads("prefill")):
-        logits = model.model(input_ids=torch.tensor([ids], device=model.device), cache=cache,
-                             use_cache=True).logits[0].float().cpu()  # [T', V]
-        text_kv = model.kv_tensor(model.prefill(tokens))
-    return _Shared(logits, model.kv_tensor(cache), text_kv, 0 if start is None else 1)
+        logits = model.model(input_ids=torch.tensor([tokens], device=model.device),
+                             cache=cache, use_cache=True).logits[0].float().cpu()  # [T, V]
+        first = None if start is None else model.model(
+            input_ids=torch.tensor([[start]], device=model.device)).logits[0, 0].float().cpu()
+    return _Shared(logits, first, model.kv_tensor(cache))
 
 
 def _decoded(model: CausalLM, data: bytes, progress: ProgressSink | None
@@ -233,13 +237,13 @@ def check_text_tokens(
     shows in the report."""
     options = options or CheckOptions()
     clock = _Clock()
-    with clock.phase("shared prefills"):
-        shared = _shared_prefills(model, tokens)
+    with clock.phase("shared prefill"):
+        shared = _shared_prefill(model, tokens)
         # the segments levels restart their context per segment: their reference is their own
         single = not parse_level(level).spec.name.startswith("segments")
         reference = shared.reference(tokens, model.vocab_size) if single else None
     with clock.phase("compress"):
-        result = compress(model, tokens, kv=shared.text_kv, tolerance=tolerance,
+        result = compress(model, tokens, kv=shared.kv, tolerance=tolerance,
                           progress=progress, level=level, on_violation="return",
                           reference=reference)
     with clock.phase("decode and verify"):
@@ -263,8 +267,8 @@ def check_skv(
     with clock.phase("decode and verify"):
         decoded = decompress(model, skv, progress=progress)
     session = decoded.session
-    with clock.phase("shared prefills"):
-        shared = _shared_prefills(model, decoded.tokens)
+    with clock.phase("shared prefill"):
+        shared = _shared_prefill(model, decoded.tokens)
     residual = session.residual
     lengths = CodeLengths(session.count, session.token_code.num_bits,
                           0 if residual is None else residual.num_bits,
@@ -301,15 +305,15 @@ def _report(model: CausalLM, coded: _Coded, data: DataFingerprint, options: Chec
     with clock.phase("Lemma 1: integer predictor"):
         integer = integer_schedules(model, tokens, options.lemma1_window)
     with clock.phase("Lemma 1: float model"):
-        floats = float_schedules(model, tokens, coded.shared.text_kv, options.lemma1_window)
+        floats = float_schedules(model, tokens, coded.shared.kv, options.lemma1_window)
     lemma1 = Lemma1(integer, floats, coded.lengths.residual_bits / coded.lengths.tokens,
                     coded.digest_restored)
     with clock.phase("entropy rate"):
         entropy_rate = estimate_entropy_rate_from_data(
-            model, coded.shared.context_kv, coded.shared.logits, options.entropy_contexts,
+            model, coded.shared.kv, coded.shared.logits, options.entropy_contexts,
             options.entropy_sequences, options.entropy_length, options.seed)
     with clock.phase("per-vector figure"):
-        per_vector = per_vector_entropy(coded.shared.text_kv, options.per_vector_bits,
+        per_vector = per_vector_entropy(coded.shared.kv, options.per_vector_bits,
                                         options.seed)
     baseline = (committed_code_bits(model, tokens, coded.level, baselines)
                 if not coded.has_prefix else

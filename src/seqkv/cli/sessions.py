@@ -23,6 +23,7 @@ from seqkv.codec import (
     DEFAULT_TOLERANCE,
     CompressResult,
     DecompressResult,
+    Theorem1,
     compress,
     decompress,
     decompress_tokens,
@@ -81,7 +82,16 @@ def compress_figures(
         "sections": result.sections,
         "bounds": [{"name": b.name, "bound": b.bound, "measured": b.measured, "holds": b.holds}
                    for b in result.bounds],
+        "theorem1": theorem1_figures(result.trace.theorem1()),
     }
+
+
+def theorem1_figures(theorem1: Theorem1 | None) -> dict[str, object] | None:
+    """Theorem 1's row: exact at every coded position (None at the model-free levels)."""
+    if theorem1 is None:
+        return None
+    return {**asdict(theorem1), "mean_gap_bits": theorem1.mean_gap_bits, "exact": True,
+            "top_positions": [list(p) for p in theorem1.top_positions]}
 
 
 def decompress_figures(result: DecompressResult) -> dict[str, object]:

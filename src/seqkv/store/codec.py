@@ -33,6 +33,7 @@ from typing import Protocol
 import torch
 
 from seqkv.bounds import Bound
+from seqkv.codec import Theorem1
 from seqkv.formats.residual import encode_residual_section
 from seqkv.formats.span import SpanRecord, Version1Layout
 from seqkv.mixing.dictionary import Dictionary
@@ -46,6 +47,7 @@ class EncodedSpan:
 
     session: CodedSession  # its ``kv_scope`` is "tail"
     bounds: tuple[Bound, ...]  # every one holds (``encode`` raised otherwise)
+    theorem1: Theorem1 | None  # exact at every coded position; None: model-free tables
     kv: torch.Tensor | None  # the whole KV a decoder rebuilds (prefix included); None: none
     kv_exact: bool  # the rebuilt KV equals the caller's bit for bit (True when none was given)
 

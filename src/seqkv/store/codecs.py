@@ -136,8 +136,8 @@ class ModelCodec:
                          level=self._level, dictionary=dictionary, record_kv=True,
                          kv_scope="tail")
         raise_unless_all_hold(encoded.bounds)
-        return EncodedSpan(encoded.session, encoded.bounds, encoded.kv,
-                           encoded.max_abs_kv_error in (None, 0.0))
+        return EncodedSpan(encoded.session, encoded.bounds, encoded.trace.theorem1(),
+                           encoded.kv, encoded.max_abs_kv_error in (None, 0.0))
 
     def _base(self) -> CodedSession:
         """The fields every span of this codec shares (the rest come from its record)."""
@@ -229,7 +229,7 @@ class TokensCodec:
         session = replace(self._base(), count=len(tail), segments=(len(tail),),
                           tokens_digest=tokens_digest(token_list), token_code=code,
                           kv_scope="tail")
-        return EncodedSpan(session, bounds, None, True)
+        return EncodedSpan(session, bounds, None, None, True)
 
     def _base(self) -> CodedSession:
         return CodedSession(

@@ -50,7 +50,7 @@ import torch
 from transformers import DynamicCache
 
 from seqkv.bounds import file_bytes_accounted, raise_unless_all_hold
-from seqkv.codec import DEFAULT_TOLERANCE
+from seqkv.codec import DEFAULT_TOLERANCE, Theorem1
 from seqkv.errors import EmptyInputError, InvalidKVError
 from seqkv.formats.span import SpanRecord, span_parts, write_span
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
@@ -109,6 +109,8 @@ class PutResult:
     coded_bytes: int  # of which coded tokens and residual
     candidates: int  # index candidates decoded or found hot
     round_trips: int
+    # Theorem 1 over the coded tokens, exact (None: nothing coded, or model-free tables)
+    theorem1: Theorem1 | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +304,7 @@ class SessionStore:
                 tuple(tokens), encoded.kv, exact, (*spans, (span, start))))
         return PutResult(coding.name, len(tokens), start, len(tokens) - start, span,
                          len(record), encoded.coded_bytes, coding.match.candidates,
-                         self._backend.round_trips - coding.started)
+                         self._backend.round_trips - coding.started, encoded.theorem1)
 
     def _commit(self, coding: _Coding, plan: CommitPlan) -> SpanId:
         try:
