@@ -60,7 +60,8 @@ def test_compress_decompress_inspect(
     assert status == 0
     header = json.loads(out)
     assert header["tokens"] == figures["tokens"]
-    assert header["profile"]["schedule"] == "token-by-token"
+    assert header["level"] == "portable"  # the default level (issue 26)
+    assert header["profile"]["schedule"] == "prefill"  # portable's KV is one full prefill
 
 
 def _expect_error(capsys: pytest.CaptureFixture[str], words: str, *argv: str) -> None:

@@ -12,6 +12,7 @@ import numpy.typing as npt
 import pytest
 
 import seqkv.levels.base
+import seqkv.levels.portable
 from seqkv import cli, compress
 from seqkv.bench.texts import shipped_text
 from seqkv.bounds import BoundViolationError
@@ -68,12 +69,35 @@ def test_the_cli_compress_exits_2_with_one_line_and_writes_nothing(
     monkeypatch.setattr(cli.common, "load", lambda path: real_model)
     output = tmp_path / "out.skv"
     output.write_bytes(b"an existing file")
-    status = cli.main(["compress", str(text), "-o", str(output), "--json"])
+    status = cli.main(["compress", str(text), "-o", str(output), "--json", "--level", "rows"])
     captured = capsys.readouterr()
     assert status == 2 and captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "code_within_reference_cross_entropy" in lines[0]
     assert output.read_bytes() == b"an existing file"
+
+
+def test_a_uniform_integer_predictor_fails_the_default_level(
+    real_model: CausalLM, text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The portable level (the default) builds its tables from the integer predictor's logits:
+    with every logit zeroed (the uniform distribution) it fails its reference bound, through the
+    API and through the CLI's default level, and nothing is written."""
+    tables, table = seqkv.levels.portable.integer_tables, seqkv.levels.portable.integer_table
+    monkeypatch.setattr(seqkv.levels.portable, "integer_tables",
+                        lambda rows, out=None: tables(np.zeros_like(rows), out))
+    monkeypatch.setattr(seqkv.levels.portable, "integer_table",
+                        lambda row: table(np.zeros_like(row)))
+    tokens = real_model.encode_text(text.read_text())
+    with pytest.raises(BoundViolationError, match="code_within_reference_cross_entropy"):
+        compress(real_model, tokens)
+    monkeypatch.setattr(cli.common, "load", lambda path: real_model)
+    output = tmp_path / "out.skv"
+    status = cli.main(["compress", str(text), "-o", str(output)])
+    captured = capsys.readouterr()
+    assert status == 2 and "code_within_reference_cross_entropy" in captured.err
+    assert not output.exists()
 
 
 def test_the_cli_check_exits_1_naming_the_bounds(

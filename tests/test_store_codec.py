@@ -19,6 +19,7 @@ from seqkv import compress, decompress
 from seqkv.bounds import BoundViolationError
 from seqkv.coding.arithmetic import BitStream
 from seqkv.digests import Digest
+from seqkv.errors import InvalidArgumentTypeError
 from seqkv.formats.skv import read_skv
 from seqkv.formats.span import SpanRecord, read_frame, read_span, span_parts, write_span
 from seqkv.models import CausalLM
@@ -224,8 +225,8 @@ def test_bad_namespaces_are_refused_by_the_one_rule(bad: str) -> None:
         trie_namespace(bad)
 
 
-def test_non_string_namespace_is_refused() -> None:
-    with pytest.raises(InvalidSessionIdError, match="is a str"):
+def test_non_string_namespace_is_a_type_error() -> None:
+    with pytest.raises(InvalidArgumentTypeError, match="is a str"):
         check_namespace(7)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import NewType
 
-from seqkv.errors import InvalidNameError
+from seqkv.errors import InvalidArgumentTypeError, InvalidNameError
 from seqkv.limits import MAX_ID_LENGTH
 
 Namespace = NewType("Namespace", str)
@@ -39,7 +39,7 @@ def check_name(value: object, what: str, error: type[InvalidNameError] = Invalid
     'user-7:chat.3'
     """
     if not isinstance(value, str):
-        raise error(f"a {what} is a str, got {type(value).__name__}")
+        raise InvalidArgumentTypeError(f"a {what} is a str, got {type(value).__name__}")
     if (value == "" and empty) or _ID.fullmatch(value) is not None:
         return value
     shown = value if len(value) <= 40 else value[:40] + "..."

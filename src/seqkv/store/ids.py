@@ -7,7 +7,8 @@ digests are made by the store.
 Invariants:
 1. Backends never see a namespace's name, only its key: 16 bytes of a domain-separated SHA-256
    of it, so every namespace gets keys of the same shape (enforced: ``Tenant``).
-2. A bad session id or namespace raises ``InvalidSessionIdError`` (enforced).
+2. A bad session id or namespace raises ``InvalidSessionIdError``, one of another type
+   ``InvalidArgumentTypeError`` (enforced).
 """
 
 from __future__ import annotations
