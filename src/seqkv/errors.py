@@ -159,3 +159,13 @@ class ProofInputError(SeqKVError, ValueError):
 
 class ProofInputTypeError(ProofInputError, TypeError):
     """A value given to a symbolic proof of a type it cannot take exactly (a bool, a str)."""
+
+
+class WarmTagMismatchError(SeqKVError, ValueError):
+    """A warm entry that stands for other tokens (or another cache key) than the ones asked for:
+    misfiled or stale. Recompute the KV rather than load it."""
+
+
+class ConnectorConfigError(InvalidConfigError):
+    """A serving-engine connector setting (``kv_connector_extra_config`` key, engine parallelism,
+    KV dtype or layout) that seqkv's connector does not support or cannot parse."""
