@@ -16,7 +16,7 @@ scatter, a wrong block id or a wrong key shows up in the logits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,8 +168,11 @@ class Engine:
 
     # The call order.
 
-    def prefill(self, request: Request, *, matches: int = 2) -> StepResult:
-        """Schedule a new (or preempted and resumed) request's prefill as one step."""
+    def prefill(self, request: Request, *, matches: int = 2,
+                before_load: Callable[[], None] | None = None) -> StepResult:
+        """Schedule a new (or preempted and resumed) request's prefill as one step;
+        ``before_load`` runs between the scheduler's plan and the worker's load (an entry that
+        disappears or is damaged in that window)."""
         resumed = bool(request.output_token_ids)
         total = len(request.all_token_ids)
         matched = 0
@@ -191,13 +194,15 @@ class Engine:
                 [NewRequestData(request.request_id, (list(request.block_ids),), matched)],
                 CachedRequestData([], set(), [], []), {request.request_id: scheduled}, None,
                 set())
-        return self._run(request, output, matched, total)
+        return self._run(request, output, matched, total, before_load)
 
-    def _run(self, request: Request, output: SchedulerOutput, start: int,
-             end: int) -> StepResult:
+    def _run(self, request: Request, output: SchedulerOutput, start: int, end: int,
+             before_load: Callable[[], None] | None = None) -> StepResult:
         plan = self.scheduler.plan(output)
         self.last_plan = plan
         self.calls.append("build_connector_meta")
+        if before_load is not None:
+            before_load()
         self.worker.load(plan)
         self.calls.append("start_load_kv")
         logits = self.forward(request, start, end)

@@ -24,8 +24,10 @@ Invariants:
    never matches: warm loads are lossy and opt-in (enforced).
 3. Keys are rooted at the request's tenant; two tenants' equal prompts share no key (enforced by
    ``KeySpace``; checked by the driver).
-4. Every block is planned for saving at most once per request, and only once it is full and its
-   KV computed (``num_computed_tokens + num_scheduled_tokens``) (enforced).
+4. A block is planned for saving once it is full and its KV computed
+   (``num_computed_tokens + num_scheduled_tokens``), once per request, unless the engine
+   truncated the request below it after a failed load; then again from the recomputing step
+   (enforced).
 5. A preempted request keeps its keys and save progress (its entries are content-addressed and
    already written) and forgets its block table, which vLLM sends again in full on resumption
    (enforced).
@@ -281,8 +283,12 @@ class SchedulerCore:
             elif new_blocks is not None:
                 state.block_ids += new_blocks[0]
             self._plan_load(state, loads)
-            computed = cached.num_computed_tokens[index] + scheduled.get(request_id, 0)
-            self._plan_save(state, computed, saves)
+            done = cached.num_computed_tokens[index]
+            if done < state.saved * self.block_size:
+                # The engine truncated the request (a failed load): blocks past ``done`` are
+                # recomputed in this step and saved from it, not from the failed step.
+                state.saved = done // self.block_size
+            self._plan_save(state, done + scheduled.get(request_id, 0), saves)
         for request_id in output.finished_req_ids:
             self._requests.pop(request_id, None)
             self._pins.pop(request_id, None)

@@ -10,7 +10,8 @@ Invariants:
    tag = the block's key, geometry, payload length, finite scales); every block whose entry is
    missing or fails is reported by ``take_load_errors`` and never written with wrong KV: the
    engine recomputes it (enforced; checked by the driver with corrupted entries).
-2. Saves copy the blocks out of the paged cache inside ``save`` (before the engine can free or
+2. Saves skip every request whose load failed in the same step (its new blocks were computed
+   over invalid KV) (enforced). Saves copy the blocks out of the paged cache inside ``save`` (before the engine can free or
    reuse them), then code and write them on one background thread; ``save`` never waits for
    coding. When more than ``max_pending`` batches are queued the new batch is dropped and
    counted: a dropped save is only a future miss (enforced).
@@ -84,6 +85,7 @@ class WorkerCore:
         self.max_pending = max_pending
         self._caches: list[torch.Tensor] = []
         self._errors: set[int] = set()
+        self._failed_requests: set[str] = set()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqkv-warm-save")
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
@@ -120,25 +122,27 @@ class WorkerCore:
             return 0
         started = time.perf_counter()
         good_blocks: list[int] = []
+        good_requests: list[str] = []
         payloads: list[bytes] = []
         read = 0
         for order in plan.loads:
             for key, block in zip(order.keys, order.block_ids, strict=True):
                 data = self.tier.read(key)
                 if data is None:
-                    self._fail(block)
+                    self._fail(block, order.request_id)
                     continue
                 read += len(data)
                 try:
                     header, payload = read_entry(data, self.model, entry_tag(key))
                     if header.config != self.config or header.num_tokens != (
                             self.layout.block_size):
-                        self._fail(block)
+                        self._fail(block, order.request_id)
                         continue
                 except SeqKVError:
-                    self._fail(block)
+                    self._fail(block, order.request_id)
                     continue
                 good_blocks.append(block)
+                good_requests.append(order.request_id)
                 payloads.append(payload)
         loaded = 0
         if payloads:
@@ -146,7 +150,7 @@ class WorkerCore:
                 kv = self.codec.decode(payloads)  # [n, L, 2, H, B, D]
                 blocks = good_blocks
             except SeqKVError:
-                kv, blocks = self._decode_each(good_blocks, payloads)
+                kv, blocks = self._decode_each(good_blocks, good_requests, payloads)
             if blocks:
                 self.layout.scatter(self._caches, blocks, kv)
                 loaded = len(blocks)
@@ -155,23 +159,24 @@ class WorkerCore:
         self._load_seconds += time.perf_counter() - started
         return loaded
 
-    def _decode_each(self, blocks: list[int], payloads: list[bytes]
+    def _decode_each(self, blocks: list[int], requests: list[str], payloads: list[bytes]
                      ) -> tuple[torch.Tensor, list[int]]:
         """Decode one by one, to isolate the entries a batch decode refused."""
         kept: list[torch.Tensor] = []
         kept_blocks: list[int] = []
-        for block, payload in zip(blocks, payloads, strict=True):
+        for block, request, payload in zip(blocks, requests, payloads, strict=True):
             try:
                 kept.append(self.codec.decode([payload]))
                 kept_blocks.append(block)
             except SeqKVError:
-                self._fail(block)
+                self._fail(block, request)
         if not kept:
             return torch.empty(0), []
         return torch.cat(kept), kept_blocks
 
-    def _fail(self, block: int) -> None:
+    def _fail(self, block: int, request: str) -> None:
         self._errors.add(block)
+        self._failed_requests.add(request)
         self._load_errors += 1
 
     def take_load_errors(self) -> set[int]:
@@ -181,7 +186,10 @@ class WorkerCore:
 
     def save(self, plan: StepPlan) -> None:
         """``wait_for_save``: copy the planned blocks out now; code and write them later."""
-        orders = [o for o in plan.saves if o.keys]
+        # NOTE: a request whose load failed this step computed its new blocks over a block
+        # that holds no valid KV; the engine recomputes them, and they are saved from that step.
+        orders = [o for o in plan.saves if o.keys and o.request_id not in self._failed_requests]
+        self._failed_requests = set()
         if not orders:
             return
         self._pending = [f for f in self._pending if not f.done()]
