@@ -11,10 +11,10 @@ Invariants:
    missing or fails is reported by ``take_load_errors`` and never written with wrong KV: the
    engine recomputes it (enforced; checked by the driver with corrupted entries).
 2. Saves skip every request whose load failed in the same step (its new blocks were computed
-   over invalid KV) (enforced). Saves copy the blocks out of the paged cache inside ``save`` (before the engine can free or
-   reuse them), then code and write them on one background thread; ``save`` never waits for
-   coding. When more than ``max_pending`` batches are queued the new batch is dropped and
-   counted: a dropped save is only a future miss (enforced).
+   over invalid KV) (enforced). Saves copy the blocks out of the paged cache inside ``save``
+   (before the engine can free or reuse them), then code and write them on one background
+   thread; ``save`` never waits for coding. When more than ``max_pending`` batches are queued
+   the new batch is dropped and counted: a dropped save is only a future miss (enforced).
 3. Eviction runs on the background thread after writes and never deletes a key the plan
    protects (enforced by ``WarmTier.evict``).
 4. KV reaches the paged cache in the cache's own dtype and layout (enforced: ``PagedLayout``).
