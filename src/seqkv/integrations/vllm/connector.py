@@ -204,7 +204,8 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if self._cold is not None:
             self._cold.put(finished.session, finished.tokens, finished.tenant)
         if self._trace:
-            self._trace.write("request_finished", request=request.request_id)
+            self._trace.write("request_finished", request=request.request_id,
+                              tokens=list(finished.tokens), params=dict(finished.params))
         return False, dict(finished.params)
 
     @property
