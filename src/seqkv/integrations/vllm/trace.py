@@ -27,7 +27,7 @@ from typing import Any
 from seqkv.errors import CorruptFileError
 
 TRACE_ENV = "SEQKV_VLLM_TRACE"
-JsonValue = int | str | bool | None | list[Any]
+JsonValue = int | str | bool | None | list[Any] | dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ Invariants:
 2. Saves skip every request whose load failed in the same step (its new blocks were computed
    over invalid KV) (enforced). Saves copy the blocks out of the paged cache inside ``save``
    (before the engine can free or reuse them), then code and write them on one background
-   thread; ``save`` never waits for coding. When more than ``max_pending`` batches are queued
-   the new batch is dropped and counted: a dropped save is only a future miss (enforced).
+   thread at the lowest CPU priority; ``save`` never waits for coding. When more than
+   ``max_pending`` batches are queued the new batch is dropped and counted: a dropped save is
+   only a future miss (enforced).
 3. Eviction runs on the background thread after writes and never deletes a key the plan
    protects (enforced by ``WarmTier.evict``).
 4. KV reaches the paged cache in the cache's own dtype and layout (enforced: ``PagedLayout``).
@@ -22,6 +23,8 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import threading
 import time
@@ -57,6 +60,13 @@ class WorkerCounters:
     evicted: int
 
 
+def _lower_priority() -> None:
+    """Run the save thread (and the threads its kernels start, which inherit it) at the lowest
+    CPU priority, so coding yields to the engine's forward on a busy CPU (Linux: per thread)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
 def layer_order(names: list[str]) -> list[str]:
     """Layer names in model order: by the last integer in each name.
 
@@ -86,7 +96,8 @@ class WorkerCore:
         self._caches: list[torch.Tensor] = []
         self._errors: set[int] = set()
         self._failed_requests: set[str] = set()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqkv-warm-save")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqkv-warm-save",
+                                            initializer=_lower_priority)
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
         self._loaded = self._load_errors = self._loaded_bytes = 0
