@@ -31,7 +31,7 @@ from __future__ import annotations
 from seqkv.integrations.vllm.cold import ColdCounters, ColdTier
 from seqkv.integrations.vllm.keys import KeySpace, entry_tag, folder_digest
 from seqkv.integrations.vllm.paged import LAYOUTS, LayoutName, PagedLayout
-from seqkv.integrations.vllm.plan import LoadOrder, SaveOrder, StepPlan
+from seqkv.integrations.vllm.plan import BlockOrder, StepPlan
 from seqkv.integrations.vllm.scheduler import (
     FinishedRequest,
     RequestView,
@@ -45,16 +45,15 @@ from seqkv.integrations.vllm.worker import WorkerCore, WorkerCounters
 
 __all__ = [
     "LAYOUTS",
+    "BlockOrder",
     "ColdCounters",
     "ColdTier",
     "ConnectorSettings",
     "FinishedRequest",
     "KeySpace",
     "LayoutName",
-    "LoadOrder",
     "PagedLayout",
     "RequestView",
-    "SaveOrder",
     "SchedulerCore",
     "SchedulerCounters",
     "SchedulerOutputView",

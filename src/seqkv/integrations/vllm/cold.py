@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from seqkv.errors import SeqKVError
+from seqkv.integrations.vllm.background import BackgroundQueue
 from seqkv.store import SessionExistsError, SessionStore
 
 _MAX_SUFFIX = 100
@@ -41,17 +42,15 @@ class ColdTier:
     def __init__(self, store: SessionStore, level: str = "portable") -> None:
         self.store = store
         self.level = level
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqkv-cold")
-        self._pending: list[Future[str | None]] = []
+        self._queue = BackgroundQueue("seqkv-cold")
         self._lock = threading.Lock()
         self._sessions = self._tokens = self._bytes = 0
         self.errors: list[str] = []
 
     def put(self, session: str, tokens: Sequence[int], namespace: str) -> Future[str | None]:
         """Queue ``tokens``; the future gives the id stored under (``None`` on failure)."""
-        future = self._executor.submit(self._put, session, list(tokens), namespace)
-        self._pending = [f for f in self._pending if not f.done()] + [future]
-        return future
+        token_list = [int(t) for t in tokens]
+        return self._queue.submit(lambda: self._put(session, token_list, namespace))
 
     def _put(self, session: str, tokens: list[int], namespace: str) -> str | None:
         for attempt in range(1, _MAX_SUFFIX + 1):
@@ -74,13 +73,10 @@ class ColdTier:
         return None
 
     def drain(self) -> None:
-        for future in self._pending:
-            future.result()
-        self._pending = []
+        self._queue.drain()
 
     def shutdown(self) -> None:
-        self.drain()
-        self._executor.shutdown(wait=True)
+        self._queue.shutdown()
 
     def counters(self) -> ColdCounters:
         with self._lock:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from seqkv.integrations.vllm.keys import KeySpace
-from seqkv.integrations.vllm.plan import LoadOrder, SaveOrder, StepPlan
+from seqkv.integrations.vllm.plan import BlockOrder, StepPlan
 from seqkv.integrations.vllm.settings import ConnectorSettings
 from seqkv.integrations.vllm.warm_tier import WarmTier
 
@@ -225,18 +225,18 @@ class SchedulerCore:
                                                 parent=parent)
         return state.keys[:count]
 
-    def _plan_load(self, state: _Request, loads: list[LoadOrder]) -> None:
+    def _plan_load(self, state: _Request, loads: list[BlockOrder]) -> None:
         if state.pending is None:
             return
         first, end = state.pending
         state.pending = None
         keys = self._keys_upto(state, end)
         self._pins.pop(state.request.request_id, None)
-        loads.append(LoadOrder(state.request.request_id, tuple(keys[first:end]),
+        loads.append(BlockOrder(state.request.request_id, tuple(keys[first:end]),
                                tuple(state.block_ids[first:end])))
         self._loads += 1
 
-    def _plan_save(self, state: _Request, computed: int, saves: list[SaveOrder]) -> None:
+    def _plan_save(self, state: _Request, computed: int, saves: list[BlockOrder]) -> None:
         if not self.settings.warm_save:
             return
         full = min(computed, len(state.request.all_token_ids)) // self.block_size
@@ -248,7 +248,7 @@ class SchedulerCore:
                   if not self.tier.contains(keys[i])]
         state.saved = full
         if chosen:
-            saves.append(SaveOrder(state.request.request_id, tuple(k for k, _ in chosen),
+            saves.append(BlockOrder(state.request.request_id, tuple(k for k, _ in chosen),
                                    tuple(b for _, b in chosen)))
             state.saved_blocks += len(chosen)
             self._saves += len(chosen)
@@ -261,8 +261,8 @@ class SchedulerCore:
             if state is not None:
                 state.block_ids = []
                 state.pending = None
-        loads: list[LoadOrder] = []
-        saves: list[SaveOrder] = []
+        loads: list[BlockOrder] = []
+        saves: list[BlockOrder] = []
         scheduled = output.num_scheduled_tokens
         for new in output.scheduled_new_reqs:
             state = self._requests.get(new.req_id)

@@ -29,12 +29,12 @@ import re
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from seqkv.errors import ConnectorConfigError, SeqKVError
+from seqkv.integrations.vllm.background import BackgroundQueue
 from seqkv.integrations.vllm.keys import entry_tag
 from seqkv.integrations.vllm.paged import PagedLayout
 from seqkv.integrations.vllm.plan import StepPlan
@@ -96,9 +96,7 @@ class WorkerCore:
         self._caches: list[torch.Tensor] = []
         self._errors: set[int] = set()
         self._failed_requests: set[str] = set()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqkv-warm-save",
-                                            initializer=_lower_priority)
-        self._pending: list[Future[None]] = []
+        self._queue = BackgroundQueue("seqkv-warm-save", initializer=_lower_priority)
         self._lock = threading.Lock()
         self._loaded = self._load_errors = self._loaded_bytes = 0
         self._load_seconds = 0.0
@@ -203,16 +201,15 @@ class WorkerCore:
         self._failed_requests = set()
         if not orders:
             return
-        self._pending = [f for f in self._pending if not f.done()]
-        if len(self._pending) >= self.max_pending:
+        if self._queue.pending >= self.max_pending:
             with self._lock:
                 self._dropped += sum(len(o.keys) for o in orders)
             return
         keys = [k for o in orders for k in o.keys]
         blocks = [b for o in orders for b in o.block_ids]
         copied = self.layout.gather(self._caches, blocks)  # [n, L, 2, H, B, D], engine dtype
-        self._pending.append(self._executor.submit(self._code_and_write, keys, copied,
-                                                   plan.protected))
+        protected = plan.protected
+        self._queue.submit(lambda: self._code_and_write(keys, copied, protected))
 
     def _code_and_write(self, keys: list[bytes], kv: torch.Tensor,
                         protected: frozenset[bytes]) -> None:
@@ -225,22 +222,18 @@ class WorkerCore:
             data = write_entry(header, payload)
             self.tier.write(key, data)
             written += len(data)
-        evicted = self.tier.evict(protected)
+        self.tier.evict(protected)
         with self._lock:
             self._saved += len(keys)
             self._saved_bytes += written
             self._save_seconds += time.perf_counter() - started
-        del evicted
 
     def drain(self) -> None:
         """Wait for every queued save (tests, benchmarks, shutdown)."""
-        for future in self._pending:
-            future.result()
-        self._pending = []
+        self._queue.drain()
 
     def shutdown(self) -> None:
-        self.drain()
-        self._executor.shutdown(wait=True)
+        self._queue.shutdown()
 
     def counters(self) -> WorkerCounters:
         with self._lock:
