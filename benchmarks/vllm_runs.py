@@ -48,7 +48,7 @@ def _engine(kind: str, model: str, store: Path, bits: int) -> Any:
             kv_connector_module_path="seqkv.integrations.vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
             kv_connector_extra_config={"warm_dir": str(store), "warm_bits": bits,
-                                       "warm_budget_bytes": 8 << 30})
+                                       "warm_budget_bytes": 8 << 30, "warm_queue": 1024})
     elif kind == "example":
         config = KVTransferConfig(
             kv_connector="ExampleConnector", kv_role="kv_both",
@@ -71,26 +71,38 @@ def _prompt(tokens: list[int]) -> Any:
     return {"prompt_token_ids": tokens}
 
 
-def _wait_for_saves(kind: str, store: Path, timeout: float = 900.0) -> float:
-    """Seconds until the warm folder stops growing for 5 s (saves run in the background)."""
+def _expected_entries(model: str, bits: int, prompts: list[list[int]]) -> list[Path]:
+    """The warm entry files a populating pass over ``prompts`` writes (the connector's keys)."""
+    from seqkv.integrations.vllm import KeySpace, folder_digest
+    from seqkv.warm import WarmConfig
+
+    space = KeySpace(folder_digest(model), "bfloat16", BLOCK, "cpu",
+                     WarmConfig(bits=bits).config_bytes())
+    return [Path(f"{key.hex()}.skw") for p in prompts for key in space.block_keys(p, "")]
+
+
+def _wait_for_saves(kind: str, store: Path, expected: list[Path],
+                    timeout: float = 1800.0) -> float:
+    """Seconds until every expected warm entry is on disk (saves run in the background)."""
     if kind != "seqkv":
         return 0.0
     started = time.perf_counter()
-    count, since = -1, time.perf_counter()
     while time.perf_counter() - started < timeout:
-        now = len(list(store.glob("*.skw")))
-        if now != count:
-            count, since = now, time.perf_counter()
-        elif time.perf_counter() - since >= 5.0:
-            return since - started
+        if all((store / name).is_file() for name in expected):
+            return time.perf_counter() - started
         time.sleep(0.25)
-    raise SystemExit(f"the warm folder was still growing after {timeout} s")
+    missing = sum(not (store / name).is_file() for name in expected)
+    print(json.dumps({"missing_entries": missing, "expected": len(expected)}), flush=True)
+    return -1.0
 
 
-def _ttft(llm: Any, kind: str, prompt: list[int]) -> float:
+def _ttft(llm: Any, kind: str, prompt: list[int]) -> tuple[float, int]:
+    """Wall time of a one-token request, and the tokens a warm load supplied to it."""
     started = time.perf_counter()
-    llm.generate([_prompt(prompt)], _params(kind, 1), use_tqdm=False)
-    return time.perf_counter() - started
+    out = llm.generate([_prompt(prompt)], _params(kind, 1), use_tqdm=False)
+    seconds = time.perf_counter() - started
+    params = out[0].kv_transfer_params or {}
+    return seconds, int(params.get("seqkv_warm_loaded_tokens", 0))
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
@@ -118,21 +130,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results = {}
         for size in args.sizes:
             resumes = args.resumes if size <= 2048 else args.long_resumes
-            prompts = [token_prompt(encode, size - 1, seed=size * 1000 + i) for i in range(resumes)]
+            prompts = [token_prompt(encode, size - 1, seed=size * 1000 + i)
+                       for i in range(resumes)]
             populate: list[float] = []
             wait = 0.0
             if args.engine in ("seqkv", "example"):
-                populate = [_ttft(llm, "none", p) for p in prompts]
-                wait = _wait_for_saves(args.engine, store)
-            timed = [_ttft(llm, args.engine, p) for p in prompts]
-            results[str(size)] = {"ttft": _summary(timed), "populate": _summary(populate)
-                                  if populate else None, "save_wait_s": wait}
-            print(json.dumps({"size": size, "p50": results[str(size)]["ttft"]["p50"]}),
-                  flush=True)
+                populate = [_ttft(llm, "none", p)[0] for p in prompts]
+                wait = _wait_for_saves(args.engine, store,
+                                       _expected_entries(args.model, args.bits, prompts))
+            timed: list[float] = []
+            paired: list[float] = []
+            loaded: list[int] = []
+            for p in prompts:
+                if args.engine == "seqkv":
+                    # NOTE: the same prompt recomputed (no opt-in: the connector matches
+                    # nothing, and its blocks are stored already, so nothing is saved) right
+                    # before its warm load: the ratio of a pair is immune to the drift of load
+                    # on this shared machine.
+                    paired.append(_ttft(llm, "none", p)[0])
+                seconds, tokens = _ttft(llm, args.engine, p)
+                timed.append(seconds)
+                loaded.append(tokens)
+            entry: dict[str, Any] = {"ttft": _summary(timed), "save_wait_s": wait,
+                                     "populate": _summary(populate) if populate else None,
+                                     "warm_loaded_tokens": loaded}
+            if paired:
+                entry["recompute_paired"] = _summary(paired)
+                entry["ratio_paired"] = _summary([a / b for a, b in zip(timed, paired,
+                                                                        strict=True)])
+            results[str(size)] = entry
+            print(json.dumps({"size": size, "p50": entry["ttft"]["p50"],
+                              "loaded": sum(loaded)}), flush=True)
         out["ttft"] = results
     if "overhead" in args.phases:
         prompts = [token_prompt(encode, 511, seed=77_000 + i) for i in range(args.resumes)]
-        ttft = [_ttft(llm, "none", p) for p in prompts]
+        ttft = [_ttft(llm, "none", p)[0] for p in prompts]
         batch = [_prompt(token_prompt(encode, 256, seed=88_000 + i)) for i in range(16)]
         started = time.perf_counter()
         outputs = llm.generate(batch, _params("none", 128), use_tqdm=False)
@@ -151,7 +183,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.engine in ("seqkv", "example"):
             for p in token_prompts:
                 _ttft(llm, "none", p)
-            _wait_for_saves(args.engine, store)
+            _wait_for_saves(args.engine, store,
+                            _expected_entries(args.model, args.bits, token_prompts))
         outputs = llm.generate([_prompt(p) for p in token_prompts],
                                _params(args.engine, args.quality_tokens), use_tqdm=False)
         out["quality"] = {

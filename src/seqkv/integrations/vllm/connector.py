@@ -103,7 +103,8 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._cold = _open_cold(self.settings.cold_store, str(model_config.model))
         else:
             self._worker = WorkerCore(WarmModel(Digest(digest), geometry), self.settings.warm,
-                                      PagedLayout(layout, geometry, block_size), tier)
+                                      PagedLayout(layout, geometry, block_size), tier,
+                                      max_pending=self.settings.warm_queue)
 
     # Worker side.
 

@@ -14,6 +14,7 @@ key                    default                     meaning
 ``warm_group``         16                          previous-token anchor spacing (positions)
 ``warm_default``       ``false``                   load warm KV for requests that do not say
 ``warm_save``          ``true``                    code full blocks into the warm tier
+``warm_queue``         16                          save batches queued before new ones drop
 ``cold_store``         none (cold tier off)        ``dir:PATH`` or ``redis://HOST:PORT/DB``
 ``model_digest``       the model folder's digest   16 hex digits naming the weights
 =====================  ==========================  ===============================================
@@ -56,14 +57,16 @@ class ConnectorSettings:
     warm: WarmConfig = field(default_factory=WarmConfig)
     warm_default: bool = False
     warm_save: bool = True
+    warm_queue: int = 16
+    """Save batches (one per engine step) queued for coding before new ones are dropped."""
     cold_store: str | None = None
     model_digest: str | None = None
 
     @classmethod
     def parse(cls, extra: Mapping[str, object]) -> ConnectorSettings:
         known = {"warm_dir", "warm_budget_bytes", "warm_bits", "warm_quantizer",
-                 "warm_predictor", "warm_group", "warm_default", "warm_save", "cold_store",
-                 "model_digest"}
+                 "warm_predictor", "warm_group", "warm_default", "warm_save", "warm_queue",
+                 "cold_store", "model_digest"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ConnectorConfigError(
@@ -102,6 +105,10 @@ class ConnectorSettings:
             warm = WarmConfig(predictor, quantizer, bits)  # type: ignore[arg-type]
         except SeqKVError as error:
             raise ConnectorConfigError(f"kv_connector_extra_config: {error}") from None
+        queue = typed("warm_queue", int, 16)
+        assert isinstance(queue, int)
+        if queue < 1:
+            raise ConnectorConfigError(f"warm_queue must be >= 1, got {queue}")
         budget = typed("warm_budget_bytes", int, DEFAULT_BUDGET)
         assert isinstance(budget, int)
         if budget < 0:
@@ -123,6 +130,7 @@ class ConnectorSettings:
             warm=warm,
             warm_default=bool(typed("warm_default", bool, False)),
             warm_save=bool(typed("warm_save", bool, True)),
+            warm_queue=queue,
             cold_store=cold,
             model_digest=digest,
         )

@@ -86,7 +86,7 @@ class WorkerCore:
     """The worker side (see the module docstring)."""
 
     def __init__(self, model: WarmModel, config: WarmConfig, layout: PagedLayout,
-                 tier: WarmTier, max_pending: int = 4) -> None:
+                 tier: WarmTier, max_pending: int = 16) -> None:
         self.model = model
         self.layout = layout
         self.tier = tier
