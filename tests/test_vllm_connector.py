@@ -184,17 +184,25 @@ def test_warm_load_gives_the_recompute_logits_within_quantization(
     assert first.matched == 0 and torch.allclose(first.logits, reference, atol=1e-4)
     saved = engine.worker.counters().saved_blocks
     assert saved == len(prompt) // 16
-    warm = engine.prefill(Request("b", prompt, kv_transfer_params={"seqkv_warm": True}))
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+    warm = engine.prefill(request)
     assert warm.matched == saved * 16 and not warm.load_errors
     assert int(warm.logits.argmax()) == int(reference.argmax())
+    # Each loaded block holds its own tokens' KV (attention alone would not notice blocks
+    # loaded in another order: the keys carry their positions).
+    exact = real_model.kv_tensor(real_model.prefill(prompt))  # [L, 2, H, T, D]
+    for index in range(saved):
+        loaded = engine.layout.gather(engine.caches, [request.block_ids[index]])[0]
+        truth = exact[:, :, :, index * 16 : (index + 1) * 16]
+        assert float((loaded - truth).square().sum() / truth.square().sum()) < 0.05
     error = _kl(reference, warm.logits)
     # The bound must separate a warm load from loading nothing: zeros instead of the KV.
     zeros = Engine(real_model, str(engine.settings.warm_dir) + "-zeros")
     zeros.layout.scatter(zeros.caches, list(range(saved)), torch.zeros(
         saved, real_model.num_layers, 2, real_model.kv_heads, 16, real_model.head_dim))
-    request = Request("z", prompt)
-    zeros.allocate(request, len(prompt))
-    broken = zeros.forward(request, saved * 16, len(prompt))
+    blank = Request("z", prompt)
+    zeros.allocate(blank, len(prompt))
+    broken = zeros.forward(blank, saved * 16, len(prompt))
     assert error < 0.05 < _kl(reference, broken)
     engine.close()
     zeros.close()
@@ -214,10 +222,13 @@ def test_repeated_matches_have_no_side_effects(engine: Engine, prompt: list[int]
     request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
     answers = [engine.scheduler.match(request, 0) for _ in range(3)]
     assert len(set(answers)) == 1 and answers[0] == len(prompt) // 16 * 16
-    pinned = engine.scheduler.pinned
-    assert len(pinned) == len(prompt) // 16
-    engine.scheduler.match(request, 0)
-    assert engine.scheduler.pinned == pinned
+    keys = engine.scheduler.space.block_keys(prompt, "")
+    assert engine.scheduler.pinned == frozenset(keys)
+    # A later match replaces the pin, never adds to it: with the last block gone, the pin is
+    # exactly the blocks still matched.
+    engine.worker.tier.delete(keys[-1])
+    assert engine.scheduler.match(request, 0) == (len(keys) - 1) * 16
+    assert engine.scheduler.pinned == frozenset(keys[:-1])
     # A match that finds less than the engine's own prefix pins nothing.
     assert engine.scheduler.match(request, len(prompt) // 16 * 16) == 0
     assert engine.scheduler.pinned == frozenset()
