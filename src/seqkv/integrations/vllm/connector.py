@@ -116,6 +116,8 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
         self._worker.register(kv_caches)
+        if self._worker.layout.name == "cpu":
+            check_cpu_layout(self._worker.layout, self._worker.kv_dtype)
         if self._trace:
             self._trace.write("register_kv_caches", layers=len(kv_caches),
                               shape=list(next(iter(kv_caches.values())).shape))
@@ -212,6 +214,40 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
     @property
     def requires_kv_delivery(self) -> bool:
         return False
+
+
+def write_probe_block(dtype: torch.dtype, kv_heads: int, head_dim: int, block_size: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    """Keys and values ``[block_size, kv_heads, head_dim]`` (seeded), and the one-block CPU cache
+    ``[1, kv_heads, block_size, 2 * head_dim]`` that vLLM's own ``cpu_attn_reshape_and_cache``
+    makes of them, with the kernel ISA it used."""
+    from vllm import _custom_ops as ops
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    generator = torch.Generator().manual_seed(0)
+    key = torch.randn(block_size, kv_heads, head_dim, generator=generator).to(dtype)
+    value = torch.randn(block_size, kv_heads, head_dim, generator=generator).to(dtype)
+    cache = torch.zeros(1, kv_heads, block_size, 2 * head_dim, dtype=dtype)
+    key_cache, value_cache = cache.view(1, kv_heads, 2 * block_size, head_dim).chunk(2, dim=2)
+    isa = str(_get_attn_isa(dtype, block_size, head_dim))
+    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache,
+                                   torch.arange(block_size), isa)
+    return key, value, cache, isa
+
+
+def check_cpu_layout(layout: PagedLayout, dtype: torch.dtype) -> None:
+    """Refuse to start unless ``layout`` reads back what this vLLM's CPU kernel writes."""
+    g = layout.geometry
+    key, value, cache, isa = write_probe_block(dtype, g.kv_heads, g.head_dim, layout.block_size)
+    single = PagedLayout(layout.name, KVGeometry(1, g.kv_heads, g.head_dim), layout.block_size)
+    read = single.gather([cache], [0])[0, 0]  # [2, H, B, D]
+    if not (torch.equal(read[0], key.transpose(0, 1)) and torch.equal(read[1],
+                                                                     value.transpose(0, 1))):
+        raise ConnectorConfigError(
+            f"vLLM's CPU attention kernels ({isa!r}) lay the paged KV out differently from the "
+            "layout seqkv's connector knows (keys [head_dim, block_size] then values "
+            "[block_size, head_dim] per block and head): this vLLM version is not supported"
+        )
 
 
 def _open_cold(url: str, model_path: str) -> ColdTier:

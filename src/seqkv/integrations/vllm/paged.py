@@ -4,16 +4,19 @@ A paged cache holds one tensor per attention layer; a request's KV lives in the 
 table names, ``block_size`` token slots each (slot ``s`` is block ``s // block_size``, offset
 ``s % block_size``: the slot mapping). Layouts, per layer:
 
-- ``cpu`` (vLLM's CPU attention backend): ``[num_blocks, kv_heads, block_size, 2 * head_dim]``,
-  which the backend reads as ``[num_blocks, kv_heads, 2 * block_size, head_dim]`` with the
-  keys in the first ``block_size`` rows and the values in the rest, i.e.
-  ``[num_blocks, kv_heads, 2, block_size, head_dim]``;
+- ``cpu`` (vLLM 0.32's CPU attention backend, ``vec`` kernels): a tensor shaped
+  ``[num_blocks, kv_heads, block_size, 2 * head_dim]`` whose memory, per block and head, holds
+  the keys **transposed**, ``[head_dim, block_size]`` (tokens contiguous, for the kernel's dot
+  products), then the values ``[block_size, head_dim]``. Measured from vLLM's own
+  ``cpu_attn_reshape_and_cache`` (``benchmarks/vllm_layout_probe.py``, committed as
+  ``tests/data/vllm_cpu_layout.safetensors``); ``SeqKVConnector`` re-checks it against the
+  running vLLM when the caches are registered and refuses to start if it differs;
 - ``nhd`` (vLLM's flash-attention layout): ``[2, num_blocks, block_size, kv_heads, head_dim]``.
 
 seqkv's side is ``[blocks, layers, 2, kv_heads, block_size, head_dim]`` float32.
 
 Invariants:
-1. ``scatter(gather(caches, ids)) `` leaves the caches unchanged, and ``gather`` after
+1. ``scatter(gather(caches, ids))`` leaves the caches unchanged, and ``gather`` after
    ``scatter(kv)`` returns ``kv`` rounded to the cache dtype (checked: tests).
 2. ``gather`` copies: what it returns does not change when the engine reuses the blocks
    (enforced: ``index_select`` allocates).
@@ -72,19 +75,25 @@ class PagedLayout:
                 f"this model is {expected}: pass the engine's layout"
             )
 
-    def blocks_view(self, cache: torch.Tensor) -> torch.Tensor:
-        """``cache`` viewed as ``[num_blocks, 2, kv_heads, block_size, head_dim]`` (a view when
-        the layout allows, for writing)."""
+    def key_value_views(self, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cache``'s keys and values, each viewed as ``[num_blocks, kv_heads, block_size,
+        head_dim]`` (views: writing into them writes the cache)."""
         g, b = self.geometry, self.block_size
         if self.name == "cpu":
-            view = cache.view(cache.shape[0], g.kv_heads, 2, b, g.head_dim)  # [N, H, 2, B, D]
-            return view.permute(0, 2, 1, 3, 4)  # [N, 2, H, B, D]
-        return cache.permute(1, 0, 3, 2, 4)  # [2, N, B, H, D] -> [N, 2, H, B, D]
+            halves = cache.view(cache.shape[0], g.kv_heads, 2, b * g.head_dim)  # [N, H, 2, B*D]
+            keys = halves[:, :, 0].view(cache.shape[0], g.kv_heads, g.head_dim, b)  # [N, H, D, B]
+            values = halves[:, :, 1].view(cache.shape[0], g.kv_heads, b, g.head_dim)
+            return keys.transpose(2, 3), values  # [N, H, B, D] each
+        return cache[0].transpose(1, 2), cache[1].transpose(1, 2)  # [N, B, H, D] -> [N, H, B, D]
 
     def gather(self, caches: Sequence[torch.Tensor], block_ids: Sequence[int]) -> torch.Tensor:
         """``[blocks, layers, 2, kv_heads, block_size, head_dim]`` in the caches' dtype."""
         index = torch.tensor(list(block_ids), dtype=torch.long)
-        per_layer = [self.blocks_view(c).index_select(0, index) for c in caches]  # [n, 2, H, B, D]
+        per_layer = []
+        for cache in caches:
+            keys, values = self.key_value_views(cache)
+            per_layer.append(torch.stack([keys.index_select(0, index),
+                                          values.index_select(0, index)], dim=1))  # [n, 2, H, B, D]
         return torch.stack(per_layer, dim=1)  # [n, L, 2, H, B, D]
 
     def scatter(self, caches: Sequence[torch.Tensor], block_ids: Sequence[int],
@@ -93,5 +102,6 @@ class PagedLayout:
         blocks, converted to each cache's dtype."""
         index = torch.tensor(list(block_ids), dtype=torch.long)
         for layer, cache in enumerate(caches):
-            view = self.blocks_view(cache)  # [N, 2, H, B, D]
-            view[index] = kv[:, layer].to(cache.dtype)
+            keys, values = self.key_value_views(cache)
+            keys[index] = kv[:, layer, 0].to(cache.dtype)
+            values[index] = kv[:, layer, 1].to(cache.dtype)
