@@ -42,10 +42,10 @@ def main() -> None:
         kv_connector_module_path="seqkv.integrations.vllm.connector",
         kv_role="kv_both", kv_load_failure_policy="recompute",
         kv_connector_extra_config={"warm_dir": str(warm_dir), "warm_bits": 3})
-    llm = LLM(model=folder, dtype="bfloat16", block_size=32, max_model_len=512,
+    llm = LLM(model=folder, dtype="bfloat16", block_size=32, max_model_len=448,
               enable_prefix_caching=False, kv_transfer_config=config,
               disable_hybrid_kv_cache_manager=True, enforce_eager=True,
-              num_gpu_blocks_override=16, max_num_seqs=3, max_num_batched_tokens=512,
+              num_gpu_blocks_override=16, max_num_seqs=3, max_num_batched_tokens=448,
               seed=0, gpu_memory_utilization=0.25)
 
     def params(n: int, **transfer: object) -> SamplingParams:

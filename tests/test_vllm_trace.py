@@ -70,7 +70,9 @@ def test_replay(real_model: CausalLM, tmp_path: Path) -> None:
             request.prompt_token_ids = _ints(event.get("tokens"))
             request.output_token_ids = []
             got = engine.scheduler.match(request, int(str(event.get("num_computed"))))
-            assert got == event.get("result"), f"match of {name}"
+            # NOTE: vLLM's saves finished in the background, the replay's finish before the
+            # next step, so the replay may find blocks vLLM had not written yet: never fewer.
+            assert got >= int(str(event.get("result"))), f"match of {name}"
         elif event.call == "update_state_after_alloc":
             request = requests[str(event.get("request"))]
             engine.scheduler.allocated(request, int(str(event.get("num_external"))))
@@ -116,7 +118,9 @@ def _replay_step(engine: Engine, requests: dict[str, Request], final: dict[str, 
         {str(f) for f in event.get("finished") or []})  # type: ignore[union-attr]
     plan = engine.scheduler.plan(output)
     assert [[o.request_id, list(o.block_ids)] for o in plan.loads] == event.get("loads")
-    assert [[o.request_id, list(o.block_ids)] for o in plan.saves] == event.get("saves")
+    recorded = {str(r): set(b) for r, b in event.get("saves") or []}  # type: ignore[union-attr]
+    for order in plan.saves:  # the replay may already hold some (see the note on matches)
+        assert set(order.block_ids) <= recorded.get(order.request_id, set())
     engine.worker.load(plan)
     assert not engine.worker.take_load_errors()
     for order in plan.loads:  # the loaded blocks hold the tokens' KV, within quantization

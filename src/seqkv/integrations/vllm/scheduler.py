@@ -164,7 +164,8 @@ class SchedulerCore:
         self.tier = tier
         self.block_size = space.block_size
         self._requests: dict[str, _Request] = {}
-        self._pins: dict[str, tuple[bytes, ...]] = {}
+        self._pins: dict[str, tuple[int, tuple[bytes, ...]]] = {}
+        """Per request: the engine's computed tokens at the match, and the keys matched."""
         self._matches = self._matched_tokens = self._loads = self._saves = self._finished = 0
 
     def tenant(self, request: RequestView) -> str:
@@ -195,7 +196,7 @@ class SchedulerCore:
         if matched <= num_computed_tokens:
             self._pins.pop(request_id, None)
             return 0
-        self._pins[request_id] = tuple(keys[:hits])
+        self._pins[request_id] = (num_computed_tokens, tuple(keys[:hits]))
         return matched - num_computed_tokens
 
     def allocated(self, request: RequestView, num_external_tokens: int) -> None:
@@ -205,13 +206,15 @@ class SchedulerCore:
         if state is None:
             state = _Request(request, self.tenant(request), self.wants_warm(request))
             self._requests[request_id] = state
-        pinned = self._pins.get(request_id, ())
-        if num_external_tokens <= 0 or not pinned:
+        computed, pinned = self._pins.get(request_id, (0, ()))
+        first = computed // self.block_size
+        end = first + num_external_tokens // self.block_size
+        if num_external_tokens <= 0 or end > len(pinned):
             self._pins.pop(request_id, None)
             state.pending = None
             return
-        end = len(pinned)
-        first = end - num_external_tokens // self.block_size
+        # NOTE: the blocks after the engine's own computed ones, as many as it accepted (it may
+        # accept fewer than were matched).
         state.pending = (first, end)
         state.loaded_tokens += num_external_tokens
         self._matches += 1
@@ -255,7 +258,7 @@ class SchedulerCore:
 
     def plan(self, output: SchedulerOutputView) -> StepPlan:
         """``build_connector_meta``: this step's loads, saves and protected keys."""
-        protected = frozenset(k for keys in self._pins.values() for k in keys)
+        protected = self.pinned
         for request_id in output.preempted_req_ids or ():
             state = self._requests.get(request_id)
             if state is not None:
@@ -317,7 +320,7 @@ class SchedulerCore:
 
     @property
     def pinned(self) -> frozenset[bytes]:
-        return frozenset(k for keys in self._pins.values() for k in keys)
+        return frozenset(k for _, keys in self._pins.values() for k in keys)
 
     def counters(self) -> SchedulerCounters:
         return SchedulerCounters(self._matches, self._matched_tokens, self._loads, self._saves,
