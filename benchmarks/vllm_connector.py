@@ -81,8 +81,7 @@ def warm_entries(model: WarmModel, kv: torch.Tensor, config: WarmConfig
     return total, _unblocks(codec.decode(payloads))
 
 
-def byte_table(model: CausalLM, tokens: list[int], kv: torch.Tensor,
-               runs: dict[str, Any]) -> list[dict[str, Any]]:
+def byte_table(model: CausalLM, tokens: list[int], kv: torch.Tensor) -> list[dict[str, Any]]:
     warm_model = WarmModel.of(model)
     count = len(tokens) // BLOCK * BLOCK
     rows = []
@@ -92,7 +91,8 @@ def byte_table(model: CausalLM, tokens: list[int], kv: torch.Tensor,
             raw = torch.cat([k, v], dim=-1).permute(1, 0, 2).to(torch.bfloat16).contiguous()
             save_file({"kv_cache": raw}, f"{folder}/{layer}.safetensors")
         raw_bytes = sum(p.stat().st_size for p in Path(folder).iterdir())
-    rows.append({"tier": "raw KV, bf16 (ExampleConnector's safetensors per layer)",
+    rows.append({"tier": "raw KV, bf16, as ExampleConnector writes it (one safetensors file per "
+                 "layer)",
                  "bytes_per_token": raw_bytes / count})
     fp8, _ = warm_entries(warm_model, kv[:, :, :, :count], WarmConfig(NoPrediction(), "fp8", 8))
     rows.append({"tier": "fp8 e4m3 + fp16 scale per vector (warm entry, no prediction)",
@@ -106,17 +106,6 @@ def byte_table(model: CausalLM, tokens: list[int], kv: torch.Tensor,
         put = store.put("s", tokens, kv, namespace="bench")
     rows.append({"tier": "cold, portable level (SessionStore record, with its KV digest)",
                  "bytes_per_token": put.record_bytes / len(tokens)})
-    for name, run in runs.items():
-        if name.startswith("seqkv_b") and "ttft" in run:
-            stored = sum((int(size) - 1) // BLOCK * BLOCK * len(v["ttft"]["all"])
-                         for size, v in run["ttft"].items())
-            rows.append({"tier": f"measured in vLLM: warm folder of run {name}",
-                         "bytes_per_token": run["store_bytes"] / max(1, stored)})
-        if name == "example" and "ttft" in run:
-            stored = sum((int(size) - 1) // BLOCK * BLOCK * len(v["ttft"]["all"])
-                         for size, v in run["ttft"].items())
-            rows.append({"tier": "measured in vLLM: ExampleConnector's folder",
-                         "bytes_per_token": run["store_bytes"] / max(1, stored)})
     return rows
 
 
@@ -237,8 +226,8 @@ def render(result: dict[str, Any]) -> str:
                   "and **x** is the median of those paired ratios, which the machine's drifting "
                   "load (other jobs) does not move. Raw load is vLLM's ExampleConnector (whole "
                   "prompts, bf16, safetensors per layer), its ratio to the recompute column.", "",
-                  "| context | recompute | raw load | "
-                  + " | ".join(f"warm {n[-1]} bits" for n in warm) + " |",
+                  "| " + " | ".join(["context", "recompute", "raw load",
+                                     *(f"warm {n[-1]} bits" for n in warm)]) + " |",
                   "|---:|---:|---:|" + "---:|" * len(warm)]
 
         def cell(run: dict[str, Any] | None, size: int, base: float | None) -> str:
@@ -340,7 +329,7 @@ def main() -> None:
         "command": " ".join(["python", *sys.argv]),
         "machine": machine(),
         "byte_tokens": len(tokens),
-        "bytes": byte_table(model, tokens, kv, runs),
+        "bytes": byte_table(model, tokens, kv),
         "runs": runs,
         "greedy": greedy_agreement(runs),
         "teacher_forced": forced,
