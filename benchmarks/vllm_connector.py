@@ -115,7 +115,9 @@ def teacher_forced(model: CausalLM, prompts: list[list[int]], continuations: lis
     """Per position of the recompute's continuation: top-1 agreement and |d log p| of its token
     after a raw (bf16) or warm load of the prompt's whole blocks, against exact KV."""
     warm_model = WarmModel.of(model)
-    configs = {"raw bf16": None, **{f"warm {b} bits": WarmConfig(bits=b) for b in BITS}}
+    configs = {"raw bf16": None, **{f"warm {b} bits": WarmConfig(bits=b) for b in BITS},
+               "warm int8 (previous-token)": WarmConfig(quantizer="int8", bits=8),
+               "warm fp8 (no prediction)": WarmConfig(NoPrediction(), "fp8", 8)}
     agree: dict[str, list[float]] = {name: [] for name in configs}
     dlogp: dict[str, list[float]] = {name: [] for name in configs}
     for prompt, continuation in list(zip(prompts, continuations, strict=True))[:limit]:
@@ -315,25 +317,34 @@ def main() -> None:
     parser.add_argument("--quality-prompts", type=int, default=100)
     parser.add_argument("--byte-tokens", type=int, default=2048)
     parser.add_argument("--note", action="append", default=[])
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep the measurements made here (bytes, teacher-forced quality, "
+                             "cold tier) in this JSON, and reuse them when it exists")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = load_default_model()
     runs = {p.stem.removeprefix("vllm_"): json.loads(p.read_text())
             for p in sorted(args.runs.glob("vllm_*.json"))} if args.runs.exists() else {}
-    tokens = token_prompt(model.encode_text, args.byte_tokens, seed=2048)
-    kv = model.kv_tensor(model.prefill(tokens))
-    quality = runs.get("none", {}).get("quality")
-    forced = (teacher_forced(model, quality["prompts"], quality["outputs"], args.quality_prompts)
-              if quality else {})
+    measured: dict[str, Any] = {}
+    if args.cache is not None and args.cache.exists():
+        measured = json.loads(args.cache.read_text())
+    else:
+        model = load_default_model()
+        tokens = token_prompt(model.encode_text, args.byte_tokens, seed=2048)
+        kv = model.kv_tensor(model.prefill(tokens))
+        quality = runs.get("none", {}).get("quality")
+        measured = {
+            "machine": machine(), "byte_tokens": len(tokens),
+            "bytes": byte_table(model, tokens, kv),
+            "teacher_forced": (teacher_forced(model, quality["prompts"], quality["outputs"],
+                                              args.quality_prompts) if quality else {}),
+            "cold": cold_tier(model, tokens, kv)}
+        if args.cache is not None:
+            args.cache.write_text(json.dumps(measured))
     result = {
         "command": " ".join(["python", *sys.argv]),
-        "machine": machine(),
-        "byte_tokens": len(tokens),
-        "bytes": byte_table(model, tokens, kv),
+        **measured,
         "runs": runs,
         "greedy": greedy_agreement(runs),
-        "teacher_forced": forced,
-        "cold": cold_tier(model, tokens, kv),
         "notes": args.note,
         "geometry": str(KVGeometry(model.num_layers, model.kv_heads, model.head_dim)),
         "predictors": [PreviousToken().label],

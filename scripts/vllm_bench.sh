@@ -34,4 +34,5 @@ run example example --phases ttft quality
 for bits in 3 2 4; do
   run "seqkv_b$bits" seqkv --bits "$bits" --phases ttft quality
 done
-.venv/bin/python benchmarks/vllm_connector.py --runs "$runs" --quality-prompts "$quality"
+.venv/bin/python benchmarks/vllm_connector.py --runs "$runs" --quality-prompts "$quality" \
+  --cache build/vllm-report-cache.json
