@@ -26,13 +26,13 @@ run() {  # a configuration that fails leaves its log in $runs/NAME.log and the o
     --out "$runs/vllm_$name.json" > "$runs/$name.log" 2>&1 || echo "failed: $name ($runs/$name.log)"
 }
 run none none --phases ttft quality
-# Overhead: no connector, connector with no hits, no connector again (the machine's load drifts).
-run oh-none-1 none --phases overhead
-run seqkv-off seqkv-off --phases overhead
-run oh-none-2 none --phases overhead
 run example example --phases ttft quality
 for bits in 3 2 4; do
   run "seqkv_b$bits" seqkv --bits "$bits" --phases ttft quality
 done
+# Overhead: no connector, connector with no hits, no connector again (the machine's load drifts).
+run oh-none-1 none --phases overhead
+run seqkv-off seqkv-off --phases overhead
+run oh-none-2 none --phases overhead
 .venv/bin/python benchmarks/vllm_connector.py --runs "$runs" --quality-prompts "$quality" \
   --cache build/vllm-report-cache.json
