@@ -27,12 +27,13 @@ run() {  # a configuration that fails leaves its log in $runs/NAME.log and the o
 }
 run none none --phases ttft quality
 run example example --phases ttft quality
-for bits in 3 2 4; do
+for bits in 3 2; do
   run "seqkv_b$bits" seqkv --bits "$bits" --phases ttft quality
 done
 # Overhead: no connector, connector with no hits, no connector again (the machine's load drifts).
 run oh-none-1 none --phases overhead
 run seqkv-off seqkv-off --phases overhead
 run oh-none-2 none --phases overhead
+run seqkv_b4 seqkv --bits 4 --phases ttft quality
 .venv/bin/python benchmarks/vllm_connector.py --runs "$runs" --quality-prompts "$quality" \
   --cache build/vllm-report-cache.json
