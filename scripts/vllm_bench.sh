@@ -34,6 +34,6 @@ done
 run oh-none-1 none --phases overhead
 run seqkv-off seqkv-off --phases overhead
 run oh-none-2 none --phases overhead
-run seqkv_b4 seqkv --bits 4 --phases ttft quality
+run seqkv_b4 seqkv --bits 4 --phases ttft quality --sizes 512 2048
 .venv/bin/python benchmarks/vllm_connector.py --runs "$runs" --quality-prompts "$quality" \
   --cache build/vllm-report-cache.json
