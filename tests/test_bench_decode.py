@@ -31,7 +31,7 @@ def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
         assert set(level) >= {"name", "exact", "bits_per_token", "decode_tokens_per_second"}
     plain = next(level for level in figures["levels"] if level["name"] == "plain")["bits_per_token"]
     assert plain == pytest.approx(np.log2(tiny_model.vocab_size), abs=0.2)
-    assert len(figures["texts"]) == len(bench.TEXT_KINDS)
+    assert len(figures["texts"]) == len(bench.TEXT_FILES)
     table = bench.render_markdown(result, "seqkv bench decode")
     assert "| segments:3 | yes |" in table and "Batched: 4 sessions" in table
     assert [c["segments"] for c in figures["segment_costs"]] == [2, 4, 8, 16, 32]

@@ -17,6 +17,11 @@ MODULES = (
     *(f"seqkv.quantizers.{name}" for name in (
         "bitpack", "kivi", "lloyd_max", "measure", "rotation", "turboquant", "uniform")),
     "seqkv.quantizers",
+    "seqkv.warm",
+    "seqkv.warm.codec",
+    "seqkv.warm.config",
+    *(f"seqkv.integrations.vllm.{name}" for name in (
+        "keys", "paged", "scheduler", "settings", "worker")),
 )
 
 

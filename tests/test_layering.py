@@ -21,14 +21,15 @@ PROOF_READERS = {"checker", "proofs", "cli"}
 # codec, then what builds on the codec (the trie, the store, layer 2), then what measures and
 # what a user runs.
 LAYERS: dict[str, int] = {
-    **dict.fromkeys(("errors", "limits", "types", "digests", "files", "version", "namespaces"),
+    **dict.fromkeys(("errors", "limits", "types", "digests", "files", "version", "namespaces",
+                     "progress"),
                     0),
     **dict.fromkeys(("coding", "session", "schedule", "kvcache"), 1),
     **dict.fromkeys(("formats", "descriptions"), 2),
     **dict.fromkeys(("models", "kernels", "mixing", "quantizers"), 3),
     "levels": 4,
     **dict.fromkeys(("bounds", "codec"), 5),
-    **dict.fromkeys(("trie", "store", "delta", "integrations"), 6),
+    **dict.fromkeys(("trie", "store", "delta", "warm", "integrations"), 6),
     **dict.fromkeys(("bench", "checker", "proofs"), 7),
     **dict.fromkeys(("cli", "__main__"), 8),
 }

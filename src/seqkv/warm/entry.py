@@ -1,0 +1,129 @@
+"""The stored form of one warm entry: header, payload, checksum (the envelope of
+``seqkv.formats.framing``).
+
+Layout (magic ``\\x89SKW``, version 1, two sections, CRC-32 over everything before it)::
+
+    header   model digest     8 bytes   the model that produced the KV (WarmModel.digest)
+             flags            u8        bit 0: a tag follows
+             tag              8 bytes   what the entry stands for (tokens' digest, a cache key)
+             config           bytes     WarmConfig.config_bytes(): predictor, G, reference,
+                                        quantizer, bits, seed
+             geometry         varints   layers, kv_heads, head_dim
+             tokens           varint    positions in the entry
+    payload  bytes                      WarmCodec's stored fields, their length fixed by the above
+
+Invariants:
+1. ``read_entry`` checks, in order: the envelope (magic, version, lengths, CRC-32:
+   ``CorruptFileError`` and its siblings), every header field's range, the model digest
+   (``ModelMismatchError``), the tag when the caller names one (``WarmTagMismatchError``), then
+   the payload's length against the config (``CorruptFileError``) (enforced; a test each).
+2. Every byte of an entry is counted in its size: ``len(write_entry(...))`` is what a store
+   keeps (enforced by construction).
+3. The checksum detects damage, not forgery; a crafted entry with a valid CRC can only decode to
+   finite KV of the stated geometry (``WarmCodec`` refuses non-finite values) (assumed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from seqkv.digests import DIGEST_BYTES, Digest, hex_digest
+from seqkv.errors import (
+    CorruptFileError,
+    ModelMismatchError,
+    NotASeqKVFileError,
+    TruncatedFileError,
+    UnsupportedVersionError,
+    WarmTagMismatchError,
+)
+from seqkv.formats.framing import FramingErrors, SectionReader, encode_varint, frame, unframe
+from seqkv.quantizers.bitpack import MAX_BITS
+from seqkv.types import KVGeometry
+from seqkv.warm.config import QUANTIZER_IDS, WarmConfig, WarmModel, predictor_from_ids
+
+MAGIC = b"\x89SKW"
+VERSION = 1
+_ERRORS = FramingErrors(CorruptFileError, NotASeqKVFileError, UnsupportedVersionError,
+                        TruncatedFileError, CorruptFileError)
+_WHAT = "the warm entry"
+_MAX_GEOMETRY = 1 << 20
+_MAX_TOKENS = 1 << 24
+
+
+@dataclass(frozen=True)
+class EntryHeader:
+    model: Digest
+    tag: Digest | None
+    config: WarmConfig
+    geometry: KVGeometry
+    num_tokens: int
+
+
+def header_bytes(header: EntryHeader) -> bytes:
+    g = header.geometry
+    tag = b"" if header.tag is None else bytes(header.tag)
+    return b"".join([bytes(header.model), bytes([0 if header.tag is None else 1]), tag,
+                     header.config.config_bytes(), encode_varint(g.layers),
+                     encode_varint(g.kv_heads), encode_varint(g.head_dim),
+                     encode_varint(header.num_tokens)])
+
+
+def write_entry(header: EntryHeader, payload: bytes) -> bytes:
+    """The framed entry (every byte a store keeps)."""
+    return frame(MAGIC, VERSION, [header_bytes(header), payload])
+
+
+def _read_header(data: bytes) -> EntryHeader:
+    reader = SectionReader(data, "the warm entry's header", CorruptFileError)
+    model = Digest(reader.take(DIGEST_BYTES, "model digest"))
+    flags = reader.u8("flags")
+    if flags > 1:
+        raise reader.fail(f"has unknown flags {flags:#x}")
+    tag = Digest(reader.take(DIGEST_BYTES, "tag")) if flags else None
+    kind = reader.u8("predictor")
+    if kind > 1:
+        raise reader.fail(f"names unknown predictor {kind}")
+    group = reader.varint("group size", 1, _MAX_TOKENS) if kind else 1
+    reference = reader.u8("reference") if kind else 0
+    if reference > 1:
+        raise reader.fail(f"names unknown reference {reference}")
+    quantizer = reader.u8("quantizer")
+    if quantizer >= len(QUANTIZER_IDS):
+        raise reader.fail(f"names unknown quantizer {quantizer}")
+    bits = reader.u8("bits")
+    seed = reader.varint("seed")
+    layers = reader.varint("layers", 1, _MAX_GEOMETRY)
+    heads = reader.varint("kv heads", 1, _MAX_GEOMETRY)
+    head_dim = reader.varint("head dim", 2, _MAX_GEOMETRY)
+    tokens = reader.varint("token count", 1, _MAX_TOKENS)
+    reader.finish()
+    if bits > MAX_BITS and QUANTIZER_IDS[quantizer] not in ("int8", "fp8"):
+        raise reader.fail(f"has bits {bits} beyond {MAX_BITS}")
+    try:
+        config = WarmConfig(predictor_from_ids(kind, group, reference), QUANTIZER_IDS[quantizer],
+                            bits, seed)
+    except ValueError as error:
+        raise reader.fail(f"names a config this seqkv cannot code: {error}") from None
+    return EntryHeader(model, tag, config, KVGeometry(layers, heads, head_dim), tokens)
+
+
+def read_entry(data: bytes, model: WarmModel, tag: Digest | None = None
+               ) -> tuple[EntryHeader, bytes]:
+    """The header and payload of an entry for ``model`` (and ``tag``, when given), checked."""
+    _, sections = unframe(data, MAGIC, {VERSION}, _ERRORS, _WHAT)
+    if len(sections) != 2:
+        raise CorruptFileError(f"{_WHAT} has {len(sections)} sections, not 2: it is damaged")
+    header = _read_header(sections[0])
+    if header.model != model.digest or header.geometry != model.geometry:
+        raise ModelMismatchError(
+            f"{_WHAT} holds KV of model {hex_digest(header.model)} ({header.geometry}); this is "
+            f"model {hex_digest(model.digest)} ({model.geometry}): load it with the model that "
+            "produced it, or recompute"
+        )
+    if tag is not None and header.tag != tag:
+        got = "no tag" if header.tag is None else f"tag {hex_digest(header.tag)}"
+        raise WarmTagMismatchError(
+            f"{_WHAT} has {got}, not {hex_digest(tag)}: it stands for other tokens (a misfiled "
+            "or stale entry); recompute the KV"
+        )
+    return header, sections[1]

