@@ -1,0 +1,61 @@
+"""A session row bound to what it names: the digest that makes a damaged row a refusal.
+
+Motivation: a span's record carries the digests of its chain's tokens and KV, and every decode
+verifies them, but the session row that says which span ends a session and how many of its
+tokens the session holds was trusted as read. A row whose length was lowered, or that points at
+another session's span, or over whose span another span's record was copied, decoded without an
+error to tokens of another session (issue 29). Each row now carries a binding: a digest over the
+namespace's key, the session id, the length, the span it names and the digest of the session's
+tokens, recorded when a put or an append commits the row and compared on every read, once the
+chain's spans were decoded and verified against their own digests.
+
+What it catches: any change of a row's span or length, a row copied to another id or namespace,
+a record file replaced by another span's, metadata damage of any kind that the decode survives.
+What it does not: a writer with access to the store who recomputes the binding (the digest has
+no key: it detects damage and misdirection, it does not authenticate a writer).
+
+Invariants:
+1. The binding is a pure function of (namespace key, session id, length, span id, tokens digest
+   of the session's tokens); computing it on a read costs one SHA-256 over the session's token
+   ids and no pass over its KV (enforced: ``session_binding``).
+2. A row without a binding was written before the store's schema version 2 (``unbound``): it is
+   read as before, and reported by a deep audit until an append or a put rewrites it (enforced
+   by ``seqkv.store.store``).
+
+Nothing here mutates anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Sequence
+from typing import NewType
+
+from seqkv.digests import tokens_digest
+from seqkv.store.ids import NamespaceKey, SessionName, SpanId
+
+BINDING_BYTES = 16
+Binding = NewType("Binding", bytes)
+"""``BINDING_BYTES`` bytes of a domain-separated SHA-256 (``session_binding``)."""
+
+STORE_SCHEMA = 2
+"""The store's schema version: 2 binds each session row (1, implied when none is recorded, did
+not). Both backends record it; a store of a later version is refused, one of version 1 read."""
+
+_DOMAIN = b"seqkv.store.binding.v1\x00"
+_FIELDS = struct.Struct("<HQQ")
+
+
+def session_binding(ns: NamespaceKey, name: SessionName, length: int, span: SpanId,
+                    tokens: Sequence[int]) -> Binding:
+    """The binding of the row that names ``span`` as the end of session ``name``, whose
+    ``length`` tokens are ``tokens`` (invariant 1).
+
+    >>> session_binding(NamespaceKey(bytes(16)), SessionName("s"), 2, SpanId(1), [5, 6]).hex()
+    '374b09e3b65dd436de1fc7fe3b561f2a'
+    """
+    encoded = name.encode("ascii")
+    fields = _FIELDS.pack(len(encoded), length, span)
+    payload = _DOMAIN + ns + fields + encoded + tokens_digest(tokens)
+    return Binding(hashlib.sha256(payload).digest()[:BINDING_BYTES])
