@@ -172,8 +172,8 @@ class DirectoryBackend:
                     if statement.strip():
                         db.execute(statement)
             except sqlite3.Error as error:
-                raise StoreUnavailableError(f"cannot open the store at {self._root}: {error}"
-                                            ) from error
+                damaged = self._damaged(error)
+                raise type(damaged)(f"cannot open the store: {damaged}") from error
             self._local.db, self._local.pid = db, os.getpid()
         return db
 

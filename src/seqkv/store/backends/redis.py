@@ -404,8 +404,12 @@ class RedisBackend:
     """``StoreBackend`` on one Redis server (``redis://host:port/db``)."""
 
     def __init__(self, url: str, prefix: str = "skv") -> None:
-        self._client: Any = redis.Redis.from_url(url, socket_connect_timeout=5,
-                                                 socket_timeout=120)
+        try:
+            self._client: Any = redis.Redis.from_url(url, socket_connect_timeout=5,
+                                                     socket_timeout=120)
+        except ValueError as error:
+            raise StoreUnavailableError(f"{url!r} is not a Redis URL: {error}; write "
+                                        "redis://HOST:PORT/DB") from None
         self._url = url
         self._prefix = prefix
         self._trips = 0
