@@ -225,6 +225,13 @@ def _copy_record(editor: Editor) -> None:
     editor.write_record(editor.row("a")[0], editor.record(editor.row("c")[0]))
 
 
+def _forge_count(editor: Editor) -> None:
+    """a's record claims 8,192 tokens (its CRC recomputed): past the model's context."""
+    span = editor.row("a")[0]
+    editor.write_record(span, write_span(dataclasses.replace(read_span(editor.record(span)),
+                                                             count=8192)))
+
+
 def _two_cycle(editor: Editor) -> None:
     editor.set_parent(editor.row("a")[0], editor.row("b")[0])
 
@@ -251,6 +258,7 @@ DAMAGES = [
     Damage("1-byte record", "a", _with_span("a", lambda e, s: e.write_record(s, b"\x02"))),
     Damage("record of the wrong kind", "a",
            _with_span("a", lambda e, s: e.record_of_wrong_kind(s))),
+    Damage("record count forged to 8192", "a", _forge_count),
     Damage("codec description a JSON list", "a", lambda editor: editor.set_codec("[1, 2]")),
     Damage("codec description not UTF-8", "a", lambda editor: editor.set_codec(b"\xff{\xfe")),
     Damage("a later schema", "a", lambda editor: editor.set_schema("3")),
