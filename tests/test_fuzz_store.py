@@ -359,3 +359,55 @@ def test_an_undamaged_copy_reads_back(kind: str, fuzz_model: CausalLM,
     for name, want in pristine.originals.items():
         assert _attempt(fuzz_model, editor, want, name)
     assert editor.store(fuzz_model).audit(namespace=NAMESPACE).consistent
+
+
+def _ends(call: Callable[[], object]) -> bool:
+    """Any result is a good end for a verb on a damaged store; ``SeqKVError`` too (the
+    tally counts it)."""
+    call()
+    return True
+
+
+def _verbs(model: CausalLM, editor: Editor, session: str) -> dict[str, Callable[[], object]]:
+    """Every store verb on a damaged copy, each on a store opened for it."""
+
+    def run(action: Callable[[SessionStore], object]) -> Callable[[], object]:
+        def call() -> object:
+            store = editor.store(model)
+            try:
+                return action(store)
+            finally:
+                store.close()
+
+        return call
+
+    ns = NAMESPACE
+    extended = [*SESSIONS[session], 8, 8, 8]
+    return {
+        "get_many": run(lambda s: s.get_many(list(SESSIONS), namespace=ns)),
+        "stat": run(lambda s: s.stat(session, namespace=ns)),
+        "list": run(lambda s: s.list(namespace=ns)),
+        "audit": run(lambda s: s.audit(namespace=ns)),
+        "audit_deep": run(lambda s: s.audit_deep(namespace=ns)),
+        "byte_counts": run(lambda s: s.byte_counts(namespace=ns)),
+        "put extending it": run(lambda s: s.put("new", extended, model.prefill(extended),
+                                                level="rows", namespace=ns)),
+        "append": run(lambda s: s.append(session, [8, 8], namespace=ns)),
+        "gc": run(lambda s: s.gc(namespace=ns)),
+        "delete": run(lambda s: s.delete(session, namespace=ns)),
+    }
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=[d.name.replace(" ", "-") for d in DAMAGES])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_verb_on_a_damaged_store(kind: str, damage: Damage, fuzz_model: CausalLM,
+                                       request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Whatever a verb does on a damaged store (refuse, or work around the damage), it ends in
+    a ``SeqKVError`` or a result within the budget, never in another exception or a hang."""
+    pristine: Pristine = request.getfixturevalue(f"pristine_{kind}")
+    editor = pristine.copy(tmp_path)
+    damage.apply(editor)
+    tally = CountingTally(f"store-metadata-verbs-{kind}-{damage.name.replace(' ', '-')}")
+    for verb, call in _verbs(fuzz_model, editor, damage.session).items():
+        tally.run(f"{kind}: {damage.name}: {verb}", partial(_ends, call))
+    tally.check(BUDGET)
