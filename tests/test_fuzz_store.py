@@ -26,10 +26,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import pytest
 import torch
 
 from fuzz_oracle import CountingTally
+from seqkv.errors import SeqKVError
 from seqkv.formats.span import read_span, write_span
 from seqkv.models import CausalLM
 from seqkv.store import SessionStore, model_codecs
@@ -37,7 +39,7 @@ from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.ids import check_namespace, namespace_key
-from test_fuzz_harness import BUDGET
+from test_fuzz_harness import BUDGET, HOSTILE_INTEGERS, case_count, seed
 
 NAMESPACE = "fuzz"
 NS_HEX = namespace_key(check_namespace(NAMESPACE)).hex()
@@ -410,4 +412,79 @@ def test_every_verb_on_a_damaged_store(kind: str, damage: Damage, fuzz_model: Ca
     tally = CountingTally(f"store-metadata-verbs-{kind}-{damage.name.replace(' ', '-')}")
     for verb, call in _verbs(fuzz_model, editor, damage.session).items():
         tally.run(f"{kind}: {damage.name}: {verb}", partial(_ends, call))
+    tally.check(BUDGET)
+
+
+def _hostile(rng: np.random.Generator, spans: list[int]) -> object:
+    """A value for a damaged field: a hostile integer, another span's id, text or bytes."""
+    choice = int(rng.integers(0, 4))
+    if choice == 0:
+        return int(HOSTILE_INTEGERS[int(rng.integers(0, len(HOSTILE_INTEGERS)))]) * int(
+            rng.choice([1, -1]))
+    if choice == 1:
+        return spans[int(rng.integers(0, len(spans)))]
+    if choice == 2:
+        return str(rng.choice(["", "x", "1.5", "0x10", "٣", " 7"]))
+    return bytes(rng.integers(0, 256, int(rng.integers(0, 6)), dtype=np.uint8))
+
+
+def _random_damage(rng: np.random.Generator, editor: Editor) -> str:
+    """One seeded damage of a row or a parent; what it did."""
+    rows = {name: editor.row(name) for name in SESSIONS}
+    spans = sorted({span for span, _, _ in rows.values()})
+    name = list(SESSIONS)[int(rng.integers(0, len(SESSIONS)))]
+    span, length, binding = rows[name]
+    value = _hostile(rng, spans)
+    field = str(rng.choice(["span", "length", "binding", "parent"]))
+    if field == "span":
+        editor.set_row(name, value, length, binding)
+    elif field == "length":
+        editor.set_row(name, span, value, binding)
+    elif field == "binding":
+        editor.set_row(name, span, length, value if isinstance(value, bytes) else None)
+    elif isinstance(value, int) and 0 < value < 1 << 53:
+        editor.set_parent(span, value)
+    else:
+        return _random_damage(rng, editor)
+    return f"{name}'s {field} := {value!r}"
+
+
+def _read_all(model: CausalLM, editor: Editor, originals: dict[str, Original]
+              ) -> dict[str, bool | str]:
+    """Each session read alone: True (as put), False (another output) or its error's class."""
+    out: dict[str, bool | str] = {}
+    for name, want in originals.items():
+        try:
+            out[name] = _attempt(model, editor, want, name)
+        except SeqKVError as error:
+            out[name] = type(error).__name__
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fuzz_store_rows(kind: str, fuzz_model: CausalLM, request: pytest.FixtureRequest,
+                         tmp_path: Path) -> None:
+    """Seeded damage of a session row's span, length or binding, or of a span's parent, by a
+    hostile value: every session reads as put or ends in a ``SeqKVError``, and a ``gc`` that
+    runs never makes a session that read as put read otherwise."""
+    pristine: Pristine = request.getfixturevalue(f"pristine_{kind}")
+    rng = np.random.default_rng(seed(2900 + KINDS.index(kind)))
+    tally = CountingTally(f"store-rows-{kind}")
+    for case in range(case_count(12)):
+        editor = pristine.copy(tmp_path / f"case{case}")
+        what = _random_damage(rng, editor)
+
+        def attempt(editor: Editor = editor) -> bool:
+            before = _read_all(fuzz_model, editor, pristine.originals)
+            assert False not in before.values(), f"a session read wrong: {before}"
+            try:
+                editor.store(fuzz_model).gc(namespace=NAMESPACE)
+            except SeqKVError:
+                return True
+            after = _read_all(fuzz_model, editor, pristine.originals)
+            lost = [n for n, ok in before.items() if ok is True and after[n] is not True]
+            assert not lost, f"gc lost {lost}"
+            return True
+
+        tally.run(f"{kind}: {what}", attempt)
     tally.check(BUDGET)
