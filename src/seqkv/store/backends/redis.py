@@ -500,7 +500,8 @@ class RedisBackend:
 
     def _add_codec(self, identity: CodecIdentity) -> int:
         keys = [f"{self._prefix}:codecs", f"{self._prefix}:codecidx", f"{self._prefix}:codecn"]
-        return int(self._run("register", [identity.digest, identity.description], keys))
+        return stored_int(self._run("register", [identity.digest, identity.description], keys),
+                          "a codec's index", 1)
 
     def codec(self, index: int) -> CodecIdentity:
         return self._cache.codec(index, self._fetch_codec)
@@ -613,7 +614,13 @@ class RedisBackend:
     def current_dictionary(self, ns: NamespaceKey) -> str | None:
         with self._request():
             raw = self._client.get(f"{self._ns(ns)}:dcur")
-        return None if raw is None else bytes(raw).decode()
+        if raw is None:
+            return None
+        if not _DIGEST.fullmatch(bytes(raw)):
+            raise CorruptRecordError(f"the namespace's current dictionary is named "
+                                     f"{bytes(raw)[:80]!r}, not a digest: the store's metadata "
+                                     "was damaged")
+        return bytes(raw).decode("ascii")
 
     def fetch_dictionary(self, ns: NamespaceKey, digest: str) -> bytes | None:
         with self._request():
@@ -624,7 +631,8 @@ class RedisBackend:
         prefix = self._ns(ns)
         with self._request():
             keys = list(self._client.scan_iter(match=f"{prefix}:d:*", count=1000))
-        return sorted(bytes(key).decode()[len(prefix) + 3 :] for key in keys)
+        names = (bytes(key)[len(prefix) + 3 :] for key in keys)
+        return sorted(name.decode("ascii") for name in names if _DIGEST.fullmatch(name))
 
     def byte_counts(self, ns: NamespaceKey) -> ByteCounts:
         records, spans, index, entries, sessions, ids, counts, dictionaries = (
@@ -643,6 +651,7 @@ class RedisBackend:
         self._client.close()
 
 
+_DIGEST = re.compile(rb"[0-9a-f]{64}")
 _ROW = re.compile(rb"(\d{1,19}):(-?\d{1,19})(?::([0-9a-f]{32}))?")
 
 
