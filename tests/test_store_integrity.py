@@ -22,6 +22,7 @@ from seqkv.errors import InvalidArgumentTypeError, InvalidTokensError
 from seqkv.formats.span import read_span, write_span
 from seqkv.models import CausalLM
 from seqkv.store import (
+    CorruptRecordError,
     SessionStore,
     SessionTooLongError,
     StoreDamagedError,
@@ -251,3 +252,27 @@ def test_a_span_claiming_more_than_max_tokens_is_refused_before_decoding(
     path.write_bytes(write_span(dataclasses.replace(read_span(path.read_bytes()), count=100)))
     with pytest.raises(SessionTooLongError, match="claims tokens 0 to 99, past max_tokens"):
         store.get("y", namespace="n", max_tokens=50)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_put_does_not_build_on_a_damaged_prefix(kind: str, tmp_path: Path,
+                                                  redis_server: RedisServer) -> None:
+    """The index names a span whose record was cut to one byte: a put extending it codes the
+    session from its first token instead, and the damaged session stays refused."""
+    store = _filled(kind, tmp_path, redis_server)
+    ns = namespace_key(check_namespace("n"))
+    (chain,) = store.backend.fetch_sessions(ns, [SessionName("y")])
+    assert chain is not None
+    span = chain.entry.span
+    backend = store.backend
+    if isinstance(backend, DirectoryBackend):
+        backend._path(span).write_bytes(b"\x02")
+    else:
+        assert isinstance(backend, RedisBackend)
+        backend.client.set(f"{backend._ns(ns)}:s:{span}", b"\x02")
+    extended = [*TOKENS["y"], 1, 2, 3]
+    result = store.put("z", extended, level="ngram", namespace="n")
+    assert (result.shared_tokens, result.coded_tokens) == (0, len(extended))
+    assert store.get("z", namespace="n").tokens == extended
+    with pytest.raises(CorruptRecordError, match="truncated|too short"):
+        store.get("y", namespace="n")
