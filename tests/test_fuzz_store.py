@@ -262,6 +262,8 @@ DAMAGES = [
            _with_span("a", lambda e, s: e.record_of_wrong_kind(s))),
     Damage("record count forged to 8192", "a", _forge_count),
     Damage("codec description a JSON list", "a", lambda editor: editor.set_codec("[1, 2]")),
+    Damage("codec description nested 100000 deep", "a",
+           lambda editor: editor.set_codec("[" * 100_000 + "]" * 100_000)),
     Damage("codec description not UTF-8", "a", lambda editor: editor.set_codec(b"\xff{\xfe")),
     Damage("a later schema", "a", lambda editor: editor.set_schema("3")),
     Damage("schema as text", "a", lambda editor: editor.set_schema("two")),

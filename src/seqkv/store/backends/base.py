@@ -176,8 +176,9 @@ class CodecIdentity:
         and level (``CorruptRecordError`` otherwise)."""
         try:
             description = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise CorruptRecordError(f"the store's codec {index} is not JSON: {error}") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as error:
+            raise CorruptRecordError(
+                f"the store's codec {index} is not JSON: {str(error)[:200]}") from None
         if not (isinstance(description, dict) and isinstance(description.get("codec"), str)
                 and isinstance(description.get("level"), str)):
             raise CorruptRecordError(f"the store's codec {index} is not a codec description")
