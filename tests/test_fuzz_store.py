@@ -198,6 +198,7 @@ class Damage:
     name: str
     session: str
     apply: Callable[[Editor], None]
+    whole_store: bool = False  # the store does not open, or its audit fails as a whole
 
 
 def _set(session: str, *, span: Callable[[Editor], object] | None = None,
@@ -265,9 +266,9 @@ DAMAGES = [
     Damage("codec description nested 100000 deep", "a",
            lambda editor: editor.set_codec("[" * 100_000 + "]" * 100_000)),
     Damage("codec description not UTF-8", "a", lambda editor: editor.set_codec(b"\xff{\xfe")),
-    Damage("a later schema", "a", lambda editor: editor.set_schema("3")),
-    Damage("schema as text", "a", lambda editor: editor.set_schema("two")),
-    Damage("database or keys of the wrong kind", "a", lambda editor: editor.wreck()),
+    Damage("a later schema", "a", lambda editor: editor.set_schema("3"), True),
+    Damage("schema as text", "a", lambda editor: editor.set_schema("two"), True),
+    Damage("database or keys of the wrong kind", "a", lambda editor: editor.wreck(), True),
 ]
 
 
@@ -343,9 +344,15 @@ def _attempt(model: CausalLM, editor: Editor, want: Original, session: str) -> b
 @pytest.mark.parametrize("kind", KINDS)
 def test_store_metadata_damage(kind: str, damage: Damage, fuzz_model: CausalLM,
                                request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The damaged session is refused by a get, and named by a deep audit (unless the damage
+    leaves no store to audit)."""
     pristine: Pristine = request.getfixturevalue(f"pristine_{kind}")
     editor = pristine.copy(tmp_path)
     damage.apply(editor)
+    if not damage.whole_store:
+        deep = editor.store(fuzz_model).audit_deep(namespace=NAMESPACE)
+        assert damage.session in {d.session for d in deep.damaged}, deep
+        assert not deep.consistent
     tally = CountingTally(f"store-metadata-{kind}-{damage.name.replace(' ', '-')}")
     tally.run(f"{kind}: {damage.name}", partial(_attempt, fuzz_model, editor,
                                                 pristine.originals[damage.session],

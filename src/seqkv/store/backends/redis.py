@@ -221,7 +221,7 @@ repeat
   cursor = r[1]
   for _, key in ipairs(r[2]) do
     local span = string.sub(key, #p + 4)
-    local parent, ok = parent_of(redis.call('GET', key))
+    local parent, ok = parent_of(redis.pcall('GET', key))
     if not ok or not string.match(span, '^%d+$') then malformed = malformed + 1 end
     records[span] = parent or ''
   end
