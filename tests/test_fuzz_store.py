@@ -74,6 +74,8 @@ class Editor(Protocol):
 
     def drop_span(self, span: int) -> None: ...
 
+    def delete_record(self, span: int) -> None: ...
+
     def set_codec(self, description: str | bytes) -> None: ...
 
     def set_schema(self, version: str) -> None: ...
@@ -126,6 +128,9 @@ class DirectoryEditor:
     def drop_span(self, span: int) -> None:
         self._sql("DELETE FROM spans WHERE id = ?", span)
 
+    def delete_record(self, span: int) -> None:
+        self._path(span).unlink()
+
     def set_codec(self, description: str | bytes) -> None:
         self._sql("UPDATE codecs SET description = ?", description)
 
@@ -175,6 +180,9 @@ class RedisEditor:
     def drop_span(self, span: int) -> None:
         self.client.delete(f"{self.ns}:s:{span}")
         self.client.hdel(f"{self.ns}:c", span)
+
+    def delete_record(self, span: int) -> None:
+        self.client.delete(f"{self.ns}:s:{span}")
 
     def set_codec(self, description: str | bytes) -> None:
         for index in self.client.hkeys(f"{self.prefix}:codecs"):
@@ -258,6 +266,8 @@ DAMAGES = [
     Damage("text in span", "a", _set("a", span=lambda e: "x1")),
     Damage("non-UTF-8 row", "a", lambda editor: editor.set_garbage_row("a")),
     Damage("missing span", "b", _with_span("a", lambda e, s: e.drop_span(s))),
+    Damage("record deleted, its span kept", "b",
+           _with_span("a", lambda e, s: e.delete_record(s))),
     Damage("1-byte record", "a", _with_span("a", lambda e, s: e.write_record(s, b"\x02"))),
     Damage("record of the wrong kind", "a",
            _with_span("a", lambda e, s: e.record_of_wrong_kind(s))),

@@ -347,20 +347,21 @@ class DirectoryBackend:
                     ids = self._chain_ids(db, ns, entry.span, entry.length,
                                           f"session {name!r}")
                     chains.append((entry, ids))
-            complete = True
-            for item in chains:
+            missing: str | None = None
+            for name, item in zip(names, chains, strict=True):
                 if item is None:
                     out.append(None)
                     continue
                 records = self._records(item[1])
                 if records is None:
-                    complete = False
+                    missing = f"session {name!r}"
                     break
                 out.append(SessionChain(item[0], tuple(
                     StoredSpan(i, r) for i, r in zip(item[1], records, strict=True))))
-            if complete:
+            if missing is None:
                 return out
-        raise CorruptRecordError("a session's span records keep disappearing while read")
+        raise CorruptRecordError(f"{missing}: a record file of its chain in {self._root} is "
+                                 "missing (read three times): the store was damaged")
 
     def refcounts(self, ns: NamespaceKey, spans: Sequence[SpanId]) -> list[int]:
         with self._read() as db:
