@@ -97,9 +97,13 @@ def test_a_schema_1_store_reads_and_audits_as_unbound(tiny_model: CausalLM,
     store.append("a", [7, 8, 9], namespace="n")
     assert SessionStore.directory(store_v1, tiny_model).audit_deep(
         namespace="n").unbound == ("b", "c", "d")
-    db = sqlite3.connect(store_v1 / "store.sqlite3")
-    assert dict(db.execute("SELECT k, v FROM meta WHERE k != 'id'")) == {"schema": "2",
-                                                                         "unbound": "1"}
+    db = sqlite3.connect(store_v1 / "store.sqlite3", isolation_level=None)
+    assert dict(db.execute("SELECT k, v FROM meta WHERE k != 'id'")) == {"schema": "2"}
+    # The upgrade marked the old rows; one written by hand in the old form is not one of them.
+    db.execute("UPDATE sessions SET binding = NULL WHERE name = 'b'")
+    db.close()
+    with pytest.raises(CorruptRecordError, match="session 'b'.*no mark of a row of schema 1"):
+        SessionStore.directory(store_v1, tiny_model).get("b", namespace="n")
 
 
 def test_a_redis_store_of_schema_1_reads_its_rows_unbound(tmp_path: Path,
@@ -119,7 +123,12 @@ def test_a_redis_store_of_schema_1_reads_its_rows_unbound(tmp_path: Path,
     old = _tokens_store("redis", tmp_path, redis_server, prefix)
     assert old.get("x", namespace="n").tokens == TOKENS["x"]
     assert old.audit_deep(namespace="n").unbound == ("x", "x-head", "y")
-    assert client.hget(f"{prefix}:meta", "unbound") == b"1"
+    assert client.hget(f"{prefix}:meta", "schema") == b"2"
+    assert client.hget(rows, "y").endswith(b":-")
+    # The upgrade marked the old rows; one written by hand in the old form is not one of them.
+    client.hset(rows, "y", client.hget(rows, "x").removesuffix(b":-"))
+    with pytest.raises(CorruptRecordError, match="session 'y'.*no mark of a row of schema 1"):
+        old.get("y", namespace="n")
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -18,9 +18,11 @@ Invariants:
 1. The binding is a pure function of (namespace key, session id, length, span id, tokens digest
    of the session's tokens); computing it on a read costs one SHA-256 over the session's token
    ids and no pass over its KV (enforced: ``session_binding``).
-2. A row without a binding was written before the store's schema version 2 (``unbound``): it is
-   read as before, and reported by a deep audit until an append or a put rewrites it (enforced
-   by ``seqkv.store.store``).
+2. A row written before the store's schema version 2 carries the ``UNBOUND`` mark, which the
+   upgrade to version 2 writes on every older row: it is read as before, and reported by a deep
+   audit until an append or a put rewrites it (enforced by ``seqkv.store.store``). A row with
+   neither a binding nor the mark is refused, so that a row written by hand in the old form
+   does not pass as an old row (enforced by ``seqkv.store.backends.base.session_entry``).
 
 Nothing here mutates anything.
 """
@@ -38,6 +40,9 @@ from seqkv.store.ids import NamespaceKey, SessionName, SpanId
 BINDING_BYTES = 16
 Binding = NewType("Binding", bytes)
 """``BINDING_BYTES`` bytes of a domain-separated SHA-256 (``session_binding``)."""
+
+UNBOUND = b""
+"""The binding a backend reads for a row of schema 1 (the directory's empty blob, Redis' ``-``)."""
 
 STORE_SCHEMA = 2
 """The store's schema version: 2 binds each session row (1, implied when none is recorded, did

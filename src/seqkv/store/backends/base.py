@@ -27,9 +27,9 @@ Invariants every backend keeps:
    ``CorruptRecordError`` naming the session or span, never in another exception, an endless
    walk (a chain loops or runs past ``MAX_CHAIN_SPANS`` or its session's length: enforced) or a
    silently shorter session.
-7. Each session row carries its binding (``seqkv.store.binding``) since store schema 2; a row
-   without one is read only in a store that schema 1 wrote (``unbound_allowed``), else refused
-   (enforced by both backends).
+7. Each session row carries its binding (``seqkv.store.binding``) since store schema 2, or the
+   mark of an unbound row that the upgrade from schema 1 wrote on each older row; a row with
+   neither is refused (enforced by both backends: ``session_entry``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from seqkv.limits import MAX_POSITIONS
-from seqkv.store.binding import BINDING_BYTES, STORE_SCHEMA, Binding
+from seqkv.store.binding import BINDING_BYTES, STORE_SCHEMA, UNBOUND, Binding
 from seqkv.store.errors import CorruptRecordError, StoreSchemaError
 from seqkv.store.ids import CodecDigest, NamespaceKey, SessionName, SpanId
 
@@ -86,18 +86,19 @@ def stored_int(value: object, what: str, low: int = 0, high: int = MAX_SPAN_ID) 
     return number
 
 
-def session_entry(name: SessionName, span: object, length: object, binding: object, *,
-                  unbound_allowed: bool) -> SessionEntry:
-    """A session row as a backend read it, checked (invariants 6 and 7)."""
+def session_entry(name: SessionName, span: object, length: object, binding: object
+                  ) -> SessionEntry:
+    """A session row as a backend read it, checked (invariants 6 and 7): ``binding`` is the
+    row's binding, ``UNBOUND`` for a row of schema 1, anything else refused."""
     what = f"session {name!r}'s row"
     checked = SessionEntry(SpanId(stored_int(span, f"{what}'s span", 1)),
                            stored_int(length, f"{what}'s length", 1, MAX_POSITIONS))
-    if binding is None:
-        if not unbound_allowed:
-            raise CorruptRecordError(
-                f"{what} has no binding, but the store was written at schema {STORE_SCHEMA}: "
-                "the row was damaged or rewritten by hand")
+    if binding == UNBOUND:
         return checked
+    if binding is None:
+        raise CorruptRecordError(
+            f"{what} has no binding and no mark of a row of schema 1: the row was damaged or "
+            "written by hand")
     if not isinstance(binding, bytes) or len(binding) != BINDING_BYTES:
         raise CorruptRecordError(f"{what} has a malformed binding: the row was damaged")
     return SessionEntry(checked.span, checked.length, Binding(binding))
@@ -239,7 +240,7 @@ class StoredSpan:
 class SessionEntry:
     span: SpanId  # the span holding the session's last token
     length: int  # tokens of the session
-    binding: Binding | None = None  # ``seqkv.store.binding``; None: written before schema 2
+    binding: Binding | None = None  # ``seqkv.store.binding``; None: unbound, of schema 1
 
 
 @dataclass(frozen=True, slots=True)

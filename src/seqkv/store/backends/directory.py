@@ -31,8 +31,9 @@ Invariants:
    crashes. Dictionaries live in the database, not in files: they are written once per
    namespace and digest, and a row needs no orphan sweep.
 5. The schema version (``seqkv.store.binding.STORE_SCHEMA``) is recorded in ``meta``; a store of
-   version 1 (none recorded) gains the sessions' ``binding`` column on open and is marked as
-   holding unbound rows; a later version is refused by name (enforced in ``_open_schema``).
+   version 1 (none recorded) gains the sessions' ``binding`` column on open, each of its rows the
+   unbound mark (an empty blob), in one transaction; a later version is refused by name
+   (enforced in ``_open_schema``).
 6. Every value read from the database or a record file is checked before use and every SQLite
    or file error becomes a ``SeqKVError`` naming the store (enforced: ``_read``, ``_write``,
    ``seqkv.store.backends.base`` invariant 6); a chain is read by a recursive query bounded by
@@ -70,7 +71,7 @@ from seqkv.store.backends.base import (
     stored_int,
     walk_chain,
 )
-from seqkv.store.binding import STORE_SCHEMA
+from seqkv.store.binding import STORE_SCHEMA, UNBOUND
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
@@ -147,7 +148,7 @@ class DirectoryBackend:
         self._trips = 0
         self._cache = IdentityCache()
         self._connection()
-        self._unbound_allowed = self._open_schema()
+        self._open_schema()
 
     @property
     def root(self) -> Path:
@@ -216,34 +217,24 @@ class DirectoryBackend:
         except sqlite3.Error as error:
             raise self._damaged(error) from error
 
-    def _open_schema(self) -> bool:
-        """Check the recorded schema version, upgrade a version-1 store (invariant 5); whether
-        the store may hold rows without a binding."""
+    def _schema(self, db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()
+        return check_schema(None if row is None else row[0], str(self._root))
+
+    def _open_schema(self) -> None:
+        """Check the recorded schema version; upgrade a version-1 store (invariant 5): add
+        the sessions' ``binding`` column and mark every older row unbound."""
         with self._read() as db:
-            meta = {str(k): v for k, v in db.execute(
-                "SELECT k, v FROM meta WHERE k IN ('schema', 'unbound')")}
-        if check_schema(meta.get("schema"), str(self._root)) == STORE_SCHEMA:
-            return meta.get("unbound") == "1"
+            if self._schema(db) == STORE_SCHEMA:
+                return
         with self._write() as db:
-            meta = {str(k): v for k, v in db.execute(
-                "SELECT k, v FROM meta WHERE k IN ('schema', 'unbound')")}
-            if check_schema(meta.get("schema"), str(self._root)) == STORE_SCHEMA:
-                return meta.get("unbound") == "1"
+            if self._schema(db) == STORE_SCHEMA:
+                return
             columns = {str(row[1]) for row in db.execute("PRAGMA table_info(sessions)")}
             if "binding" not in columns:
                 db.execute("ALTER TABLE sessions ADD COLUMN binding BLOB")
-            legacy = bool(db.execute(
-                "SELECT EXISTS(SELECT 1 FROM sessions) OR EXISTS(SELECT 1 FROM spans) OR "
-                "EXISTS(SELECT 1 FROM codecs)").fetchone()[0])
-            if legacy:
-                db.execute("INSERT OR REPLACE INTO meta VALUES ('unbound', '1')")
+            db.execute("UPDATE sessions SET binding = ? WHERE binding IS NULL", (UNBOUND,))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(STORE_SCHEMA),))
-        return legacy
-
-    @property
-    def unbound_allowed(self) -> bool:
-        """Whether the store was written at schema 1, so that rows may lack a binding."""
-        return self._unbound_allowed
 
     def _path(self, span: int) -> Path:
         return self._root / "records" / f"{span % 256:02x}" / f"{span:x}"
@@ -331,7 +322,7 @@ class DirectoryBackend:
                          (ns, name)).fetchone()
         if row is None:
             return None
-        return session_entry(name, row[0], row[1], row[2], unbound_allowed=self._unbound_allowed)
+        return session_entry(name, row[0], row[1], row[2])
 
     def fetch_sessions(self, ns: NamespaceKey, names: Sequence[SessionName]
                        ) -> list[SessionChain | None]:
@@ -432,7 +423,7 @@ class DirectoryBackend:
                     [(ns, key, span) for key in plan.index_keys])
             assert span is not None
             db.execute("UPDATE spans SET refcount = refcount + 1 WHERE id = ?", (span,))
-            binding = None if plan.binding is None else plan.binding(span)
+            binding = UNBOUND if plan.binding is None else plan.binding(span)
             db.execute("INSERT OR REPLACE INTO sessions(ns, name, span, length, binding) "
                        "VALUES (?, ?, ?, ?, ?)", (ns, plan.session, span, plan.length, binding))
             if current is not None:
@@ -484,8 +475,7 @@ class DirectoryBackend:
                 "SELECT name, span, length, binding FROM sessions WHERE ns = ?", (ns,)):
             survey.sessions += 1
             try:
-                entry = session_entry(SessionName(str(name)), span, length, binding,
-                                      unbound_allowed=self._unbound_allowed)
+                entry = session_entry(SessionName(str(name)), span, length, binding)
             except CorruptRecordError:
                 survey.malformed += 1
                 continue

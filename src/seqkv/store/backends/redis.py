@@ -2,14 +2,14 @@
 
 Key layout (``P`` = the key prefix, ``N`` = 32 hex digits of the namespace key)::
 
-    P:meta            hash    store id, schema version (none: 1), unbound (1: rows of schema 1)
+    P:meta            hash    store id, schema version (none: 1)
     P:codecs          hash    codec index -> identity description (JSON), stored once
     P:codecidx        hash    codec digest -> codec index
     P:N:id            string  span id counter (INCR: ids only grow)
     P:N:s:<id>        string  span record (``seqkv.store.record``)
     P:N:c             hash    span id -> reference count
-    P:N:n             hash    session id -> "<span>:<length>:<binding, 32 hex digits>" (schema 1
-                              rows: "<span>:<length>")
+    P:N:n             hash    session id -> "<span>:<length>:<binding, 32 hex digits>" (rows of
+                              schema 1, "<span>:<length>", become "<span>:<length>:-")
     P:N:i:<hh>        hash    index bucket: key bytes [2:] -> span id; <hh> = hex of bytes [:2]
     P:N:d:<digest>    string  a mixing dictionary's bytes (``seqkv.mixing``), by its digest
     P:N:dcur          string  the digest of the namespace's current dictionary
@@ -31,8 +31,9 @@ Invariants:
    and answer a damaged store with an ``SKV`` error; Python checks every row, id and count again
    (``seqkv.store.backends.base`` invariant 6) and turns every Redis error into a ``SeqKVError``
    (enforced: ``_request``).
-5. The schema version is recorded in ``P:meta``; a store of version 1 (none recorded) is marked as
-   holding unbound rows on open, a later version is refused by name (enforced: ``_open_schema``).
+5. The schema version is recorded in ``P:meta``; on opening a store of version 1 (none recorded)
+   one script marks every row of every namespace unbound (``-``) and records version 2; a later
+   version is refused by name (enforced: ``_open_schema``).
    A new span's id is taken (INCR) before its commit, so that the row's binding, a function of
    the span id, is computed here: an id a failed commit took is never used (ids only grow).
 """
@@ -66,7 +67,7 @@ from seqkv.store.backends.base import (
     stored_int,
     walk_chain,
 )
-from seqkv.store.binding import STORE_SCHEMA
+from seqkv.store.binding import STORE_SCHEMA, UNBOUND
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
@@ -237,11 +238,11 @@ end
 local sessions = redis.call('HGETALL', nkey)
 for i = 2, #sessions, 2 do
   local span, length, binding = string.match(sessions[i], '^(%d+):(%d+)(.*)$')
-  if not span or tonumber(length) < 1 or not (binding == '' or string.match(binding,
+  if not span or tonumber(length) < 1 or not (binding == ':-' or string.match(binding,
       '^:' .. string.rep('[0-9a-f]', 32) .. '$')) then
     malformed = malformed + 1
   else
-    if binding == '' then unbound = unbound + 1 end
+    if binding == ':-' then unbound = unbound + 1 end
     counts[span] = (counts[span] or 0) + 1
     local path = {}
     while span do
@@ -378,16 +379,28 @@ redis.call('SET', KEYS[2], ARGV[1])
 return created
 """
 
+# Upgrades a store of schema 1: every row "<span>:<length>" of every namespace becomes
+# "<span>:<length>:-" (unbound), in the one script that records the version.
 _SCHEMA = """
 local version = redis.call('HGET', KEYS[1], 'schema')
-if version then return {version, redis.call('HGET', KEYS[1], 'unbound') or ''} end
-local legacy = redis.call('EXISTS', KEYS[1], KEYS[2]) > 0
+if version then return version end
+local cursor = '0'
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[2] .. ':*:n', 'COUNT', 1000)
+  cursor = r[1]
+  for _, key in ipairs(r[2]) do
+    if redis.call('TYPE', key)['ok'] == 'hash' then
+      local rows = redis.call('HGETALL', key)
+      for i = 1, #rows, 2 do
+        if string.match(rows[i + 1], '^%d+:%d+$') then
+          redis.call('HSET', key, rows[i], rows[i + 1] .. ':-')
+        end
+      end
+    end
+  end
+until cursor == '0'
 redis.call('HSET', KEYS[1], 'schema', ARGV[1])
-if legacy then
-  redis.call('HSET', KEYS[1], 'unbound', '1')
-  return {'1', '1'}
-end
-return {ARGV[1], ''}
+return '1'
 """
 
 _REGISTER = """
@@ -425,20 +438,13 @@ class RedisBackend:
                                  ("dictionary", _PUT_DICTIONARY), ("schema", _SCHEMA))
         }
         self._cache = IdentityCache()
-        self._unbound_allowed = self._open_schema()
+        self._open_schema()
 
-    def _open_schema(self) -> bool:
-        """Record or check the schema version (invariant 5); whether rows may lack a
-        binding."""
-        version, unbound = self._run("schema", [str(STORE_SCHEMA)],
-                                     [f"{self._prefix}:meta", f"{self._prefix}:codecs"])
+    def _open_schema(self) -> None:
+        """Check the schema version; record it, upgrading a store of version 1 (invariant
+        5)."""
+        version = self._run("schema", [str(STORE_SCHEMA), self._prefix], [f"{self._prefix}:meta"])
         check_schema(version, f"{self._url} (prefix {self._prefix!r})")
-        return bytes(unbound) == b"1"
-
-    @property
-    def unbound_allowed(self) -> bool:
-        """Whether the store was written at schema 1, so that rows may lack a binding."""
-        return self._unbound_allowed
 
     @property
     def url(self) -> str:
@@ -541,7 +547,7 @@ class RedisBackend:
             if not raw:
                 out.append(None)
                 continue
-            entry = _entry(name, raw, self._unbound_allowed)
+            entry = _entry(name, raw)
             out.append(SessionChain(entry, _chain_of(f"session {name!r}", entry.span,
                                                      entry.length, records)))
         return out
@@ -561,7 +567,7 @@ class RedisBackend:
             with self._request():
                 span = SpanId(stored_int(self._client.incr(f"{prefix}:id"), "the span counter"))
         assert span is not None
-        binding = "" if plan.binding is None else ":" + plan.binding(span).hex()
+        binding = ":-" if plan.binding is None else ":" + plan.binding(span).hex()
         args: list[str | bytes | int] = [
             prefix, plan.session, f"{plan.length}{binding}",
             "" if plan.expect is None else _row(plan.expect),
@@ -652,24 +658,25 @@ class RedisBackend:
 
 
 _DIGEST = re.compile(rb"[0-9a-f]{64}")
-_ROW = re.compile(rb"(\d{1,19}):(-?\d{1,19})(?::([0-9a-f]{32}))?")
+_ROW = re.compile(rb"(\d{1,19}):(-?\d{1,19})(?::([0-9a-f]{32}|-))?")
 
 
 def _row(entry: SessionEntry) -> str:
     """A session row as the scripts store it (what ``_entry`` reads)."""
-    binding = "" if entry.binding is None else ":" + entry.binding.hex()
-    return f"{entry.span}:{entry.length}{binding}"
+    binding = "-" if entry.binding is None else entry.binding.hex()
+    return f"{entry.span}:{entry.length}:{binding}"
 
 
-def _entry(name: SessionName, raw: object, unbound_allowed: bool) -> SessionEntry:
+def _entry(name: SessionName, raw: object) -> SessionEntry:
     """A session row read from Redis, checked (``seqkv.store.backends.base`` invariant 6)."""
     match = _ROW.fullmatch(raw) if isinstance(raw, bytes) else None
     if match is None:
         shown = raw[:60] if isinstance(raw, bytes) else raw
         raise CorruptRecordError(f"session {name!r}'s row {shown!r} is not "
                                  "<span>:<length>:<binding>: the store's metadata was damaged")
-    binding = None if match[3] is None else bytes.fromhex(match[3].decode("ascii"))
-    return session_entry(name, match[1], match[2], binding, unbound_allowed=unbound_allowed)
+    binding = (None if match[3] is None else UNBOUND if match[3] == b"-"
+               else bytes.fromhex(match[3].decode("ascii")))
+    return session_entry(name, match[1], match[2], binding)
 
 
 def _records(flat: Sequence[object]) -> dict[SpanId, bytes]:
