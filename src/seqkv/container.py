@@ -88,8 +88,9 @@ FORMAT_VERSION = 4
 FRAMED_VERSIONS = (3, 4)
 READABLE_VERSIONS = (1, 2, 3, 4)
 # The file's level ids: an id is never reused; a new level appends its family name here.
+# NOTE: append only: a file records its level as the index here.
 LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain", "portable",
-                               "portable+mix")
+                               "portable+mix", "portable4")
 # NOTE: ``seqkv.levels.segments.MAX_SEGMENTS``, repeated here because this module imports no
 # torch (a test keeps the two equal).
 MAX_SEGMENTS = 64
@@ -97,7 +98,7 @@ MAX_SEGMENTS = 64
 # the levels that decode without the model and so record the vocabulary size
 # (``tests/test_container.py`` checks both against ``seqkv.levels``).
 _LEVEL_PARAMETERS: dict[str, tuple[int, int]] = {"segments": (2, MAX_SEGMENTS),
-                                                 "portable": (0, 1024)}
+                                                 "portable": (0, 1024), "portable4": (0, 1024)}
 VOCAB_STORED_LEVELS = frozenset({"ngram", "plain"})
 # NOTE: 2**31 positions: more than any model's context, so a count beyond it is corruption
 # without asking the model; the decoder then bounds it by the model's own context.

@@ -41,6 +41,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -62,6 +63,7 @@ from seqkv.levels.drafts import PromptLookup
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.mixer import MixingPredictor
 from seqkv.models.adapter import CausalLM
+from seqkv.models.integer.blocks import BlockWeights, block_weights
 from seqkv.models.integer.forward import IntegerForward, IntSequence
 from seqkv.models.integer.table import (
     IntegerTables,
@@ -142,19 +144,30 @@ class _BufferPool:
                     self._free.append(buffers)
 
 
+WeightBits = Literal[8, 4]  # int8 rows (portable) or Q4_1 blocks (portable4)
+
+
 class IntegerPredictors:
-    """The integer predictors of one model, by layer count, sharing one set of weights, and
-    the buffers their encodes reuse."""
+    """The integer predictors of one model, by weight format and layer count, sharing one set
+    of weights per format, and the buffers their encodes reuse."""
 
     def __init__(self, model: CausalLM, device: torch.device | str = "cpu") -> None:
         self._model = model
         self._device = torch.device(device)
         self._weights: IntegerWeights | None = None
-        self._forwards: dict[int | None, IntegerForward] = {}
+        self._blocks: BlockWeights | None = None
+        self._forwards: dict[tuple[WeightBits, int | None], IntegerForward] = {}
         self.encode_buffers = _BufferPool(model.vocab_size)
 
-    def get(self, layers: int | None) -> IntegerForward:
-        engine = self._forwards.get(layers)
+    def get(self, layers: int | None, bits: WeightBits = 8) -> IntegerForward:
+        engine = self._forwards.get((bits, layers))
+        if engine is None and bits == 4:
+            if self._blocks is None:  # on the CPU, as the int8 weights below
+                self._blocks = block_weights(self._model)
+                if self._device.type != "cpu":
+                    self._blocks = self._blocks.to(self._device)
+            engine = IntegerForward(self._blocks, layers=layers)
+            self._forwards[(bits, layers)] = engine
         if engine is None:
             if self._weights is None:
                 # NOTE: built from the float weights' CPU copies and run on the CPU (native.c,
@@ -167,16 +180,23 @@ class IntegerPredictors:
                 if self._device.type != "cpu":
                     self._weights = self._weights.to(self._device)
             engine = IntegerForward(self._weights, layers=layers)
-            self._forwards[layers] = engine
+            self._forwards[(bits, layers)] = engine
         return engine
 
 
-def integer_predictor(model: CausalLM, layers: int | None = None) -> IntegerForward:
-    """The model's integer predictor (the first ``layers`` layers), built once per model."""
+def integer_predictor(model: CausalLM, layers: int | None = None,
+                      bits: WeightBits = 8) -> IntegerForward:
+    """The model's integer predictor (the first ``layers`` layers) on int8 rows (``bits=8``)
+    or Q4_1 blocks (``bits=4``), built once per model."""
     if layers is not None and layers > model.num_layers:
-        raise InvalidLevelError(f"portable:{layers} asks for more layers than the model's "
-                                f"{model.num_layers}")
-    return model.derived(IntegerPredictors, IntegerPredictors).get(layers)
+        raise InvalidLevelError(f"{level_name(bits)}:{layers} asks for more layers than the "
+                                f"model's {model.num_layers}")
+    return model.derived(IntegerPredictors, IntegerPredictors).get(layers, bits)
+
+
+def level_name(bits: WeightBits, mix: bool = False) -> str:
+    """``portable``, ``portable+mix`` or ``portable4``: the level family of a weight format."""
+    return "portable4" if bits == 4 else ("portable+mix" if mix else "portable")
 
 
 def prefill_kv(model: CausalLM, tail: Sequence[int],
@@ -227,30 +247,46 @@ def _start(engine: IntegerForward, context: int | None,
 @dataclass(frozen=True)
 class PortableLevel:
     """The integer predictor's level (``portable``), or its first ``layers`` layers, optionally
-    mixed with a dictionary (``portable+mix``)."""
+    mixed with a dictionary (``portable+mix``); on Q4_1 weight blocks with ``bits=4``
+    (``portable4``, ``portable4:N``)."""
 
     layers: int | None = None
     mix: bool = False
+    bits: WeightBits = 8
 
     def __post_init__(self) -> None:
         if self.layers is not None and not 1 <= self.layers <= MAX_LAYERS:
-            raise InvalidLevelError(f"portable:N takes 1 to {MAX_LAYERS} layers, not "
-                                    f"{self.layers}")
+            raise InvalidLevelError(f"{level_name(self.bits)}:N takes 1 to {MAX_LAYERS} layers, "
+                                    f"not {self.layers}")
+        if self.mix and self.bits != 8:
+            raise InvalidLevelError("portable+mix mixes the int8 predictor only")
 
     @property
     def spec(self) -> LevelSpec:
-        name = "portable+mix" if self.mix else "portable"
+        name = level_name(self.bits, self.mix)
         name = name if self.layers is None else f"{name}:{self.layers}"
         return LevelSpec(
             name, model_coded=True, schedule="prefill",
             decoding="one integer forward per token or fewer (drafts), sessions batched, on "
                      "any machine; one float prefill for the KV",
             reference="model" if self.layers is None else "none",
-            batch_group=BATCH_GROUP, portable=True, mixes=self.mix,
+            batch_group=self.batch_group, portable=True, mixes=self.mix,
             reference_allowance=PORTABLE_ALLOWANCE)
 
+    @property
+    def batch_group(self) -> str:
+        """Files decode together where they run the same integer predictor (``portable`` and
+        ``portable+mix`` do; ``portable:N`` and ``portable4`` each run their own)."""
+        if (self.bits, self.layers) == (8, None):
+            return BATCH_GROUP
+        return f"{BATCH_GROUP}:{level_name(self.bits)}:{self.layers}"
+
+    def engine(self, model: CausalLM) -> IntegerForward:
+        """This level's integer predictor of ``model``."""
+        return integer_predictor(model, self.layers, self.bits)
+
     def encode(self, request: EncodeRequest) -> EncodeOutput:
-        engine = integer_predictor(request.model, self.layers)
+        engine = self.engine(request.model)
         with pinned_threads(integer_threads(engine)):
             trace, forwards = self._code(request)
         kv = prefill_kv(request.model, request.tail, request.prefix) if request.with_kv else None
@@ -269,7 +305,7 @@ class PortableLevel:
         return mixer
 
     def _code(self, request: EncodeRequest) -> tuple[TraceColumns, int]:
-        engine = integer_predictor(request.model, self.layers)
+        engine = self.engine(request.model)
         mixer = self._mixer(engine.vocab_size, request.dictionary, request.prefix)
         sequence, first = _start(engine, request.context, request.prefix)
         forwards = 1 if request.prefix is not None or request.context is not None else 0
@@ -309,7 +345,7 @@ class PortableLevel:
     def decode(self, model: CausalLM | None,
                requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
         assert model is not None, "the portable level needs the model's weights"
-        engine = integer_predictor(model, self.layers)
+        engine = self.engine(model)
         with pinned_threads(integer_threads(engine)):
             streams = [_Stream.start(engine, request, self._mixer(
                 engine.vocab_size, request.dictionary, request.prefix)) for request in requests]
