@@ -60,6 +60,7 @@ from seqkv.levels.base import (
     TraceColumns,
 )
 from seqkv.levels.drafts import PromptLookup
+from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, LookupDrafter, StreamDrafter
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.mixer import MixingPredictor
 from seqkv.models.adapter import CausalLM
@@ -345,16 +346,34 @@ class PortableLevel:
     def decode(self, model: CausalLM | None,
                requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
         assert model is not None, "the portable level needs the model's weights"
+        return self.decode_drafted(model, requests)
+
+    def decode_drafted(self, model: CausalLM, requests: Sequence[DecodeRequest],
+                       drafter: StreamDrafter | None = None,
+                       counts: DraftCounts | None = None) -> list[DecodeOutput]:
+        """``decode`` with a chosen drafter (default prompt lookup) and its counts: the same
+        tokens whatever the drafter (invariant 2)."""
         engine = self.engine(model)
         with pinned_threads(integer_threads(engine)):
             streams = [_Stream.start(engine, request, self._mixer(
                 engine.vocab_size, request.dictionary, request.prefix)) for request in requests]
-            forwards = decode_streams(engine, streams)
+            forwards = decode_streams(engine, streams, drafter, counts)
         outputs = []
         for request, stream in zip(requests, streams, strict=True):
             kv = prefill_kv(model, stream.tokens, request.prefix) if request.with_kv else None
             outputs.append(DecodeOutput(stream.tokens, stream.trace, kv, forwards))
         return outputs
+
+    def layer_drafter(self, model: CausalLM, layers: int, max_draft: int,
+                      after_lookup: bool = True) -> LayerDrafter:
+        """Self-drafting for this level's files: the first ``layers`` layers of its own
+        integer predictor (``layer_drafts``), tried after prompt lookup by default."""
+        full = self.layers if self.layers is not None else model.num_layers
+        if not 1 <= layers < full:
+            raise InvalidLevelError(f"a draft runs 1 to {full - 1} of the level's {full} "
+                                    f"layers, not {layers}")
+        return LayerDrafter(integer_predictor(model, layers, self.bits), max_draft,
+                            default_drafter() if after_lookup else None)
 
 
 # NOTE: the integer predictor's code is measured at most 1% above the float model's
@@ -399,16 +418,24 @@ class _Stream:
         return token
 
 
+def default_drafter() -> StreamDrafter:
+    """Prompt lookup after a repeated 3-gram (``DRAFT_MIN_NGRAM``), up to ``MAX_DRAFT``."""
+    return LookupDrafter(PromptLookup(max_draft=MAX_DRAFT, min_ngram=DRAFT_MIN_NGRAM))
+
+
 def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
-                   drafts: PromptLookup | None = None) -> int:
+                   drafter: StreamDrafter | None = None,
+                   counts: DraftCounts | None = None) -> int:
     """Decode every stream, one shared integer forward per round; return the forwards run.
 
-    Each round forwards every unfinished stream's last token and its drafted continuation; row
-    ``r`` of a stream is the encoder's distribution after input ``r`` while inputs ``0..r`` are
-    right, so the stream decodes rows until a decoded token differs from its draft.
+    Each round forwards every unfinished stream's last token and, for a lone stream, its
+    drafted continuation (``drafter``, default prompt lookup); row ``r`` of a stream is the
+    encoder's distribution after input ``r`` while inputs ``0..r`` are right, so the stream
+    decodes rows until a decoded token differs from its draft. ``counts`` (optional) receives
+    the drafts verified and confirmed.
     """
-    policy = drafts if drafts is not None else PromptLookup(max_draft=MAX_DRAFT,
-                                                            min_ngram=DRAFT_MIN_NGRAM)
+    drafter = default_drafter() if drafter is None else drafter
+    counts = DraftCounts() if counts is None else counts
     for stream in streams:
         if stream.length:
             stream.take(stream.distribution)
@@ -417,18 +444,24 @@ def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
         active = [s for s in streams if not s.done]
         if not active:
             return forwards
-        guesses = [policy.draft(s.context, [], MAX_DRAFT) if len(active) == 1 else []
-                   for s in active]
+        # NOTE: no guess past the stream's last token: its row would never be decoded
+        guesses = [drafter.guess(s.context, s.sequence, min(MAX_DRAFT, s.length -
+                                                           len(s.tokens) - 1), counts)
+                   if len(active) == 1 else [] for s in active]
         calls = [(s.sequence, [s.tokens[-1], *guess]) for s, guess in zip(active, guesses,
                                                                           strict=True)]
         rows = engine.forward(calls)
         forwards += 1
+        counts.rounds += 1
         for stream, guess, stream_rows in zip(active, guesses, rows, strict=True):
             before = stream.sequence.length - len(stream_rows)
             kept = 0
             for r in range(len(stream_rows)):
                 kept = r + 1
                 token = stream.take(_row(integer_table(stream_rows[r])))
-                if stream.done or r >= len(guess) or guess[r] != token:
+                confirmed = r < len(guess) and guess[r] == token
+                counts.accepted += confirmed
+                if stream.done or not confirmed:
                     break
+            counts.drafted += len(guess)
             stream.sequence.crop(before + kept)

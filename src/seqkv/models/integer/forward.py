@@ -343,6 +343,32 @@ class IntegerForward:
                          geometry.kv_heads, geometry.head_dim, self.device)
         return [IntSequence(pool, slot) for slot in range(count)]
 
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward reads, whatever its row count: every linear layer of
+        the engine's layers and the head, as native.c holds them where it runs (int8 rows
+        packed 16 to a block with their int32 row sums and int64 scales; Q4_1 blocks as 20
+        bytes per 32 weights, rows padded to 16), else as the torch statement holds them; the
+        norm gains and biases. The embedding row of each input and the KV are not counted."""
+        def linear_bytes(linear: IntLinear | BlockLinear) -> int:
+            rows = -(-linear.out_features // native.LANES) * native.LANES
+            bias = 0 if linear.bias is None else linear.bias.numel() * 8
+            if isinstance(linear, BlockLinear):
+                if self._native is None:  # nibbles as int8, D and M as int64
+                    return linear.quants.numel() + 16 * linear.scale.numel() + bias
+                return rows * linear.in_features // BLOCK * 20 + bias
+            if self._native is None:
+                return linear.weight.numel() + linear.scale.numel() * 8 + bias
+            return (rows * linear.in_features * linear.planes + rows * linear.planes * 4
+                    + linear.out_features * 8 + bias)
+
+        total = linear_bytes(self.weights.head)
+        for layer in self._layers:
+            total += sum(linear_bytes(part) for part in (layer.qkv, layer.o, layer.gate_up,
+                                                         layer.down))
+            if isinstance(layer, BlockLayer):
+                total += 8 * (layer.attention_gain.values.numel() + layer.mlp_gain.values.numel())
+        return total
+
     def start_row(self, token: int) -> npt.NDArray[np.int64]:
         """The row after ``token`` alone at position 0, computed once (read-only)."""
         row = self._start_rows.get(token)
