@@ -40,7 +40,7 @@ from seqkv.models.rows import row_forward
 # minutes on a 2-core CPU, long enough for every level to reach its steady state (the rows
 # level's drafts, four segments of 24 tokens).
 GATE_TOKENS = 96
-GATE_LEVELS = ("tokens", "rows", "segments:4", "ngram", "plain", "portable")
+GATE_LEVELS = ("tokens", "rows", "segments:4", "ngram", "plain", "portable", "portable4")
 TEXT_FILES = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
               "technical": "kinds/technical.txt"}
 
