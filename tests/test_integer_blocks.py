@@ -14,8 +14,13 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from seqkv.codec import compress, decompress, decompress_batch
-from seqkv.errors import UnsupportedModelError
+from seqkv.coding.arithmetic import ArithmeticDecoder
+from seqkv.container import decode_container
+from seqkv.errors import InvalidLevelError, UnsupportedModelError
 from seqkv.levels import parse_level
+from seqkv.levels.base import DecodeRequest
+from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, StreamDrafter
+from seqkv.levels.portable import PortableLevel
 from seqkv.models import CausalLM
 from seqkv.models.integer import IntegerForward, IntegerWeights, native
 from seqkv.models.integer.blocks import (
@@ -270,3 +275,60 @@ def test_real_model_blocks_are_the_gguf_blocks_and_both_paths_agree(
         expected = _rows(reference, tokens, [])
     with pinned_threads(2):
         assert np.array_equal(_rows(fast, tokens, [1, 2, 9]), expected)
+
+
+def _drafted_decode(model: CausalLM, level: str, tokens: list[int],
+                    drafter: StreamDrafter | None) -> tuple[list[int], DraftCounts]:
+    container = decode_container(compress(model, tokens, level=level).data)
+    portable = parse_level(level)
+    assert isinstance(portable, PortableLevel)
+    request = DecodeRequest(ArithmeticDecoder(container.token_code), len(tokens), [len(tokens)],
+                            model.start_token_id, model.vocab_size, None, with_kv=False)
+    counts = DraftCounts()
+    return portable.decode_drafted(model, [request], drafter, counts)[0].tail, counts
+
+
+@pytest.mark.parametrize("level", ["portable", "portable4"])
+def test_self_drafting_decodes_the_same_tokens_as_prompt_lookup(tiny_model: CausalLM,
+                                                                level: str) -> None:
+    tokens = TOKENS[:30] + [5, 6, 7, 8, 9] * 4
+    portable = parse_level(level)
+    assert isinstance(portable, PortableLevel)
+    lookup, lookup_counts = _drafted_decode(tiny_model, level, tokens, None)
+    for drafter in (portable.layer_drafter(tiny_model, 1, 3),
+                    portable.layer_drafter(tiny_model, 1, 2, after_lookup=False)):
+        decoded, counts = _drafted_decode(tiny_model, level, tokens, drafter)
+        assert decoded == lookup == tokens
+        assert counts.draft_forwards > 0 and counts.drafted > lookup_counts.drafted
+        assert 0 <= counts.accepted <= counts.drafted
+    assert lookup_counts.accepted == lookup_counts.drafted > 0  # the repeats, all confirmed
+    with pytest.raises(InvalidLevelError, match="layers"):
+        portable.layer_drafter(tiny_model, 2, 3)  # the tiny model has 2 layers
+
+
+def test_a_layer_draft_leaves_the_sequence_as_it_found_it(tiny_model: CausalLM) -> None:
+    engine = IntegerForward(block_weights(tiny_model))
+    drafter = LayerDrafter(IntegerForward(engine.weights, layers=1), max_draft=4)
+    sequence = engine.new_sequence()
+    engine.forward([(sequence, TOKENS[:20])])
+    before = sequence.state()
+    guesses = drafter.guess(TOKENS[:21], sequence, 4, DraftCounts())
+    assert len(guesses) == 4 and all(0 <= g < 512 for g in guesses)
+    after = sequence.state()
+    assert sequence.length == 20
+    assert torch.equal(before.planes, after.planes) and torch.equal(before.shifts, after.shifts)
+    # and the next rows are the same as if nothing had been drafted
+    assert np.array_equal(engine.forward([(sequence, TOKENS[20:30])])[0],
+                          _rows(engine, TOKENS[:30], [])[20:])
+
+
+def test_a_forward_reads_fewer_weight_bytes_on_blocks(tiny_model: CausalLM) -> None:
+    int8 = IntegerForward(tiny_model)
+    blocks = IntegerForward(block_weights(tiny_model))
+    assert 0 < blocks.weight_bytes() < int8.weight_bytes()
+    if blocks.backend == "native":  # 20 bytes per 32 weights, rows padded to 16
+        qkv = blocks.weights.layers[0].qkv
+        assert isinstance(qkv, BlockLinear)
+        padded = -(-qkv.out_features // 16) * 16
+        layer = blocks.weight_bytes() - IntegerForward(blocks.weights, layers=1).weight_bytes()
+        assert layer > padded * qkv.in_features // 32 * 20
