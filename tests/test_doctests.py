@@ -10,6 +10,7 @@ import pytest
 MODULES = (
     "seqkv.codec",
     "seqkv.levels.drafts",
+    "seqkv.models.integer.blocks",
     "seqkv.models.tiny",
     *(f"seqkv.quantizers.{name}" for name in (
         "bitpack", "kivi", "lloyd_max", "measure", "rotation", "turboquant", "uniform")),

@@ -103,7 +103,7 @@ def q4_1_blocks(weight: npt.NDArray[np.float32]
     >>> w = np.arange(64, dtype=np.float32).reshape(1, 64) / 8
     >>> q, d, m = q4_1_blocks(w)
     >>> q[0, :4].tolist(), d.tolist(), m.tolist()
-    ([0, 0, 1, 1], [[0.2666015625, 0.2666015625]], [[0.0, 4.0]])
+    ([0, 0, 1, 1], [[0.25830078125, 0.25830078125]], [[0.0, 4.0]])
     """
     rows, k = weight.shape
     blocks = np.ascontiguousarray(weight, dtype=np.float32).reshape(rows, k // BLOCK, BLOCK)

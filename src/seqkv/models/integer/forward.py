@@ -36,7 +36,12 @@ Formats (``x`` at ``2**-f`` means the int64 ``x`` stands for ``x / 2**f``):
   planes; a weight below ``2**-15`` of the row's largest is 0); the weighted sum of values and
   the sum of weights are exact int64, divided with integer division;
 * SiLU as ``x * sigmoid(x)`` from ``fixedpoint.sigmoid``, gate at ``2**-16``;
-* logits at ``2**-LOGIT_FRAC`` (16), natural-log units.
+* logits at ``2**-LOGIT_FRAC`` (16), natural-log units;
+* 4-bit layers (``blocks.BlockWeights``, the ``portable4`` level): Q4_1 blocks of 32 weights
+  with exact integer scales and minima ``D``, ``M`` at ``2**-24``; a layer's output is the exact
+  sum over blocks of ``D * S + M * X`` (``_block_accumulate``: ``S`` the int32 products of a
+  block's activations and nibbles, ``X`` the activations' block sum) shifted once; the norms
+  before them multiply by the norm weights' integer gains (``_norm``).
 
 NOTE: 14-bit activations, measured (float simulation on the 4 shipped texts, 256 tokens each,
 SmolLM2-135M): int8 per-row activations before every linear layer cost +0.6/+3.5/+2.6/+1.2 %

@@ -7,6 +7,8 @@ a 69 ms step and operator dispatch most of the rest. ``native.c`` computes the s
 ``seqkv_layers`` runs every decoder layer in one call (RMSNorm and quantization, the linear
 layers on weights packed for AVX-512 VNNI, RoPE, attention, SiLU, the KV pool writes),
 ``seqkv_head`` the final norm and output layer, and ``seqkv_integer_tables`` the coder tables
+(a layer of the 4-bit predictor runs on its Q4_1 blocks as ``pack_blocks`` lays them out,
+``seqkv_linear_q4``)
 (the same operations as ``table.py``). A build without VNNI (``NativeKernels.packed`` false)
 serves the tables only; the forward then runs its torch statement.
 ``tests/test_integer_native.py`` asserts the two paths' logits, KV planes and tables equal bit
