@@ -1,8 +1,9 @@
 """Self-drafting (``seqkv.levels.layer_drafts``) against prompt-lookup drafting alone, per text
 kind, at ``portable`` and ``portable4``.
 
-Each text (the first ``--tokens`` tokens of the four shipped kinds, and the four held-out texts
-of ``benchmarks/texts/heldout``) is coded once per level without its KV (the tokens alone), then
+Each text (the first ``--tokens`` tokens of the four shipped kinds, and with ``--held-out`` of
+the four held-out texts of ``benchmarks/texts/heldout``) is coded once per level (default
+``portable4``) without its KV (the tokens alone), then
 its tokens are decoded (no KV prefill) with each drafter, the drafters alternating within each
 of ``--repeats`` rounds:
 
@@ -17,8 +18,8 @@ drafter's own one-row forwards, decoded tokens per full forward, the median deco
 the speed-up against ``lookup`` (its median time over this drafter's). Writes ``--markdown``
 (default ``reports/self_drafting.md``) and prints the JSON.
 
-Usage: ``PYTHONPATH=src python benchmarks/self_drafting.py [--tokens 200] [--repeats 2]
-[--layers 12 24] [--max-draft 2] [--levels portable portable4]``.
+Usage: ``PYTHONPATH=src python benchmarks/self_drafting.py [--tokens 120] [--repeats 2]
+[--layers 12 24] [--max-draft 2] [--levels portable4] [--held-out]``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from seqkv.container import decode_container
 from seqkv.errors import DecodeVerificationError
 from seqkv.levels import parse_level
 from seqkv.levels.base import DecodeRequest
-from seqkv.levels.layer_drafts import DraftCounts, StreamDrafter
+from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, StreamDrafter
 from seqkv.levels.portable import PortableLevel, default_drafter
 from seqkv.models import CausalLM, load_default_model
 
@@ -65,6 +66,10 @@ class DrafterRun:
     acceptance: float  # accepted / drafted
     draft_forwards: int  # the drafter's own one-row forwards
     tokens_per_forward: float
+    # weights read per decoded token: the full forwards' and the drafter's (a proxy for decode
+    # time where a forward is bound by its weights' memory traffic, independent of the load)
+    weight_mb_per_token: float
+    bytes_speedup_vs_lookup: float  # lookup's weight bytes per token over this drafter's
     decode_seconds: float  # median
     speedup_vs_lookup: float  # lookup's median time over this drafter's
 
@@ -81,14 +86,19 @@ class Report:
     runs: list[DrafterRun]
 
 
-def _texts(model: CausalLM, tokens: int) -> dict[tuple[str, str], list[int]]:
+def _texts(model: CausalLM, tokens: int, held_out: bool) -> dict[tuple[str, str], list[int]]:
     texts = {}
     for name, file in SHIPPED.items():
         text = (importlib.resources.files("seqkv") / "data" / file).read_text("utf-8")
         texts[(name, "shipped")] = model.encode_text(text)[:tokens]
-    for path in sorted(HELD_OUT.glob("*.txt")):
+    for path in sorted(HELD_OUT.glob("*.txt")) if held_out else []:
         texts[(path.stem, "held-out")] = model.encode_text(path.read_text("utf-8"))[:tokens]
     return texts
+
+
+def _weight_bytes(drafter: StreamDrafter) -> int:
+    """Weight bytes of one of the drafter's own forwards (0 for prompt lookup)."""
+    return drafter.engine.weight_bytes() if isinstance(drafter, LayerDrafter) else 0
 
 
 def _decode(model: CausalLM, level: PortableLevel, data: bytes, drafter: StreamDrafter,
@@ -110,7 +120,7 @@ def _decode(model: CausalLM, level: PortableLevel, data: bytes, drafter: StreamD
 def measure(args: argparse.Namespace) -> Report:
     model = load_default_model()
     load_before = os.getloadavg()
-    texts = _texts(model, args.tokens)
+    texts = _texts(model, args.tokens, args.held_out)
     runs = []
     for level_name in args.levels:
         level = parse_level(level_name)
@@ -131,11 +141,16 @@ def measure(args: argparse.Namespace) -> Report:
                     seconds[label].append(elapsed)
                     counts[label] = counted  # the same every repeat: a pure function
             lookup = statistics.median(seconds["lookup"])
+            full = level.engine(model).weight_bytes()
+            per_token = {label: (counts[label].rounds * full + counts[label].draft_forwards
+                                 * _weight_bytes(drafter)) / len(tokens) / 1e6
+                         for label, drafter in drafters.items()}
             for label in drafters:
                 c, median = counts[label], statistics.median(seconds[label])
                 runs.append(DrafterRun(
                     name, source, level_name, label, len(tokens), c.rounds, c.drafted,
-                    c.accepted, c.acceptance, c.draft_forwards, len(tokens) / c.rounds, median,
+                    c.accepted, c.acceptance, c.draft_forwards, len(tokens) / c.rounds,
+                    per_token[label], per_token["lookup"] / per_token[label], median,
                     lookup / median))
                 print(json.dumps(dataclasses.asdict(runs[-1])), flush=True)
     return Report(model.name, f"{platform.machine()} {platform.processor() or ''}".strip(),
@@ -151,34 +166,44 @@ def render(report: Report, args: argparse.Namespace) -> str:
         "",
         f"Measured by `python benchmarks/self_drafting.py --tokens {args.tokens} --repeats "
         f"{report.repeats} --layers {' '.join(map(str, args.layers))} --max-draft "
-        f"{args.max_draft}`: model {report.model}; {report.cpu_count} CPU cores "
-        f"({report.machine}), torch {report.torch_version}, the integer forward on its 2 "
-        f"threads; load average (1, 5, 15 min) {load} before and {after} after (a shared "
-        "machine: the drafters of one text alternate within each round). Every decode returned "
-        "the coded tokens exactly. Decode time: the tokens alone (no KV prefill), median.",
+        f"{args.max_draft} --levels {' '.join(args.levels)}"
+        f"{' --held-out' if args.held_out else ''}`: model {report.model}; "
+        f"{report.cpu_count} CPU cores ({report.machine}), torch {report.torch_version}, the "
+        f"integer forward on its 2 threads; load average (1, 5, 15 min) {load} before and "
+        f"{after} after (a shared machine: the drafters of one text alternate within each "
+        "round). Every decode returned the coded tokens exactly. Decode time: the tokens alone "
+        "(no KV prefill), median.",
         "",
         "Acceptance: drafted tokens the decoded tokens confirmed, over drafted tokens verified. "
-        "Speed-up: prompt lookup's median decode time over the drafter's.",
+        "Weight MB / token: the weights every forward (the full predictor's and the drafter's "
+        "own) reads, per decoded token: what a decode bound by its weights' memory traffic pays, "
+        "whatever the load. Speed-up: prompt lookup's over the drafter's, in those bytes and in "
+        "median decode time.",
         "",
         "| text | source | level | drafter | full forwards | drafted | confirmed | acceptance "
-        "| drafter forwards | tokens / full forward | decode s | speed-up vs lookup |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| drafter forwards | tokens / full forward | weight MB / token | speed-up in bytes "
+        "| decode s | speed-up vs lookup |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report.runs:
         lines.append(
             f"| {r.text} | {r.source} | {r.level} | {r.drafter} | {r.forwards} | {r.drafted} "
             f"| {r.accepted} | {r.acceptance:.1%} | {r.draft_forwards} | "
-            f"{r.tokens_per_forward:.2f} | {r.decode_seconds:.2f} | {r.speedup_vs_lookup:.2f}x |")
+            f"{r.tokens_per_forward:.2f} | {r.weight_mb_per_token:.1f} | "
+            f"{r.bytes_speedup_vs_lookup:.2f}x | {r.decode_seconds:.2f} | "
+            f"{r.speedup_vs_lookup:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--layers", type=int, nargs="+", default=[12, 24])
     parser.add_argument("--max-draft", type=int, default=2)
-    parser.add_argument("--levels", nargs="+", default=["portable", "portable4"])
+    parser.add_argument("--levels", nargs="+", default=["portable4"])
+    parser.add_argument("--held-out", action="store_true",
+                        help="also the held-out texts of benchmarks/texts/heldout")
     parser.add_argument("--markdown", type=Path, default=Path("reports") / "self_drafting.md")
     args = parser.parse_args()
     report = measure(args)
