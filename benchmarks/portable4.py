@@ -43,7 +43,7 @@ from seqkv.coding.frequencies import FREQUENCY_BITS
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.integer import IntegerForward, IntegerWeights, integer_tables, integer_weights
 from seqkv.models.integer.blocks import BlockWeights, block_weights
-from seqkv.schedule import pinned_threads
+from seqkv.schedule import cpu_model, pinned_threads
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
@@ -245,7 +245,7 @@ def measure(args: argparse.Namespace) -> Report:
           * (2 * geometry.kv_heads * geometry.head_dim + geometry.heads)) / 1e6
     full_step = next(p for p in pairs if p.workload == "step" and p.layers == model.num_layers)
     return Report(
-        model=model.name, machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
+        model=model.name, machine=f"{platform.machine()}, {cpu_model()}",
         cpu_count=os.cpu_count() or 0, torch_version=torch.__version__, threads=args.threads,
         context=args.context, repeats=args.repeats, load_before=load_before,
         load_after=os.getloadavg(), int8_digest=engines["int8"].digest,

@@ -46,6 +46,7 @@ from seqkv.levels.base import DecodeRequest
 from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, StreamDrafter
 from seqkv.levels.portable import PortableLevel, default_drafter
 from seqkv.models import CausalLM, load_default_model
+from seqkv.schedule import cpu_model
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
@@ -153,7 +154,7 @@ def measure(args: argparse.Namespace) -> Report:
                     per_token[label], per_token["lookup"] / per_token[label], median,
                     lookup / median))
                 print(json.dumps(dataclasses.asdict(runs[-1])), flush=True)
-    return Report(model.name, f"{platform.machine()} {platform.processor() or ''}".strip(),
+    return Report(model.name, f"{platform.machine()}, {cpu_model()}",
                   os.cpu_count() or 0, torch.__version__, args.repeats, load_before,
                   os.getloadavg(), runs)
 
