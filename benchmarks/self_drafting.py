@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from seqkv.codec import compress
@@ -46,6 +47,7 @@ from seqkv.levels.base import DecodeRequest
 from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, StreamDrafter
 from seqkv.levels.portable import PortableLevel, default_drafter
 from seqkv.models import CausalLM, load_default_model
+from seqkv.models.integer import IntegerForward
 from seqkv.schedule import cpu_model
 
 HERE = Path(__file__).resolve().parent
@@ -61,6 +63,9 @@ class DrafterRun:
     level: str
     drafter: str
     tokens: int
+    # positions where the full predictor's most likely token is the text's: the acceptance of a
+    # drafter that guessed exactly what the full predictor ranks first
+    full_top1: float
     forwards: int  # of the full predictor
     drafted: int
     accepted: int
@@ -96,6 +101,14 @@ def _texts(model: CausalLM, tokens: int, held_out: bool) -> dict[tuple[str, str]
     for path in sorted(HELD_OUT.glob("*.txt")) if held_out else []:
         texts[(path.stem, "held-out")] = model.encode_text(path.read_text("utf-8"))[:tokens]
     return texts
+
+
+def _top1(engine: IntegerForward, model: CausalLM, tokens: list[int]) -> float:
+    """The fraction of positions whose next token is the predictor's most likely one."""
+    start = model.start_token_id
+    inputs = [start if start is not None else tokens[0], *tokens[:-1]]
+    rows = engine.forward([(engine.new_sequence(), inputs)])[0]
+    return float((rows.argmax(-1) == np.array(tokens)).mean())
 
 
 def _weight_bytes(drafter: StreamDrafter) -> int:
@@ -135,6 +148,7 @@ def measure(args: argparse.Namespace) -> Report:
         drafters[alone.name] = alone
         for (name, source), tokens in texts.items():
             data = compress(model, tokens, level=level_name).data
+            top1 = _top1(level.engine(model), model, tokens)
             seconds: dict[str, list[float]] = {d: [] for d in drafters}
             cpu: dict[str, list[float]] = {d: [] for d in drafters}
             counts: dict[str, DraftCounts] = {}
@@ -152,7 +166,7 @@ def measure(args: argparse.Namespace) -> Report:
             for label in drafters:
                 c, median = counts[label], statistics.median(seconds[label])
                 runs.append(DrafterRun(
-                    name, source, level_name, label, len(tokens), c.rounds, c.drafted,
+                    name, source, level_name, label, len(tokens), top1, c.rounds, c.drafted,
                     c.accepted, c.acceptance, c.draft_forwards, len(tokens) / c.rounds,
                     per_token[label], per_token["lookup"] / per_token[label], median,
                     lookup / median, statistics.median(cpu[label])))
@@ -178,20 +192,24 @@ def render(report: Report, args: argparse.Namespace) -> str:
         "round). Every decode returned the coded tokens exactly. Decode time: the tokens alone "
         "(no KV prefill), median.",
         "",
+        "Full top-1: positions where the full predictor's most likely token is the text's (what "
+        "a drafter guessing exactly the full predictor's first choice would have confirmed). "
         "Acceptance: drafted tokens the decoded tokens confirmed, over drafted tokens verified. "
         "Weight MB / token: the weights every forward (the full predictor's and the drafter's "
         "own) reads, per decoded token: what a decode bound by its weights' memory traffic pays, "
         "whatever the load. Speed-up: prompt lookup's over the drafter's, in those bytes and in "
         "median decode time.",
         "",
-        "| text | source | level | drafter | full forwards | drafted | confirmed | acceptance "
+        "| text | source | level | full top-1 | drafter | full forwards | drafted | confirmed "
+        "| acceptance "
         "| drafter forwards | tokens / full forward | weight MB / token | speed-up in bytes "
         "| decode s (CPU s) | speed-up vs lookup |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report.runs:
         lines.append(
-            f"| {r.text} | {r.source} | {r.level} | {r.drafter} | {r.forwards} | {r.drafted} "
+            f"| {r.text} | {r.source} | {r.level} | {r.full_top1:.1%} | {r.drafter} | "
+            f"{r.forwards} | {r.drafted} "
             f"| {r.accepted} | {r.acceptance:.1%} | {r.draft_forwards} | "
             f"{r.tokens_per_forward:.2f} | {r.weight_mb_per_token:.1f} | "
             f"{r.bytes_speedup_vs_lookup:.2f}x | {r.decode_seconds:.2f} "
