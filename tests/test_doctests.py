@@ -13,6 +13,7 @@ MODULES = (
     "seqkv.formats.framing",
     "seqkv.progress",
     "seqkv.levels.drafts",
+    "seqkv.models.integer.blocks",
     "seqkv.models.tiny",
     *(f"seqkv.quantizers.{name}" for name in (
         "bitpack", "kivi", "lloyd_max", "measure", "rotation", "turboquant", "uniform")),

@@ -5,7 +5,7 @@ Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``; ``level=
 rate-compute dial (``seqkv.levels``, ``seqkv.parse_level``), ``seqkv.decompress_batch`` decodes
 many files together.
 
-The names below are imported on first use, so that ``import seqkv.container`` (reading,
+The names below are imported on first use, so that ``import seqkv.formats.skv`` (reading,
 inspecting or upgrading a file) does not load torch or transformers.
 """
 

@@ -3,7 +3,7 @@
 A file's header, a store's records, the checker's report and the proofs all speak of the same
 few things: which model coded a session (``ModelIdentity``), the shape of its KV cache per token
 (``KVGeometry``), and the execution profile a decoder must reproduce (``ExecutionProfile``).
-They live here so that reading a file (``seqkv.container``) or deriving a bound
+They live here so that reading a file (``seqkv.formats.skv``) or deriving a bound
 (``seqkv.proofs``) never imports torch, transformers or the model layer.
 
 Invariants:

@@ -61,7 +61,7 @@ from seqkv.schedule import cpu_vendor
 # level's drafts, four segments of 24 tokens).
 GATE_TOKENS = 96
 FLOAT_LEVELS = ("tokens", "rows", "segments:4")
-INTEGER_LEVELS = ("ngram", "plain", "portable")
+INTEGER_LEVELS = ("ngram", "plain", "portable", "portable4")
 Dependence = Literal["integer", "float"]
 
 

@@ -339,7 +339,8 @@ def add_session_verbs(commands: common.Subparsers) -> None:
                    metavar="LEVEL", help="rate-compute dial: tokens (default: fewest bits), rows "
                    "(same bits, fast encode, batched decoding), segments:N (N segments decoded "
                    "in parallel, more bits), ngram, plain (no model per token), portable "
-                   "(decodes on any machine), portable+mix (with --dict)")
+                   "(decodes on any machine), portable+mix (with --dict), portable4 (as "
+                   "portable, on the model's 4-bit weight blocks)")
     c.add_argument("--dict", metavar="DICT", type=common.input_file_no_stdin,
                    help="a mixing dictionary (seqkv dict build) for the portable+mix level")
     c.add_argument("--no-verify", action="store_true", help="skip the verifying decode")

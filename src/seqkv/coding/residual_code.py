@@ -1,7 +1,7 @@
 """A coded KV residual as stored: its mode, tolerance, per-group scales and coded bytes.
 
 The data of ``seqkv.coding.residual``'s code, without torch, so that a file can be read,
-inspected and rewritten (``seqkv.container``) without the numerical stack.
+inspected and rewritten (``seqkv.formats.skv``) without the numerical stack.
 
 Invariants:
 1. ``num_bits`` counts everything the residual decoder reads: the range coder's words, the

@@ -91,13 +91,15 @@ FORMAT_VERSION = 4
 FRAMED_VERSIONS = (3, 4)
 READABLE_VERSIONS = (1, 2, 3, 4)
 # The file's level ids: an id is never reused; a new level appends its family name here.
+# NOTE: append only: a file records its level as the index here.
 LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain", "portable",
-                               "portable+mix")
+                               "portable+mix", "portable4")
 # The parameter each level family may carry (segments N; portable's layer count, 0 = all), and
 # the levels that decode without the model and so record the vocabulary size
 # (``tests/test_container.py`` checks both against ``seqkv.levels``).
 _LEVEL_PARAMETERS: dict[str, tuple[int, int]] = {"segments": (2, MAX_SEGMENTS),
-                                                 "portable": (0, MAX_LAYERS)}
+                                                 "portable": (0, MAX_LAYERS),
+                                                 "portable4": (0, MAX_LAYERS)}
 VOCAB_STORED_LEVELS = frozenset({"ngram", "plain"})
 PREFIX_HASH_BYTES = 32
 _ERRORS = FramingErrors(EmptyInputError, NotASeqKVFileError, UnsupportedVersionError,

@@ -23,6 +23,9 @@ level          tokens coded under                              decoding
                the first N layers only                         the KV (exact on the same profile)
 ``portable``   ``portable`` mixed, exactly, with a mixing      as ``portable``, plus the mixer's
 ``+mix``       dictionary's predictors (``seqkv.mixing``)      work (under 1 ms per token)
+``portable4``  ``portable`` on the model's Q4_1 weight         as ``portable``, a step reading
+               blocks (``models/integer/blocks.py``);          fewer weight bytes
+               ``portable4:N`` the first N layers
 =============  ==============================================  ====================================
 
 A level implements ``CodingLevel`` (``levels/base.py``): ``spec`` (name, whether decoding needs
@@ -74,6 +77,10 @@ def _portable_mix(count: int | None) -> CodingLevel:
     return PortableLevel(count, mix=True)
 
 
+def _portable4(count: int | None) -> CodingLevel:
+    return PortableLevel(count, bits=4)
+
+
 def _segments(count: int | None) -> CodingLevel:
     if count is None:
         raise InvalidLevelError("write the segments level as segments:N with N >= 2")
@@ -89,13 +96,14 @@ LEVELS: Mapping[str, LevelFactory] = MappingProxyType({
     "plain": _no_count(PlainLevel, "plain"),
     "portable": _portable,
     "portable+mix": _portable_mix,
+    "portable4": _portable4,
 })
 DEFAULT_LEVEL = "portable"
 
 
 def parse_level(text: str) -> CodingLevel:
-    """``tokens``, ``rows``, ``segments:N``, ``ngram``, ``plain``, ``portable`` or
-    ``portable:N`` (see ``LEVELS``)."""
+    """``tokens``, ``rows``, ``segments:N``, ``ngram``, ``plain``, ``portable``,
+    ``portable:N``, ``portable+mix``, ``portable4`` or ``portable4:N`` (see ``LEVELS``)."""
     name, colon, count = text.partition(":")
     factory = LEVELS.get(name)
     if factory is None:

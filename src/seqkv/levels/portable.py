@@ -41,6 +41,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -59,9 +60,11 @@ from seqkv.levels.base import (
     TraceColumns,
 )
 from seqkv.levels.drafts import PromptLookup
+from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, LookupDrafter, StreamDrafter
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.mixer import MixingPredictor
 from seqkv.models.adapter import CausalLM
+from seqkv.models.integer.blocks import BlockWeights, block_weights
 from seqkv.models.integer.forward import IntegerForward, IntSequence
 from seqkv.models.integer.table import (
     IntegerTables,
@@ -142,19 +145,30 @@ class _BufferPool:
                     self._free.append(buffers)
 
 
+WeightBits = Literal[8, 4]  # int8 rows (portable) or Q4_1 blocks (portable4)
+
+
 class IntegerPredictors:
-    """The integer predictors of one model, by layer count, sharing one set of weights, and
-    the buffers their encodes reuse."""
+    """The integer predictors of one model, by weight format and layer count, sharing one set
+    of weights per format, and the buffers their encodes reuse."""
 
     def __init__(self, model: CausalLM, device: torch.device | str = "cpu") -> None:
         self._model = model
         self._device = torch.device(device)
         self._weights: IntegerWeights | None = None
-        self._forwards: dict[int | None, IntegerForward] = {}
+        self._blocks: BlockWeights | None = None
+        self._forwards: dict[tuple[WeightBits, int | None], IntegerForward] = {}
         self.encode_buffers = _BufferPool(model.vocab_size)
 
-    def get(self, layers: int | None) -> IntegerForward:
-        engine = self._forwards.get(layers)
+    def get(self, layers: int | None, bits: WeightBits = 8) -> IntegerForward:
+        engine = self._forwards.get((bits, layers))
+        if engine is None and bits == 4:
+            if self._blocks is None:  # on the CPU, as the int8 weights below
+                self._blocks = block_weights(self._model)
+                if self._device.type != "cpu":
+                    self._blocks = self._blocks.to(self._device)
+            engine = IntegerForward(self._blocks, layers=layers)
+            self._forwards[(bits, layers)] = engine
         if engine is None:
             if self._weights is None:
                 # NOTE: built from the float weights' CPU copies and run on the CPU (native.c,
@@ -167,16 +181,23 @@ class IntegerPredictors:
                 if self._device.type != "cpu":
                     self._weights = self._weights.to(self._device)
             engine = IntegerForward(self._weights, layers=layers)
-            self._forwards[layers] = engine
+            self._forwards[(bits, layers)] = engine
         return engine
 
 
-def integer_predictor(model: CausalLM, layers: int | None = None) -> IntegerForward:
-    """The model's integer predictor (the first ``layers`` layers), built once per model."""
+def integer_predictor(model: CausalLM, layers: int | None = None,
+                      bits: WeightBits = 8) -> IntegerForward:
+    """The model's integer predictor (the first ``layers`` layers) on int8 rows (``bits=8``)
+    or Q4_1 blocks (``bits=4``), built once per model."""
     if layers is not None and layers > model.num_layers:
-        raise InvalidLevelError(f"portable:{layers} asks for more layers than the model's "
-                                f"{model.num_layers}")
-    return model.derived(IntegerPredictors, IntegerPredictors).get(layers)
+        raise InvalidLevelError(f"{level_name(bits)}:{layers} asks for more layers than the "
+                                f"model's {model.num_layers}")
+    return model.derived(IntegerPredictors, IntegerPredictors).get(layers, bits)
+
+
+def level_name(bits: WeightBits, mix: bool = False) -> str:
+    """``portable``, ``portable+mix`` or ``portable4``: the level family of a weight format."""
+    return "portable4" if bits == 4 else ("portable+mix" if mix else "portable")
 
 
 def prefill_kv(model: CausalLM, tail: Sequence[int],
@@ -227,30 +248,46 @@ def _start(engine: IntegerForward, context: int | None,
 @dataclass(frozen=True)
 class PortableLevel:
     """The integer predictor's level (``portable``), or its first ``layers`` layers, optionally
-    mixed with a dictionary (``portable+mix``)."""
+    mixed with a dictionary (``portable+mix``); on Q4_1 weight blocks with ``bits=4``
+    (``portable4``, ``portable4:N``)."""
 
     layers: int | None = None
     mix: bool = False
+    bits: WeightBits = 8
 
     def __post_init__(self) -> None:
         if self.layers is not None and not 1 <= self.layers <= MAX_LAYERS:
-            raise InvalidLevelError(f"portable:N takes 1 to {MAX_LAYERS} layers, not "
-                                    f"{self.layers}")
+            raise InvalidLevelError(f"{level_name(self.bits)}:N takes 1 to {MAX_LAYERS} layers, "
+                                    f"not {self.layers}")
+        if self.mix and self.bits != 8:
+            raise InvalidLevelError("portable+mix mixes the int8 predictor only")
 
     @property
     def spec(self) -> LevelSpec:
-        name = "portable+mix" if self.mix else "portable"
+        name = level_name(self.bits, self.mix)
         name = name if self.layers is None else f"{name}:{self.layers}"
         return LevelSpec(
             name, model_coded=True, schedule="prefill",
             decoding="one integer forward per token or fewer (drafts), sessions batched, on "
                      "any machine; one float prefill for the KV",
             reference="model" if self.layers is None else "none",
-            batch_group=BATCH_GROUP, portable=True, mixes=self.mix,
+            batch_group=self.batch_group, portable=True, mixes=self.mix,
             reference_allowance=PORTABLE_ALLOWANCE)
 
+    @property
+    def batch_group(self) -> str:
+        """Files decode together where they run the same integer predictor (``portable`` and
+        ``portable+mix`` do; ``portable:N`` and ``portable4`` each run their own)."""
+        if (self.bits, self.layers) == (8, None):
+            return BATCH_GROUP
+        return f"{BATCH_GROUP}:{level_name(self.bits)}:{self.layers}"
+
+    def engine(self, model: CausalLM) -> IntegerForward:
+        """This level's integer predictor of ``model``."""
+        return integer_predictor(model, self.layers, self.bits)
+
     def encode(self, request: EncodeRequest) -> EncodeOutput:
-        engine = integer_predictor(request.model, self.layers)
+        engine = self.engine(request.model)
         with pinned_threads(integer_threads(engine)):
             trace, forwards = self._code(request)
         kv = prefill_kv(request.model, request.tail, request.prefix) if request.with_kv else None
@@ -269,7 +306,7 @@ class PortableLevel:
         return mixer
 
     def _code(self, request: EncodeRequest) -> tuple[TraceColumns, int]:
-        engine = integer_predictor(request.model, self.layers)
+        engine = self.engine(request.model)
         mixer = self._mixer(engine.vocab_size, request.dictionary, request.prefix)
         sequence, first = _start(engine, request.context, request.prefix)
         forwards = 1 if request.prefix is not None or request.context is not None else 0
@@ -309,16 +346,34 @@ class PortableLevel:
     def decode(self, model: CausalLM | None,
                requests: Sequence[DecodeRequest]) -> list[DecodeOutput]:
         assert model is not None, "the portable level needs the model's weights"
-        engine = integer_predictor(model, self.layers)
+        return self.decode_drafted(model, requests)
+
+    def decode_drafted(self, model: CausalLM, requests: Sequence[DecodeRequest],
+                       drafter: StreamDrafter | None = None,
+                       counts: DraftCounts | None = None) -> list[DecodeOutput]:
+        """``decode`` with a chosen drafter (default prompt lookup) and its counts: the same
+        tokens whatever the drafter (invariant 2)."""
+        engine = self.engine(model)
         with pinned_threads(integer_threads(engine)):
             streams = [_Stream.start(engine, request, self._mixer(
                 engine.vocab_size, request.dictionary, request.prefix)) for request in requests]
-            forwards = decode_streams(engine, streams)
+            forwards = decode_streams(engine, streams, drafter, counts)
         outputs = []
         for request, stream in zip(requests, streams, strict=True):
             kv = prefill_kv(model, stream.tokens, request.prefix) if request.with_kv else None
             outputs.append(DecodeOutput(stream.tokens, stream.trace, kv, forwards))
         return outputs
+
+    def layer_drafter(self, model: CausalLM, layers: int, max_draft: int,
+                      after_lookup: bool = True) -> LayerDrafter:
+        """Self-drafting for this level's files: the first ``layers`` layers of its own
+        integer predictor (``layer_drafts``), tried after prompt lookup by default."""
+        full = self.layers if self.layers is not None else model.num_layers
+        if not 1 <= layers < full:
+            raise InvalidLevelError(f"a draft runs 1 to {full - 1} of the level's {full} "
+                                    f"layers, not {layers}")
+        return LayerDrafter(integer_predictor(model, layers, self.bits), max_draft,
+                            default_drafter() if after_lookup else None)
 
 
 # NOTE: the integer predictor's code is measured at most 1% above the float model's
@@ -364,16 +419,24 @@ class _Stream:
         return token
 
 
+def default_drafter() -> StreamDrafter:
+    """Prompt lookup after a repeated 3-gram (``DRAFT_MIN_NGRAM``), up to ``MAX_DRAFT``."""
+    return LookupDrafter(PromptLookup(max_draft=MAX_DRAFT, min_ngram=DRAFT_MIN_NGRAM))
+
+
 def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
-                   drafts: PromptLookup | None = None) -> int:
+                   drafter: StreamDrafter | None = None,
+                   counts: DraftCounts | None = None) -> int:
     """Decode every stream, one shared integer forward per round; return the forwards run.
 
-    Each round forwards every unfinished stream's last token and its drafted continuation; row
-    ``r`` of a stream is the encoder's distribution after input ``r`` while inputs ``0..r`` are
-    right, so the stream decodes rows until a decoded token differs from its draft.
+    Each round forwards every unfinished stream's last token and, for a lone stream, its
+    drafted continuation (``drafter``, default prompt lookup); row ``r`` of a stream is the
+    encoder's distribution after input ``r`` while inputs ``0..r`` are right, so the stream
+    decodes rows until a decoded token differs from its draft. ``counts`` (optional) receives
+    the drafts verified and confirmed.
     """
-    policy = drafts if drafts is not None else PromptLookup(max_draft=MAX_DRAFT,
-                                                            min_ngram=DRAFT_MIN_NGRAM)
+    drafter = default_drafter() if drafter is None else drafter
+    counts = DraftCounts() if counts is None else counts
     for stream in streams:
         if stream.length:
             stream.take(stream.distribution)
@@ -382,18 +445,24 @@ def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
         active = [s for s in streams if not s.done]
         if not active:
             return forwards
-        guesses = [policy.draft(s.context, [], MAX_DRAFT) if len(active) == 1 else []
-                   for s in active]
+        # NOTE: no guess past the stream's last token: its row would never be decoded
+        guesses = [drafter.guess(s.context, s.sequence, min(MAX_DRAFT, s.length -
+                                                           len(s.tokens) - 1), counts)
+                   if len(active) == 1 else [] for s in active]
         calls = [(s.sequence, [s.tokens[-1], *guess]) for s, guess in zip(active, guesses,
                                                                           strict=True)]
         rows = engine.forward(calls)
         forwards += 1
+        counts.rounds += 1
         for stream, guess, stream_rows in zip(active, guesses, rows, strict=True):
             before = stream.sequence.length - len(stream_rows)
             kept = 0
             for r in range(len(stream_rows)):
                 kept = r + 1
                 token = stream.take(_row(integer_table(stream_rows[r])))
-                if stream.done or r >= len(guess) or guess[r] != token:
+                confirmed = r < len(guess) and guess[r] == token
+                counts.accepted += confirmed
+                if stream.done or not confirmed:
                     break
+            counts.drafted += len(guess)
             stream.sequence.crop(before + kept)

@@ -7,6 +7,8 @@ This package evaluates the model with exact integer arithmetic for every reducti
 * ``fixedpoint``: exp2, rsqrt, sigmoid and rotary tables built with exact software arithmetic,
   evaluated with integer tensor ops;
 * ``weights``: the model as int8 weight planes with per-row fixed-point scales, and its digest;
+* ``blocks``: the model as its GGUF Q4_1 weight blocks with exact fixed-point block scales (the
+  4-bit predictor of the ``portable4`` level), and its own digest;
 * ``forward``: ``IntegerForward``, the row-invariant forward over an integer KV pool, returning
   int64 logits at ``2**-LOGIT_FRAC``;
 * ``native``: the same forward's integers from C (``native.c``, one call per layer), built with
@@ -24,6 +26,12 @@ This package evaluates the model with exact integer arithmetic for every reducti
 (0, 4294967296)
 """
 
+from seqkv.models.integer.blocks import (
+    BLOCK_PREDICTOR_VERSION,
+    BlockLinear,
+    BlockWeights,
+    block_weights,
+)
 from seqkv.models.integer.forward import (
     LOGIT_FRAC,
     IntegerForward,
@@ -45,8 +53,11 @@ from seqkv.models.integer.weights import (
 )
 
 __all__ = [
+    "BLOCK_PREDICTOR_VERSION",
     "LOGIT_FRAC",
     "PREDICTOR_VERSION",
+    "BlockLinear",
+    "BlockWeights",
     "IntKVState",
     "IntSequence",
     "IntegerConfig",
@@ -54,6 +65,7 @@ __all__ = [
     "IntegerWeights",
     "PredictorDigest",
     "UnsupportedWeightsError",
+    "block_weights",
     "cumulative_from_integer_logits",
     "integer_table",
     "integer_tables",

@@ -36,7 +36,12 @@ Formats (``x`` at ``2**-f`` means the int64 ``x`` stands for ``x / 2**f``):
   planes; a weight below ``2**-15`` of the row's largest is 0); the weighted sum of values and
   the sum of weights are exact int64, divided with integer division;
 * SiLU as ``x * sigmoid(x)`` from ``fixedpoint.sigmoid``, gate at ``2**-16``;
-* logits at ``2**-LOGIT_FRAC`` (16), natural-log units.
+* logits at ``2**-LOGIT_FRAC`` (16), natural-log units;
+* 4-bit layers (``blocks.BlockWeights``, the ``portable4`` level): Q4_1 blocks of 32 weights
+  with exact integer scales and minima ``D``, ``M`` at ``2**-24``; a layer's output is the exact
+  sum over blocks of ``D * S + M * X`` (``_block_accumulate``: ``S`` the int32 products of a
+  block's activations and nibbles, ``X`` the activations' block sum) shifted once; the norms
+  before them multiply by the norm weights' integer gains (``_norm``).
 
 NOTE: 14-bit activations, measured (float simulation on the 4 shipped texts, 256 tokens each,
 SmolLM2-135M): int8 per-row activations before every linear layer cost +0.6/+3.5/+2.6/+1.2 %
@@ -78,6 +83,14 @@ import torch
 from seqkv.errors import InvalidTokensError
 from seqkv.models.adapter import CausalLM
 from seqkv.models.integer import native
+from seqkv.models.integer.blocks import (
+    BLOCK,
+    SCALE_FRAC,
+    BlockLayer,
+    BlockLinear,
+    BlockWeights,
+    IntGain,
+)
 from seqkv.models.integer.fixedpoint import (
     EXP2_FRAC_BITS,
     RSQRT_MANTISSA_BITS,
@@ -245,9 +258,10 @@ class _Quantized:
 class IntegerForward:
     """The integer forward of a Llama-family model (see the module docstring)."""
 
-    def __init__(self, source: CausalLM | IntegerWeights, *, layers: int | None = None,
-                 config: IntegerConfig | None = None, backend: Backend = "auto") -> None:
-        weights = (source if isinstance(source, IntegerWeights)
+    def __init__(self, source: CausalLM | IntegerWeights | BlockWeights, *,
+                 layers: int | None = None, config: IntegerConfig | None = None,
+                 backend: Backend = "auto") -> None:
+        weights = (source if isinstance(source, IntegerWeights | BlockWeights)
                    else integer_weights(source, config))
         geometry = weights.geometry
         total = geometry.layers
@@ -256,7 +270,7 @@ class IntegerForward:
         self.weights = weights
         self.geometry = geometry
         self.num_layers = total if layers is None else layers
-        self._layers: tuple[IntLayer, ...] = weights.layers[: self.num_layers]
+        self._layers: tuple[IntLayer | BlockLayer, ...] = weights.layers[: self.num_layers]
         self.max_positions = geometry.max_positions
         self.vocab_size = geometry.vocab
         self.device = weights.embedding.device
@@ -280,14 +294,14 @@ class IntegerForward:
         self._eps_term = torch.tensor(geometry.norm_eps_term, dtype=torch.int64, device=device)
         self._score_shift = _LOGIT_SCALE_BITS + 2 * QKV_FRAC - EXP2_FRAC_BITS
         self._head_pieces = _column_pieces(weights.head, _HEAD_COLUMNS)
-        self._gate_up = tuple(
-            (gate, up) for (_, gate), (_, up) in (
-                _column_pieces(layer.gate_up, geometry.intermediate) for layer in self._layers))
+        self._gate_up = tuple(_gate_and_up(layer, geometry.intermediate)
+                              for layer in self._layers)
         self._start_rows: dict[int, npt.NDArray[np.int64]] = {}
         self._native = self._native_kernels(backend)
         self.backend: Backend = "torch" if self._native is None else "native"
         # native.c's packed weights and their row sums, by (weight address, rows, planes)
         self._packed: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._packed_q4: dict[tuple[int, int], torch.Tensor] = {}  # native.c's Q4_1 layout
         self._layer_structs: ctypes.Array[native.LayerStruct] | None = None
         self._head_struct: native.LinearStruct | None = None
         digest = hashlib.sha256(f"{weights.digest()}:layers={self.num_layers}".encode())
@@ -333,6 +347,32 @@ class IntegerForward:
         pool = IntKVPool(count, _INITIAL_CAPACITY, self.num_layers, geometry.heads,
                          geometry.kv_heads, geometry.head_dim, self.device)
         return [IntSequence(pool, slot) for slot in range(count)]
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward reads, whatever its row count: every linear layer of
+        the engine's layers and the head, as native.c holds them where it runs (int8 rows
+        packed 16 to a block with their int32 row sums and int64 scales; Q4_1 blocks as 20
+        bytes per 32 weights, rows padded to 16), else as the torch statement holds them; the
+        norm gains and biases. The embedding row of each input and the KV are not counted."""
+        def linear_bytes(linear: IntLinear | BlockLinear) -> int:
+            rows = -(-linear.out_features // native.LANES) * native.LANES
+            bias = 0 if linear.bias is None else linear.bias.numel() * 8
+            if isinstance(linear, BlockLinear):
+                if self._native is None:  # nibbles as int8, D and M as int64
+                    return linear.quants.numel() + 16 * linear.scale.numel() + bias
+                return rows * linear.in_features // BLOCK * 20 + bias
+            if self._native is None:
+                return linear.weight.numel() + linear.scale.numel() * 8 + bias
+            return (rows * linear.in_features * linear.planes + rows * linear.planes * 4
+                    + linear.out_features * 8 + bias)
+
+        total = linear_bytes(self.weights.head)
+        for layer in self._layers:
+            total += sum(linear_bytes(part) for part in (layer.qkv, layer.o, layer.gate_up,
+                                                         layer.down))
+            if isinstance(layer, BlockLayer):
+                total += 8 * (layer.attention_gain.values.numel() + layer.mlp_gain.values.numel())
+        return total
 
     def start_row(self, token: int) -> npt.NDArray[np.int64]:
         """The row after ``token`` alone at position 0, computed once (read-only)."""
@@ -410,6 +450,8 @@ class IntegerForward:
         layer, geometry = self._layers[index], self.geometry
         gate, up = self._gate_up[index]
         tables = self._tables
+        gains = ((layer.attention_gain, layer.mlp_gain) if isinstance(layer, BlockLayer)
+                 else (None, None))
         return native.LayerStruct(
             qkv=self._linear_struct(layer.qkv), o=self._linear_struct(layer.o),
             gate=self._linear_struct(gate), up=self._linear_struct(up),
@@ -420,15 +462,25 @@ class IntegerForward:
             heads=geometry.heads, kv_heads=geometry.kv_heads, head_dim=geometry.head_dim,
             score_scale=self._score_scale, score_shift=self._score_shift, qkv_frac=QKV_FRAC,
             hidden_frac=HIDDEN_FRAC, gate_frac=GATE_FRAC, mantissa_bits=RSQRT_MANTISSA_BITS,
-            attention_offset=-(QKV_FRAC + SOFTMAX_BITS), mlp_offset=-2 * GATE_FRAC)
+            attention_offset=-(QKV_FRAC + SOFTMAX_BITS), mlp_offset=-2 * GATE_FRAC,
+            attention_gain=None if gains[0] is None else gains[0].values.data_ptr(),
+            mlp_gain=None if gains[1] is None else gains[1].values.data_ptr(),
+            attention_gain_frac=0 if gains[0] is None else gains[0].frac,
+            mlp_gain_frac=0 if gains[1] is None else gains[1].frac)
 
-    def _linear_struct(self, linear: IntLinear) -> native.LinearStruct:
+    def _linear_struct(self, linear: IntLinear | BlockLinear) -> native.LinearStruct:
+        if isinstance(linear, BlockLinear):
+            return native.LinearStruct(
+                packed=self._packed_blocks(linear).data_ptr(), sums=None, scale=None,
+                bias=None if linear.bias is None else linear.bias.data_ptr(), scale_bits=0,
+                planes=1, n_out=linear.out_features, k=linear.in_features,
+                kind=native.LINEAR_Q4)
         packed, sums = self._packed_weight(linear)
         return native.LinearStruct(
             packed=packed.data_ptr(), sums=sums.data_ptr(), scale=linear.scale.data_ptr(),
             bias=None if linear.bias is None else linear.bias.data_ptr(),
             scale_bits=linear.scale_bits, planes=linear.planes, n_out=linear.out_features,
-            k=linear.in_features)
+            k=linear.in_features, kind=native.LINEAR_INT8)
 
     def _packed_weight(self, linear: IntLinear) -> tuple[torch.Tensor, torch.Tensor]:
         key = (linear.weight.data_ptr(), linear.out_features, linear.planes)
@@ -436,6 +488,14 @@ class IntegerForward:
         if packed is None:
             packed = native.pack_weight(linear.weight, linear.planes)
             self._packed[key] = packed
+        return packed
+
+    def _packed_blocks(self, linear: BlockLinear) -> torch.Tensor:
+        key = (linear.quants.data_ptr(), linear.out_features)
+        packed = self._packed_q4.get(key)
+        if packed is None:
+            packed = native.pack_blocks(linear.quants, *linear.halves())
+            self._packed_q4[key] = packed
         return packed
 
     def _native_head(self, hidden: torch.Tensor, threads: int,
@@ -501,21 +561,27 @@ class IntegerForward:
             ids.extend(int(t) for t in chunk)
         return spans, ids, positions
 
-    def _norm(self, hidden: torch.Tensor) -> _Quantized:
-        """RMSNorm (weights and sqrt(K) folded into the next layer) as 14-bit planes.
+    def _norm(self, hidden: torch.Tensor, gain: IntGain | None = None) -> _Quantized:
+        """RMSNorm (weights and sqrt(K) folded into the next layer, or ``gain``) as 14-bit
+        planes.
 
         ``h / rms(h) = q * sqrt(K) / sqrt(sum q**2 + eps')`` for ``q = h >> s`` (16 bits): the
         row's scale cancels. ``q * 2**42 / sqrt(.)`` is quantized again to 14 bits, so every
         later product needs one shift per row and no multiply (measured: two fewer passes
-        over each norm-fed layer's output, the head's [rows, 49152] among them).
+        over each norm-fed layer's output, the head's [rows, 49152] among them). A 4-bit layer
+        cannot hold the norm's weight (``blocks.py``): its ``gain`` (``g * sqrt(K)`` at
+        ``2**-frac``, at most 2**16) multiplies ``q`` first, ``|q * G * mantissa| < 2**62``.
         """
         shift = excess_bits(_peak(hidden), NORM_BITS, self._tables)  # [rows, 1]
         q = hidden >> shift
         squares = (q * q).sum(-1, keepdim=True)  # < K * 2**32
         eps = self._eps_term >> (shift << 1).clamp_(max=62)
         mantissa, half = rsqrt_parts(squares + eps, self._tables)
-        _, planes, exponent = self._quantize(q * mantissa)  # < 2**16 * 2**30
-        return _Quantized(planes, exponent - half - RSQRT_MANTISSA_BITS)
+        if gain is None:
+            _, planes, exponent = self._quantize(q * mantissa)  # < 2**16 * 2**30
+            return _Quantized(planes, exponent - half - RSQRT_MANTISSA_BITS)
+        _, planes, exponent = self._quantize(q * gain.values * mantissa)
+        return _Quantized(planes, exponent - half - RSQRT_MANTISSA_BITS - gain.frac)
 
     def _quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per row: ``q = x >> s`` below 2**14 (2**7 for one activation plane), its planes
@@ -569,18 +635,24 @@ class IntegerForward:
             low = torch.add(low[:, n:], low[:, :n], alpha=1 << PLANE_BITS)
         return torch.add(low, high, alpha=1 << PLANE_BITS)
 
-    def _linear(self, x: _Quantized, linear: IntLinear, out_frac: int) -> torch.Tensor:
+    def _linear(self, x: _Quantized, linear: IntLinear | BlockLinear, out_frac: int
+                ) -> torch.Tensor:
         """``x @ W.T (+ b)`` at ``2**-out_frac`` (int64 ``[rows, N]``)."""
+        if isinstance(linear, BlockLinear):
+            acc = _block_accumulate(x.planes, linear)  # at 2**(exponent - 24)
+            result = acc >> (SCALE_FRAC - out_frac - x.exponent).clamp_(0, 62)
+            return result if linear.bias is None else result + linear.bias
         acc = self._accumulate(x.planes, linear)
         return _scale(acc, linear.scale, linear.scale_bits, x.exponent, out_frac, linear.bias)
 
-    def _attention(self, index: int, layer: IntLayer, hidden: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, spans: list[_Span], writes: list[PoolWrites[IntKVPool]]
-                   ) -> torch.Tensor:
+    def _attention(self, index: int, layer: IntLayer | BlockLayer, hidden: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, spans: list[_Span],
+                   writes: list[PoolWrites[IntKVPool]]) -> torch.Tensor:
         geometry = self.geometry
         heads, kv_heads, head_dim = geometry.heads, geometry.kv_heads, geometry.head_dim
         n = hidden.shape[0]
-        qkv = self._linear(self._norm(hidden), layer.qkv, QKV_FRAC)
+        gain = layer.attention_gain if isinstance(layer, BlockLayer) else None
+        qkv = self._linear(self._norm(hidden, gain), layer.qkv, QKV_FRAC)
         qkv = qkv.view(n, heads + 2 * kv_heads, head_dim)  # [N, heads, head_dim] at 2**-20
         rotated = heads + kv_heads
         qk = qkv[:, :rotated]
@@ -661,8 +733,9 @@ class IntegerForward:
         exponent = running.amax(-1, keepdim=True)  # [n, 1]
         return out >> (exponent - running)[:, :, None], exponent
 
-    def _mlp(self, index: int, layer: IntLayer, hidden: torch.Tensor) -> torch.Tensor:
-        x = self._norm(hidden)
+    def _mlp(self, index: int, layer: IntLayer | BlockLayer, hidden: torch.Tensor
+             ) -> torch.Tensor:
+        x = self._norm(hidden, layer.mlp_gain if isinstance(layer, BlockLayer) else None)
         # NOTE: gate and up as two products of 1,536 columns: a 512-row product with all 3,072
         # columns ran 1.5x slower than the two halves (4.3 ms vs 2.8 ms, one thread).
         gate_linear, up_linear = self._gate_up[index]
@@ -693,6 +766,34 @@ def _scale(acc: torch.Tensor, scale: torch.Tensor, scale_bits: int, exponent: to
     assumed bounds (|values| < 2**11 real, weights below 2**9); it is clamped at 0."""
     result = (acc * scale) >> (scale_bits - out_frac - exponent).clamp_(0, 62)
     return result if bias is None else result + bias
+
+
+def _block_accumulate(planes: torch.Tensor, linear: BlockLinear) -> torch.Tensor:
+    """The exact sums ``sum_b (D[n, b] * S[r, n, b] + M[n, b] * X[r, b])`` (int64 ``[rows, N]``)
+    of 14-bit activation rows (planes ``[2 * rows, K]``) and Q4_1 blocks (``blocks.py``):
+    ``S`` the int32 product of the block's 32 activations and nibbles, ``X`` the activations'
+    block sum. ``|D * S| < 2**31 * 2**23``, and the whole sum is bounded below 2**62 by
+    ``blocks.block_linear``.
+    """
+    rows = planes.shape[0] // 2
+    q = (planes[:rows].to(torch.int64) << PLANE_BITS) + planes[rows:]  # [rows, K], < 2**14
+    sums = q.view(rows, -1, BLOCK).sum(-1)  # [rows, B]: X
+    acc = sums @ linear.minimum.t()  # [rows, N]
+    for b in range(linear.scale.shape[1]):
+        columns = slice(b * BLOCK, (b + 1) * BLOCK)
+        raw = int_matmul(planes[:, columns].contiguous(), linear.quants[:, columns].t())
+        block = torch.add(raw[rows:], raw[:rows], alpha=1 << PLANE_BITS)  # [rows, N]: S
+        acc += block.to(torch.int64) * linear.scale[:, b]
+    return acc
+
+
+def _gate_and_up(layer: IntLayer | BlockLayer, width: int
+                 ) -> tuple[IntLinear | BlockLinear, IntLinear | BlockLinear]:
+    """A layer's gate and up projections (the first and second ``width`` rows of gate_up)."""
+    if isinstance(layer, BlockLayer):
+        return layer.gate_up.rows(0, width), layer.gate_up.rows(width, 2 * width)
+    (_, gate), (_, up) = _column_pieces(layer.gate_up, width)
+    return gate, up
 
 
 def _column_pieces(linear: IntLinear, width: int) -> tuple[tuple[int, IntLinear], ...]:

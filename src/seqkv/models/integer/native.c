@@ -124,10 +124,13 @@ static void quantize_range(const int64_t *x, int64_t rows, int64_t r0, int64_t r
     }
 }
 
-/* forward._norm of rows [r0, r1): RMSNorm as planes [2 * rows, k], with the exponents. */
+/* forward._norm of rows [r0, r1): RMSNorm as planes [2 * rows, k], with the exponents; with
+ * `gain` (a 4-bit layer's norm weight at 2**-gain_frac, |gain| <= 2**16), q * gain * mantissa
+ * (< 2**62) is what is quantized. */
 static int64_t norm_range(const int64_t *hidden, int64_t rows, int64_t r0, int64_t r1,
                           int64_t k, int64_t eps_term, const int32_t *rsqrt_table,
-                          int64_t mantissa_bits, int8_t *planes, int64_t *exponent) {
+                          int64_t mantissa_bits, const int64_t *gain, int64_t gain_frac,
+                          int8_t *planes, int64_t *exponent) {
     int64_t *q = malloc(sizeof(int64_t) * (size_t)k);
     if (!q) return -1;
     for (int64_t r = r0; r < r1; ++r) {
@@ -142,9 +145,12 @@ static int64_t norm_range(const int64_t *hidden, int64_t rows, int64_t r0, int64
         if (v < RSQRT_MIN) v = RSQRT_MIN;
         int64_t twice = excess_bits(v, 25) & -2;
         int64_t mantissa = rsqrt_table[asr(asr(v, twice), RSQRT_CELL_BITS)];
-        for (int64_t i = 0; i < k; ++i) q[i] *= mantissa;  /* < 2**16 * 2**30 */
+        if (gain)
+            for (int64_t i = 0; i < k; ++i) q[i] = q[i] * gain[i] * mantissa;
+        else
+            for (int64_t i = 0; i < k; ++i) q[i] *= mantissa;  /* < 2**16 * 2**30 */
         int64_t qshift = quantize_row(q, k, planes + r * k, planes + (rows + r) * k);
-        exponent[r] = qshift - (twice >> 1) - mantissa_bits;
+        exponent[r] = qshift - (twice >> 1) - mantissa_bits - (gain ? gain_frac : 0);
     }
     free(q);
     return 0;
@@ -336,6 +342,201 @@ static int64_t seqkv_linear_packed(const int8_t *planes, int64_t rows, int64_t k
     (void)planes; (void)rows; (void)k; (void)packed; (void)row_sums; (void)wplanes;
     (void)n_out; (void)scale; (void)scale_bits; (void)exponent; (void)out_frac; (void)bias;
     (void)out; (void)out_stride; (void)threads;
+    return -1;
+#endif
+}
+
+/* ---- forward._block_accumulate and forward._linear for Q4_1 blocks (blocks.py) ----
+ *
+ * packed: for group g of 16 output rows and block b of 32 weights along k, Q4_BYTES bytes at
+ * packed + (g * kblocks + b) * Q4_BYTES:
+ *   bytes 64 j + 4 l + i (j, i in 0..3, l in 0..15): low nibble q[16 g + l, 32 b + 4 j + i],
+ *   high nibble q[16 g + l, 32 b + 16 + 4 j + i];
+ *   bytes 256 + 2 l: the fp16 bits of d[16 g + l, b]; bytes 288 + 2 l: those of m;
+ *   rows past n_out hold 0 (nibbles, d and m).
+ * (blocks.py's BlockLinear, laid out by native.pack_blocks: 20 bytes per row and block, as the
+ * GGUF's Q4_1 blocks.) One vpdpbusd multiplies the unsigned nibbles of 4 k of 16 rows by 4
+ * broadcast activation bytes (signed: the high plane, or the low plane's 0..127), so a block's
+ * S = sum q_x * q is exact int32 (|S| < 2**14 * 15 * 32 < 2**23); S times the block's D
+ * (d * 2**24, an integer below 2**31) and X (the activations' block sum, below 2**19) times M
+ * are int64 products (vpmuldq on the even and odd rows), summed exactly in int64 (blocks.py
+ * bounds the sum below 2**62).
+ * D and M come from the fp16 bits by exact IEEE-754 operations: vcvtph2ps (every fp16 value is
+ * an fp32 value), a multiply by 2**24 (a power of two, no overflow) and vcvttps2dq (an integer
+ * below 2**31 converts exactly). The kernel clears MXCSR's DAZ and FTZ bits on each thread for
+ * its work (restored after): an fp16 subnormal (d or m below 2**-14) is then converted as IEEE
+ * says, whatever mode the caller's threads run in. */
+#ifdef SEQKV_VNNI
+#define Q4_BLOCK 32
+#define Q4_BYTES 320
+#define Q4_GROUP_TILE 4  /* groups of 16 rows per work item */
+#define MXCSR_FLUSH 0x8040  /* FTZ (bit 15) and DAZ (bit 6) */
+
+static inline __m512i q4_integers(const uint8_t *halves) {  /* 16 fp16 -> value * 2**24 */
+    __m512 value = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)halves));
+    return _mm512_cvttps_epi32(_mm512_mul_ps(value, _mm512_set1_ps(16777216.0f)));
+}
+
+/* acc += S * D + X * M for the 16 rows of a group: even rows in even, odd rows in odd. */
+static inline void q4_fold(__m512i s, __m512i d, __m512i m, int32_t x, __m512i *even,
+                           __m512i *odd) {
+    __m512i xb = _mm512_set1_epi64(x);
+    *even = _mm512_add_epi64(*even, _mm512_add_epi64(_mm512_mul_epi32(s, d),
+                                                     _mm512_mul_epi32(m, xb)));
+    *odd = _mm512_add_epi64(*odd, _mm512_add_epi64(
+        _mm512_mul_epi32(_mm512_srli_epi64(s, 32), _mm512_srli_epi64(d, 32)),
+        _mm512_mul_epi32(_mm512_srli_epi64(m, 32), xb)));
+}
+
+/* One group, one row (h, l: its planes; x: its block sums, times 16). The high nibbles enter
+ * vpdpbusd in place (v & 0xf0, 16 times the nibble), so each block's sum comes out as T = 16 S
+ * (int32: below 2**27), and so does the row's total: the caller shifts 4 further. Four
+ * independent vpdpbusd chains per block (low and high nibbles by high and low planes). */
+static void q4_group_1(const uint8_t *p, int64_t kblocks, const int8_t *h, const int8_t *l,
+                       const int32_t *x, __m512i out[2]) {
+    const __m512i low = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi8((char)0xf0);
+    const __m512i z = _mm512_setzero_si512();
+    __m512i even = z, odd = z;
+    const uint8_t *hu = (const uint8_t *)h, *lu = (const uint8_t *)l;
+    for (int64_t b = 0; b < kblocks; ++b, p += Q4_BYTES, hu += Q4_BLOCK, lu += Q4_BLOCK) {
+        __m512i a0 = z, a1 = z, c0 = z, c1 = z;
+#define NIBBLES(j) {                                                                        \
+            __m512i v = _mm512_loadu_si512(p + 64 * (j));                                   \
+            __m512i v0 = _mm512_and_si512(v, low), v1 = _mm512_and_si512(v, high);          \
+            DP(a0, v0, broadcast4(hu + 4 * (j))); DP(c0, v0, broadcast4(lu + 4 * (j)));     \
+            DP(a1, v1, broadcast4(hu + 16 + 4 * (j)));                                      \
+            DP(c1, v1, broadcast4(lu + 16 + 4 * (j))); }
+        NIBBLES(0) NIBBLES(1) NIBBLES(2) NIBBLES(3)
+#undef NIBBLES
+        /* T = 16 (128 high + low) = ((16 a0 + a1) << 7) + 16 c0 + c1 */
+        __m512i t = _mm512_add_epi32(
+            _mm512_slli_epi32(_mm512_add_epi32(_mm512_slli_epi32(a0, 4), a1), PLANE_BITS),
+            _mm512_add_epi32(_mm512_slli_epi32(c0, 4), c1));
+        q4_fold(t, q4_integers(p + 256), q4_integers(p + 288), x[b], &even, &odd);
+    }
+    out[0] = even;
+    out[1] = odd;
+}
+
+/* One group, three rows: each block's nibbles unpacked once for all three, two vpdpbusd
+ * chains per row; the block sums come out as T = 16 S, as in q4_group_1. */
+static void q4_group_3(const uint8_t *p, int64_t kblocks, const int8_t *const h[3],
+                       const int8_t *const l[3], const int32_t *const x[3], __m512i out[3][2]) {
+    const __m512i mask = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
+    __m512i e0 = z, o0 = z, e1 = z, o1 = z, e2 = z, o2 = z;
+    const uint8_t *h0 = (const uint8_t *)h[0], *h1 = (const uint8_t *)h[1];
+    const uint8_t *h2 = (const uint8_t *)h[2], *l0 = (const uint8_t *)l[0];
+    const uint8_t *l1 = (const uint8_t *)l[1], *l2 = (const uint8_t *)l[2];
+    for (int64_t b = 0; b < kblocks; ++b, p += Q4_BYTES) {
+        __m512i w0 = _mm512_loadu_si512(p), w1 = _mm512_loadu_si512(p + 64);
+        __m512i w2 = _mm512_loadu_si512(p + 128), w3 = _mm512_loadu_si512(p + 192);
+        __m512i n0 = _mm512_and_si512(w0, mask), n1 = _mm512_and_si512(w1, mask);
+        __m512i n2 = _mm512_and_si512(w2, mask), n3 = _mm512_and_si512(w3, mask);
+        __m512i m0 = _mm512_and_si512(_mm512_srli_epi16(w0, 4), mask);
+        __m512i m1 = _mm512_and_si512(_mm512_srli_epi16(w1, 4), mask);
+        __m512i m2 = _mm512_and_si512(_mm512_srli_epi16(w2, 4), mask);
+        __m512i m3 = _mm512_and_si512(_mm512_srli_epi16(w3, 4), mask);
+        int64_t at = b * Q4_BLOCK;
+        __m512i d = q4_integers(p + 256), m = q4_integers(p + 288);
+#define ROW3(r) {                                                                           \
+            const uint8_t *hb = h##r + at, *lb = l##r + at;                                 \
+            __m512i a = z, c = z;                                                           \
+            DP(a, n0, broadcast4(hb)); DP(c, n0, broadcast4(lb));                           \
+            DP(a, n1, broadcast4(hb + 4)); DP(c, n1, broadcast4(lb + 4));                   \
+            DP(a, n2, broadcast4(hb + 8)); DP(c, n2, broadcast4(lb + 8));                   \
+            DP(a, n3, broadcast4(hb + 12)); DP(c, n3, broadcast4(lb + 12));                 \
+            DP(a, m0, broadcast4(hb + 16)); DP(c, m0, broadcast4(lb + 16));                 \
+            DP(a, m1, broadcast4(hb + 20)); DP(c, m1, broadcast4(lb + 20));                 \
+            DP(a, m2, broadcast4(hb + 24)); DP(c, m2, broadcast4(lb + 24));                 \
+            DP(a, m3, broadcast4(hb + 28)); DP(c, m3, broadcast4(lb + 28));                 \
+            __m512i t = _mm512_add_epi32(_mm512_slli_epi32(a, PLANE_BITS + 4),              \
+                                         _mm512_slli_epi32(c, 4));                          \
+            q4_fold(t, d, m, x[r][b], &e##r, &o##r); }
+        ROW3(0) ROW3(1) ROW3(2)
+#undef ROW3
+    }
+    out[0][0] = e0; out[0][1] = o0; out[1][0] = e1; out[1][1] = o1;
+    out[2][0] = e2; out[2][1] = o2;
+}
+#endif
+
+/* forward._linear of Q4_1 blocks: out[r, n] (row stride out_stride) = the row's exact sum
+ * (forward._block_accumulate) shifted right by clamp(24 - out_frac - exponent[r], 0, 62), plus
+ * bias[n]. planes [2 * rows, k], k a multiple of 32. Returns 0, or -1 when out of memory or
+ * built without VNNI (nothing written). */
+static int64_t seqkv_linear_q4(const int8_t *planes, int64_t rows, int64_t k,
+                               const uint8_t *packed, int64_t n_out, const int64_t *exponent,
+                               int64_t out_frac, const int64_t *bias, int64_t *out,
+                               int64_t out_stride, int64_t threads) {
+#ifdef SEQKV_VNNI
+    int64_t kblocks = k / Q4_BLOCK, groups = (n_out + LANES - 1) / LANES;
+    int one_row = rows < TILE_ROWS;  /* 1 or 2 rows: each row on its own */
+    int tile_rows = one_row ? 1 : TILE_ROWS;
+    int64_t tiles = (groups + Q4_GROUP_TILE - 1) / Q4_GROUP_TILE;
+    int64_t chunks = (rows + ROW_SPLIT - 1) / ROW_SPLIT;
+    int32_t *sums = malloc(sizeof(int32_t) * (size_t)(rows * kblocks));
+    if (!sums) return -1;
+    for (int64_t r = 0; r < rows; ++r)  /* 16 X: the block sums of q = 128 * high + low */
+        for (int64_t b = 0; b < kblocks; ++b) {
+            int32_t total = 0;  /* |16 X| < 2**23 */
+            const int8_t *hp = planes + r * k + b * Q4_BLOCK;
+            const int8_t *lp = planes + (rows + r) * k + b * Q4_BLOCK;
+            for (int i = 0; i < Q4_BLOCK; ++i) total += hp[i] * (1 << PLANE_BITS) + lp[i];
+            sums[r * kblocks + b] = total * 16;
+        }
+    /* tiles of groups times chunks of rows are independent: threads share them */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1)
+#endif
+    for (int64_t item = 0; item < tiles * chunks; ++item) {
+        unsigned int mode = _mm_getcsr();
+        _mm_setcsr(mode & ~(unsigned int)MXCSR_FLUSH);
+        int64_t g0 = (item / chunks) * Q4_GROUP_TILE, first = (item % chunks) * ROW_SPLIT;
+        int64_t last = first + ROW_SPLIT < rows ? first + ROW_SPLIT : rows;
+        int64_t g1 = g0 + Q4_GROUP_TILE < groups ? g0 + Q4_GROUP_TILE : groups;
+        for (int64_t r0 = first; r0 < last; r0 += tile_rows) {
+            int count = last - r0 < tile_rows ? (int)(last - r0) : tile_rows;
+            for (int64_t g = g0; g < g1; ++g) {
+                __m512i result[TILE_ROWS][2];  /* [row][even, odd rows of the group] */
+                const uint8_t *p = packed + g * kblocks * Q4_BYTES;
+                if (one_row) {
+                    q4_group_1(p, kblocks, planes + r0 * k, planes + (rows + r0) * k,
+                               sums + r0 * kblocks, result[0]);
+                } else {  /* rows past the tile's last repeat its first; dropped below */
+                    const int8_t *h[TILE_ROWS], *l[TILE_ROWS];
+                    const int32_t *x[TILE_ROWS];
+                    for (int j = 0; j < TILE_ROWS; ++j) {
+                        int64_t row = r0 + (j < count ? j : 0);
+                        h[j] = planes + row * k;
+                        l[j] = planes + (rows + row) * k;
+                        x[j] = sums + row * kblocks;
+                    }
+                    q4_group_3(p, kblocks, h, l, x, result);
+                }
+                for (int j = 0; j < count; ++j) {
+                    /* the totals are 16 times the sums: asr(16 t, a + 4) = asr(t, a) for
+                     * |t| < 2**58 (blocks.py), also where a + 4 is clamped to 62 */
+                    int64_t amount = clamp(24 - out_frac - exponent[r0 + j], 0, 62);
+                    int64_t totals[2][8];
+                    amount = amount + 4 < 62 ? amount + 4 : 62;
+                    _mm512_storeu_si512(totals[0], result[j][0]);
+                    _mm512_storeu_si512(totals[1], result[j][1]);
+                    for (int lane = 0; lane < LANES; ++lane) {
+                        int64_t n = g * LANES + lane;
+                        if (n >= n_out) break;
+                        int64_t v = asr(totals[lane % 2][lane / 2], amount);
+                        out[(r0 + j) * out_stride + n] = bias ? v + bias[n] : v;
+                    }
+                }
+            }
+        }
+        _mm_setcsr(mode);
+    }
+    free(sums);
+    return 0;
+#else
+    (void)planes; (void)rows; (void)k; (void)packed; (void)n_out; (void)exponent;
+    (void)out_frac; (void)bias; (void)out; (void)out_stride; (void)threads;
     return -1;
 #endif
 }
@@ -996,12 +1197,14 @@ static int64_t seqkv_silu_mul(const int64_t *gate, const int64_t *up, int64_t co
 
 /* ---- One whole decoder layer in one call (forward._attention and forward._mlp). ---- */
 
-typedef struct {  /* a linear layer as seqkv_linear_packed takes it */
+typedef struct {  /* a linear layer as seqkv_linear_packed (kind 0) or seqkv_linear_q4 (kind 1,
+                   * packed then holds the Q4_1 layout, and sums, scale, scale_bits and planes
+                   * are unused) takes it */
     const int8_t *packed;
     const int32_t *sums;
     const int64_t *scale;
     const int64_t *bias;  /* or NULL */
-    int64_t scale_bits, planes, n_out, k;
+    int64_t scale_bits, planes, n_out, k, kind;
 } seqkv_linear_t;
 
 typedef struct {  /* a layer's weights, tables and constants (forward.IntegerForward's) */
@@ -1012,6 +1215,8 @@ typedef struct {  /* a layer's weights, tables and constants (forward.IntegerFor
     const int64_t *cos, *sin;
     int64_t softmax_size, eps_term, heads, kv_heads, head_dim, score_scale, score_shift;
     int64_t qkv_frac, hidden_frac, gate_frac, mantissa_bits, attention_offset, mlp_offset;
+    const int64_t *attention_gain, *mlp_gain;  /* a 4-bit layer's norm gains, or NULL */
+    int64_t attention_gain_frac, mlp_gain_frac;
 } seqkv_layer_t;
 
 typedef struct {  /* forward._Span, with its sequence's slot in its pool */
@@ -1025,7 +1230,8 @@ typedef struct {  /* forward._Span, with its sequence's slot in its pool */
 #define ROW_CHUNK 8
 
 static int64_t norm_rows(const seqkv_layer_t *L, const int64_t *hidden, int64_t rows,
-                         int8_t *planes, int64_t *exponent, int64_t threads) {
+                         const int64_t *gain, int64_t gain_frac, int8_t *planes,
+                         int64_t *exponent, int64_t threads) {
     int64_t failed = 0, chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1 && chunks > 1)
@@ -1033,7 +1239,7 @@ static int64_t norm_rows(const seqkv_layer_t *L, const int64_t *hidden, int64_t 
     for (int64_t c = 0; c < chunks; ++c) {
         int64_t r1 = (c + 1) * ROW_CHUNK < rows ? (c + 1) * ROW_CHUNK : rows;
         if (norm_range(hidden, rows, c * ROW_CHUNK, r1, L->qkv.k, L->eps_term, L->rsqrt,
-                       L->mantissa_bits, planes, exponent)) {
+                       L->mantissa_bits, gain, gain_frac, planes, exponent)) {
 #ifdef _OPENMP
 #pragma omp atomic write
 #endif
@@ -1059,6 +1265,9 @@ static void quantize_rows(const int64_t *x, int64_t rows, int64_t k, int64_t off
 static int64_t linear_into(const seqkv_linear_t *w, const int8_t *planes, int64_t rows,
                            const int64_t *exponent, int64_t out_frac, int64_t *out,
                            int64_t threads) {
+    if (w->kind == 1)
+        return seqkv_linear_q4(planes, rows, w->k, (const uint8_t *)w->packed, w->n_out,
+                               exponent, out_frac, w->bias, out, w->n_out, threads);
     return seqkv_linear_packed(planes, rows, w->k, w->packed, w->sums, w->planes, w->n_out,
                                w->scale, w->scale_bits, exponent, out_frac, w->bias, out,
                                w->n_out, threads);
@@ -1122,7 +1331,8 @@ static int64_t layer(const seqkv_layer_t *L, int64_t index, const workspace_t *w
     int64_t *attended = ws->attended, *attended_exponent = ws->attended_exponent;
     int64_t *gate = ws->gate, *up = ws->up, *delta = ws->delta;
     /* attention */
-    if (norm_rows(L, hidden, rows, planes, exponent, threads)) return -1;
+    if (norm_rows(L, hidden, rows, L->attention_gain, L->attention_gain_frac, planes, exponent,
+                  threads)) return -1;
     if (linear_into(&L->qkv, planes, rows, exponent, L->qkv_frac, qkv, threads)) return -1;
     int64_t chunks = (rows + ROW_CHUNK - 1) / ROW_CHUNK;
 #ifdef _OPENMP
@@ -1173,7 +1383,8 @@ static int64_t layer(const seqkv_layer_t *L, int64_t index, const workspace_t *w
     if (linear_into(&L->o, planes, rows, exponent, L->hidden_frac, delta, threads)) return -1;
     for (int64_t i = 0; i < rows * width; ++i) hidden[i] += delta[i];
     /* mlp */
-    if (norm_rows(L, hidden, rows, planes, exponent, threads)) return -1;
+    if (norm_rows(L, hidden, rows, L->mlp_gain, L->mlp_gain_frac, planes, exponent, threads))
+        return -1;
     if (linear_into(&L->gate, planes, rows, exponent, L->gate_frac, gate, threads)) return -1;
     if (linear_into(&L->up, planes, rows, exponent, L->gate_frac, up, threads)) return -1;
 #ifdef _OPENMP
@@ -1214,7 +1425,7 @@ int64_t seqkv_head(const seqkv_layer_t *L, const seqkv_linear_t *head, const int
     int64_t status = -1;
     int8_t *planes = malloc((size_t)(2 * rows * head->k));
     int64_t *exponent = malloc(sizeof(int64_t) * (size_t)rows);
-    if (planes && exponent && !norm_rows(L, hidden, rows, planes, exponent, threads))
+    if (planes && exponent && !norm_rows(L, hidden, rows, NULL, 0, planes, exponent, threads))
         status = linear_into(head, planes, rows, exponent, out_frac, logits, threads);
     free(planes);
     free(exponent);

@@ -7,6 +7,8 @@ a 69 ms step and operator dispatch most of the rest. ``native.c`` computes the s
 ``seqkv_layers`` runs every decoder layer in one call (RMSNorm and quantization, the linear
 layers on weights packed for AVX-512 VNNI, RoPE, attention, SiLU, the KV pool writes),
 ``seqkv_head`` the final norm and output layer, and ``seqkv_integer_tables`` the coder tables
+(a layer of the 4-bit predictor runs on its Q4_1 blocks as ``pack_blocks`` lays them out,
+``seqkv_linear_q4``)
 (the same operations as ``table.py``). A build without VNNI (``NativeKernels.packed`` false)
 serves the tables only; the forward then runs its torch statement.
 ``tests/test_integer_native.py`` asserts the two paths' logits, KV planes and tables equal bit
@@ -170,7 +172,7 @@ class LinearStruct(ctypes.Structure):
     """native.c's ``seqkv_linear_t``: a linear layer on packed weights."""
 
     _fields_ = [("packed", _P), ("sums", _P), ("scale", _P), ("bias", _P),
-                ("scale_bits", _I), ("planes", _I), ("n_out", _I), ("k", _I)]
+                ("scale_bits", _I), ("planes", _I), ("n_out", _I), ("k", _I), ("kind", _I)]
 
 
 class LayerStruct(ctypes.Structure):
@@ -182,7 +184,8 @@ class LayerStruct(ctypes.Structure):
                 ("eps_term", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
                 ("score_scale", _I), ("score_shift", _I), ("qkv_frac", _I),
                 ("hidden_frac", _I), ("gate_frac", _I), ("mantissa_bits", _I),
-                ("attention_offset", _I), ("mlp_offset", _I)]
+                ("attention_offset", _I), ("mlp_offset", _I), ("attention_gain", _P),
+                ("mlp_gain", _P), ("attention_gain_frac", _I), ("mlp_gain_frac", _I)]
 
 
 class SpanStruct(ctypes.Structure):
@@ -204,6 +207,35 @@ def pack_weight(weight: torch.Tensor, planes: int) -> tuple[torch.Tensor, torch.
     padded[:, :n] = weight.view(planes, n, k)
     packed = padded.view(planes, blocks, LANES, k // 4, 4).permute(0, 1, 3, 2, 4).contiguous()
     return packed, padded.sum(-1, dtype=torch.int32).contiguous()
+
+
+LINEAR_INT8, LINEAR_Q4 = 0, 1  # seqkv_linear_t.kind
+Q4_BLOCK = 32  # native.c: weights per Q4_1 block
+
+
+def pack_blocks(quants: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """native.c's Q4_1 layout (``seqkv_linear_q4``) of nibbles ``quants [N, K]`` (int8, 0..15)
+    and float16 ``d``, ``m`` ``[N, K // 32]``: uint8 ``[groups, K // 32, 320]``, rows padded with
+    zeros to a multiple of 16. Per group of 16 rows and block: byte ``64 j + 4 l + i`` holds
+    weight ``4 j + i`` of row ``l`` in its low nibble and weight ``16 + 4 j + i`` in its high
+    one; then the 16 rows' ``d``, then their ``m`` (fp16 bits, little-endian)."""
+    n, k = quants.shape
+    blocks = k // Q4_BLOCK
+    groups = -(-n // LANES)
+    padded = quants.new_zeros((groups * LANES, k)).to(torch.uint8)
+    padded[:n] = quants.to(torch.uint8)
+    # [groups, lanes, blocks, 2 (low, high), 16 (4 j + i)]
+    halves = padded.view(groups, LANES, blocks, 2, Q4_BLOCK // 2)
+    nibbles = halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)  # [groups, lanes, blocks, 16]
+    # [groups, blocks, 4 (j), lanes, 4 (i)]
+    nibbles = nibbles.view(groups, LANES, blocks, 4, 4).permute(0, 2, 3, 1, 4)
+    meta = torch.zeros((2, groups * LANES, blocks), dtype=torch.float16)
+    meta[0, :n], meta[1, :n] = d, m
+    # [2, groups, lanes, blocks] -> [groups, blocks, 2, lanes] as bytes
+    meta_bytes = meta.view(2, groups, LANES, blocks).permute(1, 3, 0, 2).contiguous()
+    return torch.cat([nibbles.reshape(groups, blocks, 256),
+                      meta_bytes.view(torch.uint8).reshape(groups, blocks, 64)], dim=2
+                     ).contiguous()
 
 
 @cache

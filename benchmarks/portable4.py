@@ -1,0 +1,332 @@
+"""The 4-bit integer predictor (``portable4``) against the int8 one (``portable``): step time,
+bytes read per step, bits against the float model on shipped and held-out texts.
+
+* bits/token: each predictor's coder tables (``seqkv.models.integer.table``) against the float
+  model's cross-entropy on the same positions (each token after the start token and the tokens
+  before it), on the first ``--tokens`` tokens of the four shipped texts (``seqkv/data``) and on
+  the whole of four held-out texts (``benchmarks/texts/heldout``: written for this benchmark,
+  never used to choose anything in the 4-bit predictor);
+* bytes of weights one forward reads (``IntegerForward.weight_bytes``) and of integer KV at the
+  step's context;
+* step time: one forward of one row (one session, one new token) after ``--context`` tokens,
+  int8 and 4-bit alternately in one loop (so both meet the same load), on ``--threads``; the
+  same for the first 6 and 18 layers (a line through bytes and time: the weights' bandwidth and
+  what a step costs besides its weights); and one forward of 4 rows (a drafted chunk);
+* prefill: ``--tokens`` rows of the prose text in one forward, alternately.
+
+Timings are wall-clock medians, 25th percentiles and minima over ``--repeats`` alternations,
+with process CPU time beside them, and the load average before and after (the machine is
+shared). Writes ``--markdown`` (default ``reports/portable4.md``) and prints the JSON.
+
+Usage: ``PYTHONPATH=src python benchmarks/portable4.py [--tokens 256] [--context 128]
+[--repeats 60] [--threads 2] [--markdown reports/portable4.md]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.resources
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seqkv.coding.frequencies import FREQUENCY_BITS
+from seqkv.models import CausalLM, load_default_model
+from seqkv.models.integer import IntegerForward, IntegerWeights, integer_tables, integer_weights
+from seqkv.models.integer.blocks import BlockWeights, block_weights
+from seqkv.schedule import cpu_model, pinned_threads
+
+HERE = Path(__file__).resolve().parent
+SHIPPED = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
+           "technical": "kinds/technical.txt"}
+HELD_OUT = HERE / "texts" / "heldout"
+BITS_TARGET = 0.01  # at most +1% over the float model's cross-entropy
+STEP_TARGET = 0.7  # a 4-bit step at most 0.7x the int8 step
+FORMATS = ("int8", "q4")
+
+
+@dataclass(frozen=True)
+class TextBits:
+    text: str
+    source: str  # shipped or held-out
+    tokens: int
+    float_cross_entropy: float  # bits/token: float64 softmax of transformers' float32 logits
+    int8_bits: float  # bits/token under the int8 predictor's coder tables
+    q4_bits: float  # bits/token under the 4-bit predictor's coder tables
+    int8_relative: float  # int8_bits / float_cross_entropy - 1
+    q4_relative: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p25_ms: float
+    min_ms: float
+    cpu_median_ms: float  # process CPU time (both threads summed on 2)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One workload timed alternately on both predictors."""
+
+    workload: str
+    layers: int
+    rows: int
+    int8: Timing
+    q4: Timing
+    int8_weight_mb: float
+    q4_weight_mb: float
+    ratio_median: float  # q4 / int8, wall-clock medians
+    ratio_min: float
+    ratio_cpu: float  # q4 / int8, medians of process CPU time
+
+
+@dataclass(frozen=True)
+class Report:
+    model: str
+    machine: str
+    cpu_count: int
+    torch_version: str
+    threads: int
+    context: int
+    repeats: int
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+    int8_digest: str
+    q4_digest: str
+    kv_mb_at_context: float  # integer KV one step reads at the context, both predictors
+    bits: list[TextBits]
+    pairs: list[Pair]
+    fixed_ms: dict[str, float]  # per format: the time a step costs besides its weights
+    bandwidth_gb_s: dict[str, float]  # per format: weight bytes over the time they add
+    held_out_bits_met: bool
+    step_target_met: bool
+
+
+def _texts(model: CausalLM, tokens: int) -> dict[tuple[str, str], list[int]]:
+    texts = {}
+    for name, file in SHIPPED.items():
+        text = (importlib.resources.files("seqkv") / "data" / file).read_text("utf-8")
+        texts[(name, "shipped")] = model.encode_text(text)[:tokens]
+    for path in sorted(HELD_OUT.glob("*.txt")):
+        texts[(path.stem, "held-out")] = model.encode_text(path.read_text("utf-8"))
+    return texts
+
+
+def _float_log2p(model: CausalLM, inputs: list[int]) -> np.ndarray:
+    with torch.inference_mode():
+        logits = model.model(input_ids=torch.tensor([inputs])).logits[0].double().numpy()
+    shifted = logits - logits.max(-1, keepdims=True)
+    return np.asarray((shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))) / np.log(2))
+
+
+def _table_bits(engine: IntegerForward, inputs: list[int], tokens: list[int]) -> float:
+    rows = engine.forward([(engine.new_sequence(), inputs)])[0]
+    tables = integer_tables(rows).cumulative
+    picked, target = np.arange(len(tokens)), np.array(tokens)
+    counts = (tables[picked, target + 1] - tables[picked, target]).astype(np.float64)
+    return float(np.mean(FREQUENCY_BITS - np.log2(counts)))
+
+
+def _bits(model: CausalLM, engines: dict[str, IntegerForward],
+          texts: dict[tuple[str, str], list[int]]) -> list[TextBits]:
+    rows = []
+    start = model.start_token_id
+    for (name, source), tokens in texts.items():
+        inputs = [start if start is not None else tokens[0], *tokens[:-1]]
+        log2p = _float_log2p(model, inputs)
+        cross_entropy = float(-log2p[np.arange(len(tokens)), np.array(tokens)].mean())
+        int8, q4 = (_table_bits(engines[f], inputs, tokens) for f in FORMATS)
+        rows.append(TextBits(name, source, len(tokens), cross_entropy, int8, q4,
+                             int8 / cross_entropy - 1, q4 / cross_entropy - 1))
+    return rows
+
+
+def _timing(wall: list[float], cpu: list[float]) -> Timing:
+    ordered = sorted(wall)
+    return Timing(1000 * statistics.median(wall), 1000 * ordered[len(ordered) // 4],
+                  1000 * ordered[0], 1000 * statistics.median(cpu))
+
+
+def _alternate(runs: dict[str, Callable[[], object]], repeats: int) -> dict[str, Timing]:
+    """Every run once per round, in a fixed order, ``repeats`` rounds (after one warm-up)."""
+    for run in runs.values():
+        run()
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run()
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    return {name: _timing(wall[name], cpu[name]) for name in runs}
+
+
+def _forward_run(engine: IntegerForward, context: list[int], rows: int) -> Callable[[], object]:
+    """One forward of ``rows`` new tokens after ``context`` (cropped back each time)."""
+    sequence = engine.new_sequence()
+    engine.forward([(sequence, context)])
+    length = sequence.length
+    chunk = context[-rows:]
+
+    def run() -> None:
+        sequence.crop(length)
+        engine.forward([(sequence, chunk)])
+
+    return run
+
+
+def _prefill_run(engine: IntegerForward, tokens: list[int]) -> Callable[[], object]:
+    return lambda: engine.forward([(engine.new_sequence(), tokens)])
+
+
+def _line(pairs: list[Pair], form: str) -> tuple[float, float]:
+    """Least squares of one-row step time (ms, median) against weight MB over the layer counts:
+    (intercept ms, GB/s)."""
+    steps = [p for p in pairs if p.workload == "step"]
+    mb = np.array([getattr(p, f"{form}_weight_mb") for p in steps])
+    ms = np.array([getattr(p, form).median_ms for p in steps])
+    slope, intercept = np.polyfit(mb, ms, 1)
+    return float(intercept), float(1.0 / slope)  # MB per ms = GB/s
+
+
+def measure(args: argparse.Namespace) -> Report:
+    model = load_default_model()
+    load_before = os.getloadavg()
+    weights: dict[str, IntegerWeights | BlockWeights] = {"int8": integer_weights(model),
+                                                          "q4": block_weights(model)}
+    engines = {form: IntegerForward(weights[form]) for form in FORMATS}
+    texts = _texts(model, args.tokens)
+    with pinned_threads(args.threads):
+        bits = _bits(model, engines, texts)
+        prose = texts[("prose", "shipped")]
+        context = prose[: args.context]
+        runs: dict[str, Callable[[], object]] = {}
+        sizes: dict[str, float] = {}
+        workloads = [("step", layers, 1) for layers in (6, 18, model.num_layers)]
+        workloads += [("drafted chunk", model.num_layers, 4)]
+        for workload, layers, rows in workloads:
+            for form in FORMATS:
+                engine = IntegerForward(weights[form], layers=layers)
+                key = f"{workload}:{layers}:{rows}:{form}"
+                runs[key] = _forward_run(engine, context, rows)
+                sizes[key] = engine.weight_bytes() / 1e6
+        for form in FORMATS:
+            key = f"prefill:{model.num_layers}:{len(prose)}:{form}"
+            runs[key] = _prefill_run(engines[form], prose)
+            sizes[key] = engines[form].weight_bytes() / 1e6
+        timings = _alternate({k: v for k, v in runs.items() if not k.startswith("prefill")},
+                             args.repeats)
+        timings |= _alternate({k: v for k, v in runs.items() if k.startswith("prefill")},
+                              max(3, args.repeats // 10))
+    pairs = []
+    for key in runs:
+        if not key.endswith(":int8"):
+            continue
+        workload, layer_count, row_count, _ = key.split(":")
+        other = key.removesuffix("int8") + "q4"
+        a, b = timings[key], timings[other]
+        pairs.append(Pair(workload, int(layer_count), int(row_count), a, b, sizes[key],
+                          sizes[other], b.median_ms / a.median_ms, b.min_ms / a.min_ms,
+                          b.cpu_median_ms / a.cpu_median_ms))
+    lines = {form: _line(pairs, form) for form in FORMATS}
+    geometry = engines["int8"].geometry
+    kv = (geometry.layers * 2 * args.context
+          * (2 * geometry.kv_heads * geometry.head_dim + geometry.heads)) / 1e6
+    full_step = next(p for p in pairs if p.workload == "step" and p.layers == model.num_layers)
+    return Report(
+        model=model.name, machine=f"{platform.machine()}, {cpu_model()}",
+        cpu_count=os.cpu_count() or 0, torch_version=torch.__version__, threads=args.threads,
+        context=args.context, repeats=args.repeats, load_before=load_before,
+        load_after=os.getloadavg(), int8_digest=engines["int8"].digest,
+        q4_digest=engines["q4"].digest, kv_mb_at_context=kv, bits=bits, pairs=pairs,
+        fixed_ms={f: lines[f][0] for f in FORMATS},
+        bandwidth_gb_s={f: lines[f][1] for f in FORMATS},
+        held_out_bits_met=all(b.q4_relative <= BITS_TARGET for b in bits
+                              if b.source == "held-out"),
+        step_target_met=full_step.ratio_median <= STEP_TARGET)
+
+
+def render(report: Report) -> str:
+    """The markdown report."""
+    load = ", ".join(f"{x:.2f}" for x in report.load_before)
+    after = ", ".join(f"{x:.2f}" for x in report.load_after)
+    lines = [
+        "# portable4: the 4-bit integer predictor against the int8 one",
+        "",
+        f"Measured by `python benchmarks/portable4.py --repeats {report.repeats} --threads "
+        f"{report.threads} --context {report.context}`: model {report.model}; "
+        f"{report.cpu_count} CPU cores ({report.machine}), torch {report.torch_version}; "
+        f"load average (1, 5, 15 min) {load} before and {after} after (a machine shared with "
+        "other work: every timing is an alternation of the two predictors in one loop, so both "
+        "meet the same load).",
+        "",
+        f"Predictor digests: int8 `{report.int8_digest[:16]}`, 4-bit `{report.q4_digest[:16]}`.",
+        "",
+        "## Bits per token against the float model",
+        "",
+        "Each predictor's coder tables against the float model's cross-entropy on the same "
+        "positions. Held-out texts: `benchmarks/texts/heldout/`, written for this benchmark "
+        "and used to choose nothing.",
+        "",
+        "| text | source | tokens | float cross-entropy | int8 | vs float | 4-bit | vs float |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in report.bits:
+        lines.append(f"| {b.text} | {b.source} | {b.tokens} | {b.float_cross_entropy:.4f} | "
+                     f"{b.int8_bits:.4f} | {b.int8_relative:+.2%} | {b.q4_bits:.4f} | "
+                     f"{b.q4_relative:+.2%} |")
+    met = "met" if report.held_out_bits_met else "NOT met"
+    lines += ["", f"Target (4-bit within +1% of the float model on the held-out texts): {met}.",
+              "", "## Time per forward, bytes read", "",
+              f"One forward after {report.context} tokens of the prose text, on "
+              f"{report.threads} thread(s); milliseconds of wall time (median, 25th "
+              "percentile, minimum; median process CPU time). Weight MB: bytes of weights the "
+              "forward reads (`IntegerForward.weight_bytes`); both also read "
+              f"{report.kv_mb_at_context:.2f} MB of integer KV at this context.", "",
+              "| forward | layers | rows | int8 weight MB | 4-bit weight MB | int8 ms | 4-bit ms "
+              "| 4-bit / int8 (median) | (min) | (CPU time) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in report.pairs:
+        lines.append(
+            f"| {p.workload} | {p.layers} | {p.rows} | {p.int8_weight_mb:.1f} | "
+            f"{p.q4_weight_mb:.1f} | {p.int8.median_ms:.2f} / {p.int8.p25_ms:.2f} / "
+            f"{p.int8.min_ms:.2f} (cpu {p.int8.cpu_median_ms:.2f}) | {p.q4.median_ms:.2f} / "
+            f"{p.q4.p25_ms:.2f} / {p.q4.min_ms:.2f} (cpu {p.q4.cpu_median_ms:.2f}) | "
+            f"{p.ratio_median:.3f} | {p.ratio_min:.3f} | {p.ratio_cpu:.3f} |")
+    met = "met" if report.step_target_met else "NOT met"
+    lines += [
+        "", f"Target (a one-row step at most {STEP_TARGET}x the int8 step, medians): {met}.",
+        "", "A line through the one-row steps of 6, 18 and 30 layers (median time against weight "
+        "bytes): " + "; ".join(
+            f"{form} {report.fixed_ms[form]:.2f} ms besides the weights, weights at "
+            f"{report.bandwidth_gb_s[form]:.1f} GB/s" for form in FORMATS) + ".", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--markdown", type=Path, default=Path("reports") / "portable4.md")
+    args = parser.parse_args()
+    report = measure(args)
+    args.markdown.parent.mkdir(parents=True, exist_ok=True)
+    args.markdown.write_text(render(report))
+    print(json.dumps(dataclasses.asdict(report), indent=1))
+
+
+if __name__ == "__main__":
+    main()
