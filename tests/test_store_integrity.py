@@ -102,7 +102,7 @@ def test_a_schema_1_store_reads_and_audits_as_unbound(tiny_model: CausalLM,
     # The upgrade marked the old rows; one written by hand in the old form is not one of them.
     db.execute("UPDATE sessions SET binding = NULL WHERE name = 'b'")
     db.close()
-    with pytest.raises(CorruptRecordError, match="session 'b'.*no mark of a row of schema 1"):
+    with pytest.raises(CorruptRecordError, match=r"session 'b'.*no mark of a row of schema 1"):
         SessionStore.directory(store_v1, tiny_model).get("b", namespace="n")
 
 
@@ -127,7 +127,7 @@ def test_a_redis_store_of_schema_1_reads_its_rows_unbound(tmp_path: Path,
     assert client.hget(rows, "y").endswith(b":-")
     # The upgrade marked the old rows; one written by hand in the old form is not one of them.
     client.hset(rows, "y", client.hget(rows, "x").removesuffix(b":-"))
-    with pytest.raises(CorruptRecordError, match="session 'y'.*no mark of a row of schema 1"):
+    with pytest.raises(CorruptRecordError, match=r"session 'y'.*no mark of a row of schema 1"):
         old.get("y", namespace="n")
 
 
