@@ -285,3 +285,18 @@ def test_a_put_does_not_build_on_a_damaged_prefix(kind: str, tmp_path: Path,
     assert store.get("z", namespace="n").tokens == extended
     with pytest.raises(CorruptRecordError, match=r"truncated|too short"):
         store.get("y", namespace="n")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deleting_the_damaged_session_lets_gc_repair_the_rest(
+        kind: str, tmp_path: Path, redis_server: RedisServer) -> None:
+    """What gc's refusal says to do: delete the session the deep audit names, then gc."""
+    store = _filled(kind, tmp_path, redis_server)
+    _damage_length(store, "y", "abc")
+    (damaged,) = store.audit_deep(namespace="n").damaged
+    store.delete(damaged.session, namespace="n")
+    store.gc(namespace="n")  # the delete released y's span; gc drops its index entries
+    assert store.audit_deep(namespace="n").consistent
+    assert store.audit(namespace="n").dangling_index_entries == 0
+    assert [s.tokens for s in store.get_many(["x", "x-head"], namespace="n")] == [
+        TOKENS["x"], TOKENS["x"][:12]]
