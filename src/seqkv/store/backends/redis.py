@@ -109,7 +109,7 @@ local function release(p, span)
     local n = redis.call('HINCRBY', ckey, span, -1)
     if n > 0 then return end
     local skey = p .. ':s:' .. span
-    local rec = redis.call('GET', skey)
+    local rec = redis.pcall('GET', skey)
     redis.call('DEL', skey)
     redis.call('HDEL', ckey, span)
     redis.call('HDEL', p .. ':sd', span)
@@ -123,8 +123,9 @@ local function chain(p, span, out, seen, limit)
     if seen[span] then return nil end
     steps = steps + 1
     if steps > limit then return 'its chain holds more spans than its length' end
-    local rec = redis.call('GET', p .. ':s:' .. span)
+    local rec = redis.pcall('GET', p .. ':s:' .. span)
     if not rec then return 'it names span ' .. span .. ', which the store lacks' end
+    if type(rec) ~= 'string' then return 'span ' .. span .. "'s record is not a string" end
     local parent, ok = parent_of(rec)
     if not ok then return 'span ' .. span .. "'s record is too short or malformed" end
     path[span] = true
