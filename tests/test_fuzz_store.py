@@ -76,6 +76,10 @@ class Editor(Protocol):
 
     def delete_record(self, span: int) -> None: ...
 
+    def set_refcount(self, span: int, value: object) -> None: ...
+
+    def set_index(self, value: object) -> None: ...
+
     def set_codec(self, description: str | bytes) -> None: ...
 
     def set_schema(self, version: str) -> None: ...
@@ -131,6 +135,12 @@ class DirectoryEditor:
     def delete_record(self, span: int) -> None:
         self._path(span).unlink()
 
+    def set_refcount(self, span: int, value: object) -> None:
+        self._sql("UPDATE spans SET refcount = ? WHERE id = ?", value, span)
+
+    def set_index(self, value: object) -> None:
+        self._sql("UPDATE idx SET span = ?", value)
+
     def set_codec(self, description: str | bytes) -> None:
         self._sql("UPDATE codecs SET description = ?", description)
 
@@ -183,6 +193,14 @@ class RedisEditor:
 
     def delete_record(self, span: int) -> None:
         self.client.delete(f"{self.ns}:s:{span}")
+
+    def set_refcount(self, span: int, value: object) -> None:
+        self.client.hset(f"{self.ns}:c", span, value)
+
+    def set_index(self, value: object) -> None:
+        for bucket in self.client.scan_iter(match=f"{self.ns}:i:*"):
+            for key in self.client.hkeys(bucket):
+                self.client.hset(bucket, key, value)
 
     def set_codec(self, description: str | bytes) -> None:
         for index in self.client.hkeys(f"{self.prefix}:codecs"):
@@ -454,13 +472,18 @@ def _random_damage(rng: np.random.Generator, editor: Editor) -> str:
     name = list(SESSIONS)[int(rng.integers(0, len(SESSIONS)))]
     span, length, binding = rows[name]
     value = _hostile(rng, spans)
-    field = str(rng.choice(["span", "length", "binding", "parent"]))
+    field = str(rng.choice(["span", "length", "binding", "parent", "refcount", "index"]))
     if field == "span":
         editor.set_row(name, value, length, binding)
     elif field == "length":
         editor.set_row(name, span, value, binding)
     elif field == "binding":
         editor.set_row(name, span, length, value if isinstance(value, bytes) else None)
+    elif field == "refcount":
+        editor.set_refcount(span, value)
+    elif field == "index":
+        editor.set_index(value)
+        return f"every index entry := {value!r}"
     elif isinstance(value, int) and 0 < value < 1 << 53:
         editor.set_parent(span, value)
     else:
@@ -483,8 +506,9 @@ def _read_all(model: CausalLM, editor: Editor, originals: dict[str, Original]
 @pytest.mark.parametrize("kind", KINDS)
 def test_fuzz_store_rows(kind: str, fuzz_model: CausalLM, request: pytest.FixtureRequest,
                          tmp_path: Path) -> None:
-    """Seeded damage of a session row's span, length or binding, or of a span's parent, by a
-    hostile value: every session reads as put or ends in a ``SeqKVError``, and a ``gc`` that
+    """Seeded damage of a session row's span, length or binding, a span's parent or reference
+    count, or the prefix index, by a hostile value: every session reads as put or ends in a
+    ``SeqKVError``, a put extending one reads back as put (or ends in one), and a ``gc`` that
     runs never makes a session that read as put read otherwise."""
     pristine: Pristine = request.getfixturevalue(f"pristine_{kind}")
     rng = np.random.default_rng(seed(2900 + KINDS.index(kind)))
@@ -496,6 +520,15 @@ def test_fuzz_store_rows(kind: str, fuzz_model: CausalLM, request: pytest.Fixtur
         def attempt(editor: Editor = editor) -> bool:
             before = _read_all(fuzz_model, editor, pristine.originals)
             assert False not in before.values(), f"a session read wrong: {before}"
+            extended = [*SESSIONS["b"], 9, 9]
+            try:
+                put = editor.store(fuzz_model)
+                put.put("new", extended, fuzz_model.prefill(extended), level="rows",
+                        namespace=NAMESPACE)
+            except SeqKVError:
+                pass
+            else:
+                assert put.get("new", namespace=NAMESPACE).tokens == extended
             try:
                 editor.store(fuzz_model).gc(namespace=NAMESPACE)
             except SeqKVError:
