@@ -381,7 +381,7 @@ def test_store_metadata_damage(kind: str, damage: Damage, fuzz_model: CausalLM,
         deep = editor.store(fuzz_model).audit_deep(namespace=NAMESPACE)
         assert damage.session in {d.session for d in deep.damaged}, deep
         assert not deep.consistent
-    tally = CountingTally(f"store-metadata-{kind}-{damage.name.replace(' ', '-')}")
+    tally = CountingTally(f"metadata-{kind}-{damage.name.replace(' ', '-')}")
     tally.run(f"{kind}: {damage.name}", partial(_attempt, fuzz_model, editor,
                                                 pristine.originals[damage.session],
                                                 damage.session))
@@ -446,7 +446,7 @@ def test_every_verb_on_a_damaged_store(kind: str, damage: Damage, fuzz_model: Ca
     pristine: Pristine = request.getfixturevalue(f"pristine_{kind}")
     editor = pristine.copy(tmp_path)
     damage.apply(editor)
-    tally = CountingTally(f"store-metadata-verbs-{kind}-{damage.name.replace(' ', '-')}")
+    tally = CountingTally(f"metadata-verbs-{kind}-{damage.name.replace(' ', '-')}")
     for verb, call in _verbs(fuzz_model, editor, damage.session).items():
         tally.run(f"{kind}: {damage.name}: {verb}", partial(_ends, call))
     tally.check(BUDGET)
@@ -512,7 +512,7 @@ def test_fuzz_store_rows(kind: str, fuzz_model: CausalLM, request: pytest.Fixtur
     runs never makes a session that read as put read otherwise."""
     pristine: Pristine = request.getfixturevalue(f"pristine_{kind}")
     rng = np.random.default_rng(seed(2900 + KINDS.index(kind)))
-    tally = CountingTally(f"store-rows-{kind}")
+    tally = CountingTally(f"metadata-rows-{kind}")
     for case in range(case_count(12)):
         editor = pristine.copy(tmp_path / f"case{case}")
         what = _random_damage(rng, editor)
