@@ -3,9 +3,9 @@
 Usage: ``python scripts/fuzz_summary.py REPORT_FOLDER``. Each tally's name starts with its
 format (``skv-``, ``trie-``, ``dictionary-``, ``store-``, ``metadata-``); the summary adds up
 the cases and outcomes of every tally of a format and takes the maxima of time and memory
-growth. Outcomes
-whose name starts with ``NOT SEQKV`` are exceptions that are not ``SeqKVError``s; a case that
-never returned is not in any tally (``scripts/fuzz.sh`` reports a test that timed out).
+growth. Outcomes whose name starts with ``NOT SEQKV`` are exceptions that are not
+``SeqKVError``s; a case that never returned is not in any tally (``scripts/fuzz.sh`` reports a
+test that timed out).
 """
 
 from __future__ import annotations
