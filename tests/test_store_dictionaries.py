@@ -153,9 +153,11 @@ def test_a_span_naming_another_namespaces_dictionary_does_not_decode(
     a, b = (namespace_key(check_namespace(n)) for n in "ab")
     (found,) = store.backend.fetch_sessions(a, [SessionName("s")])
     assert found is not None and len(found.chain) == 1
+    kv_digest = read_span(found.chain[0].record).kv_digest
     store.backend.commit(b, CommitPlan(
         SessionName("s"), len(QUOTING), None, found.chain[0].record, None, (),
-        binding=lambda span: session_binding(b, SessionName("s"), len(QUOTING), span, QUOTING)))
+        binding=lambda span: session_binding(b, SessionName("s"), len(QUOTING), span, QUOTING,
+                                             kv_digest)))
     with pytest.raises(DictionaryUnavailableError) as elsewhere:
         store.get("s", namespace="b")
     # Make the dictionary exist nowhere: a drops the session, replaces it as current, collects.

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from seqkv import cli
 from seqkv.cli.store import open_store
@@ -300,3 +301,35 @@ def test_deleting_the_damaged_session_lets_gc_repair_the_rest(
     assert store.audit(namespace="n").dangling_index_entries == 0
     assert [s.tokens for s in store.get_many(["x", "x-head"], namespace="n")] == [
         TOKENS["x"], TOKENS["x"][:12]]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_twin_record_copied_over_is_refused(kind: str, fuzz_model: CausalLM, tmp_path: Path,
+                                              redis_server: RedisServer) -> None:
+    """Two sessions of the same tokens whose KV differ by more than the tolerance are two root
+    spans whose records differ only in KV: one copied over the other decodes and verifies (its
+    own digests hold), and the row's binding, which covers its span's KV digest, refuses it."""
+    tokens = TOKENS["y"]
+    kv = fuzz_model.kv_tensor(fuzz_model.prefill(tokens))
+    if kind == "directory":
+        store = SessionStore.directory(tmp_path / "store", fuzz_model)
+    else:
+        store = SessionStore.redis(redis_server.url, fuzz_model, prefix=f"tw{uuid.uuid4().hex}")
+    store.put("plain", tokens, kv, level="rows", namespace="n")
+    shifted = kv + 0.01 * torch.randn(kv.shape, generator=torch.Generator().manual_seed(3))
+    twin = store.put("twin", tokens, shifted, level="rows", namespace="n")
+    assert twin.shared_tokens == 0  # coded anew: the KV is too far from the stored one's
+    ns = namespace_key(check_namespace("n"))
+    chains = store.backend.fetch_sessions(ns, [SessionName("plain"), SessionName("twin")])
+    plain_span, twin_span = (c.entry.span for c in chains if c is not None)
+    backend = store.backend
+    if isinstance(backend, DirectoryBackend):
+        backend._path(plain_span).write_bytes(backend._path(twin_span).read_bytes())
+    else:
+        assert isinstance(backend, RedisBackend)
+        key = f"{backend._ns(ns)}:s:"
+        backend.client.set(f"{key}{plain_span}", backend.client.get(f"{key}{twin_span}"))
+    cold = SessionStore(backend, model_codecs(fuzz_model), hot_bytes=0)
+    assert cold.get("twin", namespace="n").tokens == tokens
+    with pytest.raises(CorruptRecordError, match=r"session .plain.*fails its binding"):
+        cold.get("plain", namespace="n")

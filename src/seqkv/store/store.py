@@ -27,9 +27,9 @@ Invariants:
    level that mixes codes with the namespace's current one.
 6. A get returns a session only once its row was checked against what its chain decoded: the
    row's span holds the session's last token, and its binding (``seqkv.store.binding``) equals
-   the one of the decoded tokens; else ``CorruptRecordError`` naming the session (enforced in
-   ``_check_row``; a row of schema 1 has no binding and gets the first check only). Every put
-   and append records the binding.
+   the one of the decoded tokens and of the KV digest of its span's record; else
+   ``CorruptRecordError`` naming the session (enforced in ``_check_row``; a row of schema 1 has
+   no binding and gets the first check only). Every put and append records the binding.
 7. A session, or a span of its chain, claiming more tokens than the caller's ``max_tokens``
    (default: its codec's context) is refused before any forward (enforced: ``_limit`` and
    ``seqkv.store.chains`` invariant 4).
@@ -318,8 +318,12 @@ class SessionStore:
         tokens = coding.tokens
         if state is not None and length == len(tokens):
             span = state.span_at(length - 1)
+            # NOTE: the row binds its span's KV digest, which only the span's record holds.
+            chain = self._backend.fetch_chain(coding.tenant.key, span)
+            if chain is None:
+                raise ParentGoneError(span)
             self._commit(coding, CommitPlan(coding.name, len(tokens), coding.expect, None,
-                                            span, ()))
+                                            span, ()), self._chains.record(chain[-1]).kv_digest)
             return PutResult(coding.name, len(tokens), length, 0, span, 0, 0,
                              coding.match.candidates,
                              self._backend.round_trips - coding.started)
@@ -339,7 +343,8 @@ class SessionStore:
         record = _record(encoded, coding.index, parent, start, exact)
         span = self._commit(coding, CommitPlan(coding.name, len(tokens), coding.expect, record,
                                                parent, coding.index_keys,
-                                               encoded.session.dictionary))
+                                               encoded.session.dictionary),
+                            encoded.session.kv_digest)
         if encoded.kv is not None or not coding.codec.uses_kv:
             spans = state.spans_until(start) if state is not None and parent is not None else ()
             self._hot.put(self._chains.key(coding.tenant, span), ChainState(
@@ -348,11 +353,13 @@ class SessionStore:
                          len(record), encoded.coded_bytes, coding.match.candidates,
                          self._backend.round_trips - coding.started, encoded.theorem1)
 
-    def _commit(self, coding: _Coding, plan: CommitPlan) -> SpanId:
+    def _commit(self, coding: _Coding, plan: CommitPlan, kv_digest: bytes | None) -> SpanId:
+        """Commit ``plan`` with the row's binding (invariant 6); ``kv_digest``: the one the
+        session's span's record holds."""
         ns, name, tokens = coding.tenant.key, coding.name, coding.tokens
 
         def binding(span: SpanId) -> Binding:
-            return session_binding(ns, name, len(tokens), span, tokens)
+            return session_binding(ns, name, len(tokens), span, tokens, kv_digest)
 
         plan = CommitPlan(plan.session, plan.length, plan.expect, plan.record, plan.parent,
                           plan.index_keys, plan.dictionary, binding)
@@ -386,7 +393,7 @@ class SessionStore:
         entry = found.entry
         self._limit(name, found, None)
         state = self._chains.states(tenant, [found.chain])[entry.span]
-        self._check_row(tenant, name, entry, state)
+        self._check_row(tenant, name, found, state)
         index = self._chains.record(found.chain[-1]).codec
         codec, _ = self._registry.for_index(index)
         tokens = list(state.tokens[: entry.length]) + added
@@ -462,7 +469,7 @@ class SessionStore:
         out = []
         for name, chain in zip(names, chains, strict=True):
             state = states[chain.entry.span]
-            self._check_row(tenant, name, chain.entry, state)
+            self._check_row(tenant, name, chain, state)
             length = chain.entry.length
             kv = None if state.kv is None else state.kv[:, :, :, :length].contiguous()
             out.append((chain, StoredSession(
@@ -486,10 +493,10 @@ class SessionStore:
                 f"{limit:,} ({'max_tokens' if max_tokens is not None else 'its model context'}): "
                 "refused before any forward; pass a larger max_tokens if the session is yours")
 
-    @staticmethod
-    def _check_row(tenant: Tenant, name: SessionName, entry: SessionEntry,
+    def _check_row(self, tenant: Tenant, name: SessionName, found: SessionChain,
                    state: ChainState) -> None:
         """The row against its decoded chain (invariant 6)."""
+        entry = found.entry
         start = state.spans[-1][1]
         if not start < entry.length <= len(state.tokens):
             raise CorruptRecordError(
@@ -497,7 +504,8 @@ class SessionStore:
                 f"{entry.length:,} tokens of span {entry.span}, which holds tokens {start:,} to "
                 f"{len(state.tokens) - 1:,}: the row was damaged")
         if entry.binding is not None and entry.binding != session_binding(
-                tenant.key, name, entry.length, entry.span, state.tokens[: entry.length]):
+                tenant.key, name, entry.length, entry.span, state.tokens[: entry.length],
+                self._chains.record(found.chain[-1]).kv_digest):
             raise CorruptRecordError(
                 f"session {name!r} in namespace {tenant.name!r} fails its binding: its row "
                 "(span, length) or the records of its chain were damaged, moved or copied from "
