@@ -333,3 +333,20 @@ def test_a_twin_record_copied_over_is_refused(kind: str, fuzz_model: CausalLM, t
     assert cold.get("twin", namespace="n").tokens == tokens
     with pytest.raises(CorruptRecordError, match=r"session .plain.*fails its binding"):
         cold.get("plain", namespace="n")
+
+
+def test_cli_get_of_a_session_naming_a_deleted_span_is_one_line(
+        use_tiny: CausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 29: ``store get`` of a session whose span row was deleted ended in a traceback."""
+    options = ["--store", f"dir:{tmp_path / 'store'}", "--namespace", "n"]
+    text = tmp_path / "in.txt"
+    text.write_text("the keeper lit the lamp at dusk " * 3)
+    assert _run(capsys, "store", "put", "one", str(text), "--kv", "none", "--level", "ngram",
+                *options)[0] == 0
+    db = sqlite3.connect(tmp_path / "store" / "store.sqlite3", isolation_level=None)
+    db.execute("DELETE FROM spans")
+    db.close()
+    status, _, err = _run(capsys, "store", "get", "one", "-o", str(tmp_path / "out.txt"),
+                          *options)
+    assert status != 0 and err.count("\n") == 1
+    assert "session 'one'" in err and "which the store lacks" in err
