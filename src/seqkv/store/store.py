@@ -50,6 +50,7 @@ index names first, as with vLLM's concurrently computed blocks.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -361,8 +362,7 @@ class SessionStore:
         def binding(span: SpanId) -> Binding:
             return session_binding(ns, name, len(tokens), span, tokens, kv_digest)
 
-        plan = CommitPlan(plan.session, plan.length, plan.expect, plan.record, plan.parent,
-                          plan.index_keys, plan.dictionary, binding)
+        plan = dataclasses.replace(plan, binding=binding)
         try:
             return self._backend.commit(coding.tenant.key, plan)
         except SessionExistsError:
@@ -479,7 +479,8 @@ class SessionStore:
 
     def _limit(self, name: SessionName, chain: SessionChain, max_tokens: int | None) -> None:
         """``SessionTooLongError`` if the row of ``name`` claims more tokens than
-        ``max_tokens``, else the context of the codec of its last span (invariant 7)."""
+        ``max_tokens`` or, without one, than the context of its last span's codec (invariant
+        7)."""
         if not chain.chain:
             raise CorruptRecordError(f"session {name!r}'s row names no span: the store's "
                                      "metadata was damaged")
