@@ -38,6 +38,7 @@ Invariants:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ from seqkv.models.integer.table import (
     integer_table,
     integer_tables,
 )
+from seqkv.models.integer.threads import ThreadPolicy, decode_policy
 from seqkv.models.integer.weights import IntegerWeights, integer_weights
 from seqkv.schedule import pinned_threads, schedule_threads
 from seqkv.session import Prefix
@@ -92,8 +94,10 @@ BATCH_GROUP = "integer-forward"
 # NOTE: the integer forward's rows are the same on any thread count. Its torch path runs on one
 # thread: on this 2-core machine two ran a one-row step in 310-2,800 ms while another process
 # kept the second core busy (torch._int_mm's OpenMP workers wait on each other). native.c shares
-# each layer's output blocks dynamically, so a delayed thread takes fewer; it runs on two
-# (a one-row step 10.5-15 ms against 17-22 ms on one, SmolLM2-135M).
+# each layer's output blocks dynamically, so a delayed thread takes fewer; an encode (forwards
+# of up to 256 rows) runs on two (a one-row step 10.5-15 ms against 17-22 ms on one,
+# SmolLM2-135M). A decode's one-row steps wait at every region for a descheduled thread, so
+# each decode measures which count is faster (``models/integer/threads.py``).
 TORCH_PATH_THREADS = 1
 NATIVE_THREADS = 2
 
@@ -426,17 +430,20 @@ def default_drafter() -> StreamDrafter:
 
 def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
                    drafter: StreamDrafter | None = None,
-                   counts: DraftCounts | None = None) -> int:
+                   counts: DraftCounts | None = None,
+                   policy: ThreadPolicy | None = None) -> int:
     """Decode every stream, one shared integer forward per round; return the forwards run.
 
     Each round forwards every unfinished stream's last token and, for a lone stream, its
     drafted continuation (``drafter``, default prompt lookup); row ``r`` of a stream is the
     encoder's distribution after input ``r`` while inputs ``0..r`` are right, so the stream
     decodes rows until a decoded token differs from its draft. ``counts`` (optional) receives
-    the drafts verified and confirmed.
+    the drafts verified and confirmed. Each forward runs on the thread count ``policy``
+    (default ``threads.decode_policy``) chooses: the rows are the same on any count.
     """
     drafter = default_drafter() if drafter is None else drafter
     counts = DraftCounts() if counts is None else counts
+    policy = decode_policy(engine.backend == "native") if policy is None else policy
     for stream in streams:
         if stream.length:
             stream.take(stream.distribution)
@@ -451,7 +458,12 @@ def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
                    if len(active) == 1 else [] for s in active]
         calls = [(s.sequence, [s.tokens[-1], *guess]) for s, guess in zip(active, guesses,
                                                                           strict=True)]
-        rows = engine.forward(calls)
+        threads = policy.choose()
+        start = time.perf_counter()
+        with pinned_threads(threads):
+            rows = engine.forward(calls)
+        if not any(guesses):  # like for like: one row per stream (threads.py, invariant 2)
+            policy.record(threads, time.perf_counter() - start)
         forwards += 1
         counts.rounds += 1
         for stream, guess, stream_rows in zip(active, guesses, rows, strict=True):
