@@ -9,7 +9,9 @@
 #   dictionary format 2   3 originals x 3,334  = 10,002  (tests/test_fuzz_dictionary.py)
 #   store span records    ~80% of 12,700       ~ 10,160  (tests/test_fuzz_record.py; the report
 #                                                          gives the exact structural count)
-# Override a count with SEQKV_FUZZ_CASES_SKV, _TRIE, _DICTIONARY or _STORE; the seed with
+#   store metadata        2 backends x 1,000 seeded row, parent, count and index damages, plus
+#                         each named damage once per backend (tests/test_fuzz_store.py)
+# Override a count with SEQKV_FUZZ_CASES_SKV, _TRIE, _DICTIONARY, _STORE or _METADATA; the seed with
 # SEQKV_FUZZ_SEED; the folder with SEQKV_FUZZ_REPORT (default reports/fuzz). SEQKV_PYTHON names
 # an interpreter whose environment already has seqkv (then scripts/setup.sh is not run).
 # Each test file runs under a wall-clock limit (SEQKV_FUZZ_TIMEOUT seconds, default 7200): a file
@@ -50,5 +52,6 @@ run dictionary "${SEQKV_FUZZ_CASES_DICTIONARY:-3334}" tests/test_fuzz_dictionary
 run skv "${SEQKV_FUZZ_CASES_SKV:-1112}" tests/test_fuzz_skv_each.py tests/test_fuzz_skv.py \
   -k "test_fuzz_skv_each or not test_fuzz_format_3_structure"
 run store "${SEQKV_FUZZ_CASES_STORE:-12700}" tests/test_fuzz_record.py
+run metadata "${SEQKV_FUZZ_CASES_METADATA:-1000}" tests/test_fuzz_store.py
 "$python_bin" scripts/fuzz_summary.py "$report" | tee "$report/summary.md"
 exit $status

@@ -1,10 +1,11 @@
 """Summarize the fuzz suite's JSON tallies (``SEQKV_FUZZ_REPORT``) per file format, as markdown.
 
 Usage: ``python scripts/fuzz_summary.py REPORT_FOLDER``. Each tally's name starts with its
-format (``skv-``, ``trie-``, ``dictionary-``, ``store-``); the summary adds up the cases and
-outcomes of every tally of a format and takes the maxima of time and memory growth. Outcomes
-whose name starts with ``NOT SEQKV`` are exceptions that are not ``SeqKVError``s; a case that
-never returned is not in any tally (``scripts/fuzz.sh`` reports a test that timed out).
+format (``skv-``, ``trie-``, ``dictionary-``, ``store-``, ``metadata-``); the summary adds up
+the cases and outcomes of every tally of a format and takes the maxima of time and memory
+growth. Outcomes whose name starts with ``NOT SEQKV`` are exceptions that are not
+``SeqKVError``s; a case that never returned is not in any tally (``scripts/fuzz.sh`` reports a
+test that timed out).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FORMATS = {"skv": ".skv sessions", "trie": "trie snapshots", "dictionary": "mixing dictionaries",
-           "store": "store span records"}
+           "store": "store span records", "metadata": "store metadata (both backends)"}
 
 
 @dataclass

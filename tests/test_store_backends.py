@@ -256,6 +256,10 @@ class _CountingCodec:
     def max_prefix_error(self) -> float:
         return self.inner.max_prefix_error
 
+    @property
+    def max_tokens(self) -> int | None:
+        return self.inner.max_tokens
+
     def encode(self, tokens: Sequence[int], kv: torch.Tensor | None, prefix: Prefix | None,
                dictionary: Dictionary | None) -> EncodedSpan:
         return self.inner.encode(tokens, kv, prefix, dictionary)

@@ -236,7 +236,8 @@ def test_namespace_keys_differ_and_have_one_shape() -> None:
 
 
 @pytest.mark.parametrize("name", ["seqkv.store.ids", "seqkv.store.backends.base",
-                                  "seqkv.store.index", "seqkv.namespaces"])
+                                  "seqkv.store.index", "seqkv.namespaces",
+                                  "seqkv.store.binding"])
 def test_doctests(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0

@@ -30,6 +30,7 @@ from seqkv.store.backends.base import CommitPlan, DictionaryGoneError
 from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
+from seqkv.store.binding import session_binding
 from seqkv.store.ids import SessionName, check_namespace, namespace_key
 
 KINDS = ["directory", "redis"]
@@ -147,13 +148,16 @@ def test_a_span_naming_another_namespaces_dictionary_does_not_decode(
     store.put_dictionary(_dictionary("a"), namespace="a")
     store.put("s", QUOTING, level="portable+mix", namespace="a")
     store.get("s", namespace="a")  # decoded: this worker now holds a's dictionary in memory
-    # A copy of a's record in b (as a tenant with raw backend access could make) names a's
-    # dictionary; b does not hold it.
+    # A copy of a's record in b (as a tenant with raw backend access could make, its row's
+    # binding recomputed) names a's dictionary; b does not hold it.
     a, b = (namespace_key(check_namespace(n)) for n in "ab")
     (found,) = store.backend.fetch_sessions(a, [SessionName("s")])
     assert found is not None and len(found.chain) == 1
-    store.backend.commit(b, CommitPlan(SessionName("s"), len(QUOTING), None,
-                                       found.chain[0].record, None, ()))
+    kv_digest = read_span(found.chain[0].record).kv_digest
+    store.backend.commit(b, CommitPlan(
+        SessionName("s"), len(QUOTING), None, found.chain[0].record, None, (),
+        binding=lambda span: session_binding(b, SessionName("s"), len(QUOTING), span, QUOTING,
+                                             kv_digest)))
     with pytest.raises(DictionaryUnavailableError) as elsewhere:
         store.get("s", namespace="b")
     # Make the dictionary exist nowhere: a drops the session, replaces it as current, collects.

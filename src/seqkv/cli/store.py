@@ -10,6 +10,13 @@ mixing dictionaries per namespace (issue 16): ``dict-put DICT`` stores a diction
 namespace (``seqkv dict build --namespace NS``) and makes it current, and ``put --level
 portable+mix`` codes with it; ``get`` finds each span's dictionary in the same namespace.
 ``dict-ls`` lists the namespace's dictionaries and names the current one.
+
+``audit`` recounts the namespace's references (exit status 1 when they do not add up or a row is
+malformed); ``audit --deep`` also decodes every session and names the damaged ones and the
+unbound ones (rows of a store written before schema 2, read but not checked against a
+binding), exit status 1 on any damage. ``gc`` refuses a namespace whose audit finds malformed
+rows. ``get --max-tokens N`` refuses a session claiming more than N tokens (default: the
+model's context) before any forward.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from seqkv.cli import common
 from seqkv.cli.sessions import kv_file_bytes
 from seqkv.errors import OutputError, SeqKVError
 from seqkv.files import atomic_output
+from seqkv.limits import MAX_POSITIONS
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryMismatchError
 from seqkv.models import CausalLM
@@ -76,7 +84,7 @@ def _cmd_put(args: argparse.Namespace) -> int:
 
 def _cmd_get(args: argparse.Namespace) -> int:
     store, model = _store(args)
-    session = store.get(args.session_id, namespace=args.namespace)
+    session = store.get(args.session_id, namespace=args.namespace, max_tokens=args.max_tokens)
     tokens = list(session.tokens)
     outputs = [(args.output, model.decode_tokens(tokens).encode("utf-8"))]
     if args.kv_out and session.kv is not None:
@@ -113,6 +121,29 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     store, _ = _store(args)
     common.print_figures(asdict(store.gc(namespace=args.namespace)), args.json, "garbage collected")
     return 0
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    store, _ = _store(args)
+    if not args.deep:
+        report = store.audit(namespace=args.namespace)
+        common.print_figures({**asdict(report), "consistent": report.consistent}, args.json,
+                             f"audit of {args.namespace}")
+        return 0 if report.consistent else 1
+    deep = store.audit_deep(namespace=args.namespace, max_tokens=args.max_tokens)
+    if args.json:
+        print(json.dumps({"sessions": deep.sessions, "consistent": deep.consistent,
+                          "damaged": [asdict(d) for d in deep.damaged],
+                          "unbound": list(deep.unbound), "audit": asdict(deep.audit)}))
+    else:
+        common.print_figures({**asdict(deep.audit), "sessions decoded": deep.sessions,
+                              "damaged": len(deep.damaged), "unbound": len(deep.unbound)},
+                             False, f"deep audit of {args.namespace}")
+        for damaged in deep.damaged:
+            print(f"damaged {damaged.session}: {damaged.error}: {damaged.message}")
+        for name in deep.unbound:
+            print(f"unbound {name}: written before schema 2; put or append rewrites it")
+    return 0 if deep.consistent else 1
 
 
 def _cmd_dict_put(args: argparse.Namespace) -> int:
@@ -181,6 +212,12 @@ def add_store(commands: common.Subparsers) -> None:
         common.json_option(command)
         common.progress_option(command)
 
+    def max_tokens_option(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--max-tokens", type=common.int_in(1, MAX_POSITIONS), default=None,
+                             metavar="N",
+                             help="refuse a session claiming more than N tokens before any "
+                                  "forward (default: the model's context)")
+
     def level_option(command: argparse.ArgumentParser) -> None:
         command.add_argument("--level", type=common.level_argument,
                              default=common.level_argument(DEFAULT_STORE_LEVEL),
@@ -205,6 +242,7 @@ def add_store(commands: common.Subparsers) -> None:
                      type=common.output_file_or_stdout, help="text file, or -")
     get.add_argument("--kv-out", metavar="KV.safetensors", type=common.output_file,
                      help="also write the KV cache")
+    max_tokens_option(get)
     common_options(get)
     get.set_defaults(run=_cmd_get, paths=common.PathRoles((), ("output", "kv_out")))
 
@@ -216,6 +254,15 @@ def add_store(commands: common.Subparsers) -> None:
     stat.add_argument("session_id", metavar="SESSION_ID", nargs="?")
     common_options(stat)
     stat.set_defaults(run=_cmd_stat)
+
+    audit = verbs.add_parser("audit", help="recount the namespace's references; --deep also "
+                                            "decodes every session and names damaged ones")
+    audit.add_argument("--deep", action="store_true",
+                       help="decode every session, check it against its row's binding, and "
+                            "name the damaged and the unbound (schema 1) ones")
+    max_tokens_option(audit)
+    common_options(audit)
+    audit.set_defaults(run=_cmd_audit)
 
     gc = verbs.add_parser("gc", help="remove what no session needs any more")
     common_options(gc)

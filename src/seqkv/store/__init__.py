@@ -43,7 +43,10 @@ from seqkv.store.errors import (
     InvalidSessionIdError,
     SessionExistsError,
     SessionNotFoundError,
+    SessionTooLongError,
+    StoreDamagedError,
     StoreError,
+    StoreSchemaError,
     StoreUnavailableError,
     StoreVerificationError,
 )
@@ -51,6 +54,8 @@ from seqkv.store.hf import SavedCache, load_cache, save_cache
 from seqkv.store.index import IndexSpacing
 from seqkv.store.registry import CodecFactory, model_codecs
 from seqkv.store.store import (
+    DamagedSession,
+    DeepAuditReport,
     PrefixMatch,
     PutResult,
     SessionStat,
@@ -68,7 +73,9 @@ __all__ = [
     "CodecMismatchError",
     "ConcurrentUpdateError",
     "CorruptRecordError",
+    "DamagedSession",
     "DecodedSpan",
+    "DeepAuditReport",
     "DictionaryNamespaceError",
     "EncodedSpan",
     "GcReport",
@@ -82,10 +89,13 @@ __all__ = [
     "SessionNotFoundError",
     "SessionStat",
     "SessionStore",
+    "SessionTooLongError",
     "SpanCodec",
     "SpanItem",
     "StoreBackend",
+    "StoreDamagedError",
     "StoreError",
+    "StoreSchemaError",
     "StoreUnavailableError",
     "StoreVerificationError",
     "StoredDictionary",

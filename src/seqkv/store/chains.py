@@ -13,6 +13,9 @@ Invariants:
    an endless loop (enforced: each round must decode at least one span).
 3. Every decoded span is verified by its codec before it enters the hot tier (enforced by the
    codecs, ``seqkv.store.codec`` invariant 1).
+4. No span is decoded whose record claims tokens past the caller's ``max_tokens`` (default: its
+   codec's ``max_tokens``, the model's context): ``SessionTooLongError`` before any forward
+   (enforced in ``_pending``, which reads every record before ``states`` decodes one).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from seqkv.formats.span import SpanRecord, read_frame, read_span
 from seqkv.store.backends.base import StoreBackend, StoredSpan
 from seqkv.store.codec import SpanItem
 from seqkv.store.dictionaries import NamespaceDictionaries
-from seqkv.store.errors import CorruptRecordError
+from seqkv.store.errors import CorruptRecordError, SessionTooLongError
 from seqkv.store.hot import ChainState, HotKey, HotTier
 from seqkv.store.ids import SpanId, Tenant
 from seqkv.store.registry import CodecRegistry
@@ -58,7 +61,8 @@ class ChainDecoder:
         return self.states(tenant, [chain])[span]
 
     def _pending(self, tenant: Tenant, chains: Sequence[tuple[StoredSpan, ...]],
-                 states: dict[SpanId, ChainState]) -> dict[SpanId, SpanRecord]:
+                 states: dict[SpanId, ChainState], max_tokens: int | None
+                 ) -> dict[SpanId, SpanRecord]:
         """The records of every span of ``chains`` that is neither hot nor decoded yet, each
         checked against the parent the store's chain names."""
         need: dict[SpanId, SpanRecord] = {}
@@ -77,14 +81,27 @@ class ChainDecoder:
                     raise CorruptRecordError(
                         f"span {stored.span}'s record names parent {record.parent}, the store's "
                         f"chain {parent}: the record or the store's metadata was damaged")
+                self._check_count(stored.span, record, max_tokens)
                 need[stored.span] = record
         return need
 
-    def states(self, tenant: Tenant, chains: Sequence[tuple[StoredSpan, ...]]
-               ) -> dict[SpanId, ChainState]:
+    def _check_count(self, span: SpanId, record: SpanRecord, max_tokens: int | None) -> None:
+        """Invariant 4: the record's tokens end within the limit."""
+        limit = max_tokens
+        if limit is None:
+            limit = self._registry.for_index(record.codec)[0].max_tokens
+        if limit is not None and record.start + record.count > limit:
+            raise SessionTooLongError(
+                f"span {span}'s record claims tokens {record.start:,} to "
+                f"{record.start + record.count - 1:,}, past "
+                f"{'max_tokens' if max_tokens is not None else 'its model context'} of "
+                f"{limit:,}: refused before any forward")
+
+    def states(self, tenant: Tenant, chains: Sequence[tuple[StoredSpan, ...]],
+               max_tokens: int | None = None) -> dict[SpanId, ChainState]:
         """The chain state of every span in ``chains`` (and of what decoding them needed)."""
         states: dict[SpanId, ChainState] = {}
-        need = self._pending(tenant, chains, states)
+        need = self._pending(tenant, chains, states, max_tokens)
         while need:
             ready = [span for span, record in need.items()
                      if record.parent is None or record.parent in states]

@@ -108,6 +108,12 @@ class SpanCodec(Protocol):
         session to be coded against that prefix (the residual tolerance)."""
         ...
 
+    @property
+    def max_tokens(self) -> int | None:
+        """The most tokens a chain this codec decodes may hold (the model's context); None: no
+        limit of its own. The store refuses a longer session before any forward."""
+        ...
+
     def encode(self, tokens: Sequence[int], kv: torch.Tensor | None, prefix: Prefix | None,
                dictionary: Dictionary | None) -> EncodedSpan:
         """Code ``tokens[len(prefix.tokens):]``; ``tokens`` and ``kv`` cover the prefix too."""

@@ -103,6 +103,11 @@ class ModelCodec:
     def max_prefix_error(self) -> float:
         return self._tolerance
 
+    @property
+    def max_tokens(self) -> int | None:
+        context = getattr(self._model.config, "max_position_embeddings", None)
+        return context if isinstance(context, int) and context > 0 else None
+
     def _description(self, legacy: bool) -> dict[str, object]:
         """The identity's description; ``legacy``: as the former ``.skv`` adapter wrote it
         (version 2, record format 3), whose spans are version-1 records."""
@@ -197,6 +202,10 @@ class TokensCodec:
     @property
     def max_prefix_error(self) -> float:
         return math.inf
+
+    @property
+    def max_tokens(self) -> int | None:
+        return None
 
     def identity(self) -> CodecIdentity:
         return self._identity

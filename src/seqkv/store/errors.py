@@ -7,7 +7,7 @@ never tells one tenant that another tenant's session exists.
 
 from __future__ import annotations
 
-from seqkv.errors import CorruptRecordError, InvalidNameError, StoreError
+from seqkv.errors import CorruptRecordError, InputTooLongError, InvalidNameError, StoreError
 
 __all__ = ["CorruptRecordError", "StoreError"]
 
@@ -49,3 +49,18 @@ class BatchInputError(StoreError, ValueError):
 
 class DictionaryNamespaceError(StoreError, ValueError):
     """A mixing dictionary built for another namespace than the one it is put into."""
+
+
+class StoreSchemaError(StoreError):
+    """A store written by a later seqkv (its schema version is above the one this seqkv
+    reads)."""
+
+
+class SessionTooLongError(StoreError, InputTooLongError):
+    """A stored session (or a span of its chain) claims more tokens than the caller's
+    ``max_tokens`` (default: the model's context): refused before any forward."""
+
+
+class StoreDamagedError(StoreError):
+    """``gc`` on a store whose audit finds malformed rows or records: collecting garbage from
+    damaged metadata could delete what a session needs."""

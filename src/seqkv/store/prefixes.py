@@ -11,6 +11,9 @@ Invariants:
    codec's tolerance is not used (enforced), and neither is one that carries KV for a codec
    without (or the reverse).
 3. At most ``max_candidates`` chains are decoded or found hot per lookup (enforced).
+4. A candidate whose chain is damaged (``CorruptRecordError``, ``StoreVerificationError``) is
+   not used: the session is coded against another candidate or from its first token, and the
+   damage is left for ``seqkv store audit --deep`` to name (enforced).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from seqkv.store.backends.base import StoreBackend
 from seqkv.store.chains import ChainDecoder
 from seqkv.store.codec import SpanCodec
+from seqkv.store.errors import CorruptRecordError, StoreVerificationError
 from seqkv.store.hot import ChainState
 from seqkv.store.ids import SpanId, Tenant
 from seqkv.store.index import IndexSpacing, chain_keys
@@ -92,7 +96,10 @@ class PrefixMatcher:
         tried = 0
         for position, span in candidates[: self._max_candidates]:
             tried += 1
-            state = self._chains.state(tenant, span)
+            try:
+                state = self._chains.state(tenant, span)
+            except (CorruptRecordError, StoreVerificationError):
+                continue  # invariant 4
             if state is None or (state.kv is not None) != codec.uses_kv:
                 continue
             length = common_prefix(state.tokens, tokens)

@@ -25,6 +25,14 @@ Invariants:
    and that the span record's bytes add up (enforced in ``_record``).
 5. Each namespace keeps its own mixing dictionaries (``seqkv.store.dictionaries``); a put at a
    level that mixes codes with the namespace's current one.
+6. A get returns a session only once its row was checked against what its chain decoded: the
+   row's span holds the session's last token, and its binding (``seqkv.store.binding``) equals
+   the one of the decoded tokens and of the KV digest of its span's record; else
+   ``CorruptRecordError`` naming the session (enforced in ``_check_row``; a row of schema 1 has
+   no binding and gets the first check only). Every put and append records the binding.
+7. A session, or a span of its chain, claiming more tokens than the caller's ``max_tokens``
+   (default: its codec's context) is refused before any forward (enforced: ``_limit`` and
+   ``seqkv.store.chains`` invariant 4).
 
 The default level is ``portable``: its tokens decode on any machine with the model's weights;
 the KV is exact on the encoder's execution profile.
@@ -42,6 +50,7 @@ index names first, as with vLLM's concurrently computed blocks.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,7 +60,13 @@ from transformers import DynamicCache
 
 from seqkv.bounds import file_bytes_accounted, raise_unless_all_hold
 from seqkv.codec import DEFAULT_TOLERANCE, Theorem1
-from seqkv.errors import EmptyInputError, InvalidKVError
+from seqkv.errors import (
+    EmptyInputError,
+    InvalidArgumentTypeError,
+    InvalidKVError,
+    InvalidTokensError,
+    SeqKVError,
+)
 from seqkv.formats.span import SpanRecord, span_parts, write_span
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.mixing.dictionary import Dictionary, DictionaryDigest
@@ -63,17 +78,22 @@ from seqkv.store.backends.base import (
     DictionaryGoneError,
     GcReport,
     ParentGoneError,
+    SessionChain,
     SessionEntry,
     StoreBackend,
+    is_int,
 )
+from seqkv.store.binding import Binding, session_binding
 from seqkv.store.chains import ChainDecoder
 from seqkv.store.codec import EncodedSpan, SpanCodec
 from seqkv.store.codecs import DEFAULT_STORE_LEVEL
 from seqkv.store.dictionaries import NamespaceDictionaries, StoredDictionary
 from seqkv.store.errors import (
     ConcurrentUpdateError,
+    CorruptRecordError,
     SessionExistsError,
     SessionNotFoundError,
+    SessionTooLongError,
 )
 from seqkv.store.hot import ChainState, HotTier
 from seqkv.store.ids import SessionName, SpanId, StoreNamespace, Tenant, check_session_id
@@ -130,6 +150,29 @@ class PrefixMatch:
     length: int
     candidates: int  # index candidates decoded or found hot
     round_trips: int
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedSession:
+    """A session a deep audit could not read: its id and the error it ended in."""
+
+    session: str
+    error: str  # the error's class
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeepAuditReport:
+    """A recount (``AuditReport``) and every session of the namespace decoded and checked."""
+
+    audit: AuditReport
+    sessions: int  # decoded or tried
+    damaged: tuple[DamagedSession, ...]  # ended in a ``SeqKVError``
+    unbound: tuple[str, ...]  # read, but their rows carry no binding (schema 1)
+
+    @property
+    def consistent(self) -> bool:
+        return self.audit.consistent and not self.damaged
 
 
 @dataclass(frozen=True)
@@ -276,8 +319,12 @@ class SessionStore:
         tokens = coding.tokens
         if state is not None and length == len(tokens):
             span = state.span_at(length - 1)
+            # NOTE: the row binds its span's KV digest, which only the span's record holds.
+            chain = self._backend.fetch_chain(coding.tenant.key, span)
+            if chain is None:
+                raise ParentGoneError(span)
             self._commit(coding, CommitPlan(coding.name, len(tokens), coding.expect, None,
-                                            span, ()))
+                                            span, ()), self._chains.record(chain[-1]).kv_digest)
             return PutResult(coding.name, len(tokens), length, 0, span, 0, 0,
                              coding.match.candidates,
                              self._backend.round_trips - coding.started)
@@ -297,7 +344,8 @@ class SessionStore:
         record = _record(encoded, coding.index, parent, start, exact)
         span = self._commit(coding, CommitPlan(coding.name, len(tokens), coding.expect, record,
                                                parent, coding.index_keys,
-                                               encoded.session.dictionary))
+                                               encoded.session.dictionary),
+                            encoded.session.kv_digest)
         if encoded.kv is not None or not coding.codec.uses_kv:
             spans = state.spans_until(start) if state is not None and parent is not None else ()
             self._hot.put(self._chains.key(coding.tenant, span), ChainState(
@@ -306,7 +354,15 @@ class SessionStore:
                          len(record), encoded.coded_bytes, coding.match.candidates,
                          self._backend.round_trips - coding.started, encoded.theorem1)
 
-    def _commit(self, coding: _Coding, plan: CommitPlan) -> SpanId:
+    def _commit(self, coding: _Coding, plan: CommitPlan, kv_digest: bytes | None) -> SpanId:
+        """Commit ``plan`` with the row's binding (invariant 6); ``kv_digest``: the one the
+        session's span's record holds."""
+        ns, name, tokens = coding.tenant.key, coding.name, coding.tokens
+
+        def binding(span: SpanId) -> Binding:
+            return session_binding(ns, name, len(tokens), span, tokens, kv_digest)
+
+        plan = dataclasses.replace(plan, binding=binding)
         try:
             return self._backend.commit(coding.tenant.key, plan)
         except SessionExistsError:
@@ -335,7 +391,9 @@ class SessionStore:
         if found is None:
             raise self._not_found(name, tenant)
         entry = found.entry
+        self._limit(name, found, None)
         state = self._chains.states(tenant, [found.chain])[entry.span]
+        self._check_row(tenant, name, found, state)
         index = self._chains.record(found.chain[-1]).codec
         codec, _ = self._registry.for_index(index)
         tokens = list(state.tokens[: entry.length]) + added
@@ -374,30 +432,85 @@ class SessionStore:
                     "tokens alone")
         return target
 
-    def get(self, session_id: str, *, namespace: str) -> StoredSession:
-        """The session's tokens and KV, decoded and checked."""
-        return self.get_many([session_id], namespace=namespace)[0]
+    def get(self, session_id: str, *, namespace: str, max_tokens: int | None = None
+            ) -> StoredSession:
+        """The session's tokens and KV, decoded and checked (invariants 6 and 7)."""
+        return self.get_many([session_id], namespace=namespace, max_tokens=max_tokens)[0]
 
-    def get_many(self, session_ids: Sequence[str], *, namespace: str) -> list[StoredSession]:
-        """Many sessions of one namespace, decoded together (shared forwards where possible)."""
+    def get_many(self, session_ids: Sequence[str], *, namespace: str,
+                 max_tokens: int | None = None) -> list[StoredSession]:
+        """Many sessions of one namespace, decoded together (shared forwards where possible).
+
+        A session, or a span of its chain, claiming more than ``max_tokens`` tokens (default:
+        the context of the model that coded it) raises ``SessionTooLongError`` before any
+        forward; a row that does not match what its chain decodes to raises
+        ``CorruptRecordError`` naming the session.
+        """
+        if max_tokens is not None and not is_int(max_tokens):
+            raise InvalidArgumentTypeError(
+                f"max_tokens is a {type(max_tokens).__name__}: pass an int or None")
+        if max_tokens is not None and max_tokens < 1:
+            raise InvalidTokensError(f"max_tokens is {max_tokens}: pass a positive number of "
+                                     "tokens, or None for the model's context")
         names = [check_session_id(s) for s in session_ids]
-        tenant = Tenant.of(namespace)
+        return [session for _, session in self._read(Tenant.of(namespace), names, max_tokens)]
+
+    def _read(self, tenant: Tenant, names: Sequence[SessionName], max_tokens: int | None
+              ) -> list[tuple[SessionChain, StoredSession]]:
         found = self._backend.fetch_sessions(tenant.key, names)
         chains = []
         for name, item in zip(names, found, strict=True):
             if item is None:
                 raise self._not_found(name, tenant)
             chains.append(item)
-        states = self._chains.states(tenant, [c.chain for c in chains])
+        for name, chain in zip(names, chains, strict=True):
+            self._limit(name, chain, max_tokens)
+        states = self._chains.states(tenant, [c.chain for c in chains], max_tokens)
         out = []
         for name, chain in zip(names, chains, strict=True):
             state = states[chain.entry.span]
+            self._check_row(tenant, name, chain, state)
             length = chain.entry.length
             kv = None if state.kv is None else state.kv[:, :, :, :length].contiguous()
-            out.append(StoredSession(name, tenant.name, list(state.tokens[:length]),
-                                     None if kv is None else cache_from_tensor(kv), kv,
-                                     state.kv_exact))
+            out.append((chain, StoredSession(
+                name, tenant.name, list(state.tokens[:length]),
+                None if kv is None else cache_from_tensor(kv), kv, state.kv_exact)))
         return out
+
+    def _limit(self, name: SessionName, chain: SessionChain, max_tokens: int | None) -> None:
+        """``SessionTooLongError`` if the row of ``name`` claims more tokens than
+        ``max_tokens`` or, without one, than the context of its last span's codec (invariant
+        7)."""
+        if not chain.chain:
+            raise CorruptRecordError(f"session {name!r}'s row names no span: the store's "
+                                     "metadata was damaged")
+        limit = max_tokens
+        if limit is None:
+            codec, _ = self._registry.for_index(self._chains.record(chain.chain[-1]).codec)
+            limit = codec.max_tokens
+        if limit is not None and chain.entry.length > limit:
+            raise SessionTooLongError(
+                f"session {name!r}'s row claims {chain.entry.length:,} tokens, more than "
+                f"{limit:,} ({'max_tokens' if max_tokens is not None else 'its model context'}): "
+                "refused before any forward; pass a larger max_tokens if the session is yours")
+
+    def _check_row(self, tenant: Tenant, name: SessionName, found: SessionChain,
+                   state: ChainState) -> None:
+        """The row against its decoded chain (invariant 6)."""
+        entry = found.entry
+        start = state.spans[-1][1]
+        if not start < entry.length <= len(state.tokens):
+            raise CorruptRecordError(
+                f"session {name!r} in namespace {tenant.name!r}: its row claims "
+                f"{entry.length:,} tokens of span {entry.span}, which holds tokens {start:,} to "
+                f"{len(state.tokens) - 1:,}: the row was damaged")
+        if entry.binding is not None and entry.binding != session_binding(
+                tenant.key, name, entry.length, entry.span, state.tokens[: entry.length],
+                self._chains.record(found.chain[-1]).kv_digest):
+            raise CorruptRecordError(
+                f"session {name!r} in namespace {tenant.name!r} fails its binding: its row "
+                "(span, length) or the records of its chain were damaged, moved or copied from "
+                "another session")
 
     def delete(self, session_id: str, *, namespace: str) -> None:
         """Remove a session; spans no other session needs go with it."""
@@ -431,6 +544,25 @@ class SessionStore:
     def audit(self, *, namespace: str) -> AuditReport:
         """Recount the namespace's references and compare them with the stored counts."""
         return self._backend.audit(Tenant.of(namespace).key)
+
+    def audit_deep(self, *, namespace: str, max_tokens: int | None = None) -> DeepAuditReport:
+        """``audit``, then decode and check every session of the namespace, one at a time:
+        name the ones that end in a ``SeqKVError`` and the ones read without a binding."""
+        tenant = Tenant.of(namespace)
+        report = self._backend.audit(tenant.key)
+        damaged: list[DamagedSession] = []
+        unbound: list[str] = []
+        names = self._backend.names(tenant.key)
+        for raw in names:
+            try:
+                name = check_session_id(raw)
+                ((chain, _),) = self._read(tenant, [name], max_tokens)
+            except SeqKVError as error:
+                damaged.append(DamagedSession(str(raw), type(error).__name__, str(error)))
+                continue
+            if chain.entry.binding is None:
+                unbound.append(name)
+        return DeepAuditReport(report, len(names), tuple(damaged), tuple(unbound))
 
     def byte_counts(self, *, namespace: str) -> ByteCounts:
         return self._backend.byte_counts(Tenant.of(namespace).key)

@@ -22,6 +22,14 @@ Invariants every backend keeps:
    removes a dictionary only when no span of the namespace that a session reaches names it and
    it is not the namespace's current one, in the same atomic step (enforced). Dictionaries are
    looked up only under the asking namespace's key (enforced: every key holds it).
+6. Every value a backend reads is checked before use (``session_entry``, ``walk_chain``,
+   ``stored_int``): a row or record that damage or a hostile writer changed ends in
+   ``CorruptRecordError`` naming the session or span, never in another exception, an endless
+   walk (a chain loops or runs past ``MAX_CHAIN_SPANS`` or its session's length: enforced) or a
+   silently shorter session.
+7. Each session row carries its binding (``seqkv.store.binding``) since store schema 2, or the
+   mark of an unbound row that the upgrade from schema 1 wrote on each older row; a row with
+   neither is refused (enforced by both backends: ``session_entry``).
 """
 
 from __future__ import annotations
@@ -29,11 +37,119 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from seqkv.store.errors import CorruptRecordError
+from seqkv.limits import MAX_POSITIONS
+from seqkv.store.binding import BINDING_BYTES, STORE_SCHEMA, UNBOUND, Binding
+from seqkv.store.errors import CorruptRecordError, StoreSchemaError
 from seqkv.store.ids import CodecDigest, NamespaceKey, SessionName, SpanId
+
+MAX_CHAIN_SPANS = 1 << 16
+"""The most spans a chain may hold; a chain also holds at most its session's length of spans
+(each span codes at least one token after its parent's start)."""
+MAX_SPAN_ID = (1 << 63) - 1
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an integer as a backend returns one (a bool is not).
+
+    >>> is_int(3), is_int("3"), is_int(True)
+    (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def stored_int(value: object, what: str, low: int = 0, high: int = MAX_SPAN_ID) -> int:
+    """``value`` read from a backend as an integer in ``[low, high]``, else
+    ``CorruptRecordError`` naming ``what``.
+
+    >>> stored_int(b"12", "a count")
+    12
+    >>> stored_int("x", "a count", 0, 9)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    seqkv.errors.CorruptRecordError: a count is 'x', not an integer in [0, 9]: the store's ...
+    """
+    number: int | None = None
+    if is_int(value):
+        number = int(value)  # type: ignore[call-overload]
+    elif isinstance(value, bytes | str):
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        if 0 < len(text) <= 20 and text.isascii() and (text.isdigit() or (
+                text[0] == "-" and text[1:].isdigit())):
+            number = int(text)
+    if number is None or not low <= number <= high:
+        shown = value if not isinstance(value, bytes) else value[:40]
+        raise CorruptRecordError(f"{what} is {shown!r}, not an integer in [{low}, {high}]: the "
+                                 "store's metadata was damaged")
+    return number
+
+
+def session_entry(name: SessionName, span: object, length: object, binding: object
+                  ) -> SessionEntry:
+    """A session row as a backend read it, checked (invariants 6 and 7): ``binding`` is the
+    row's binding, ``UNBOUND`` for a row of schema 1, anything else refused."""
+    what = f"session {name!r}'s row"
+    checked = SessionEntry(SpanId(stored_int(span, f"{what}'s span", 1)),
+                           stored_int(length, f"{what}'s length", 1, MAX_POSITIONS))
+    if binding == UNBOUND:
+        return checked
+    if binding is None:
+        raise CorruptRecordError(
+            f"{what} has no binding and no mark of a row of schema 1: the row was damaged or "
+            "written by hand")
+    if not isinstance(binding, bytes) or len(binding) != BINDING_BYTES:
+        raise CorruptRecordError(f"{what} has a malformed binding: the row was damaged")
+    return SessionEntry(checked.span, checked.length, Binding(binding))
+
+
+def walk_chain(label: str, span: SpanId, limit: int,
+               parent_of: Callable[[SpanId], SpanId | None]) -> list[SpanId]:
+    """The spans from the root to ``span``, following ``parent_of`` (which raises
+    ``CorruptRecordError`` for a span the store lacks); a loop, or more than ``limit`` spans,
+    is ``CorruptRecordError`` naming ``label`` (invariant 6).
+
+    >>> walk_chain("s", SpanId(3), 8, {3: 2, 2: None}.__getitem__)
+    [2, 3]
+    >>> walk_chain("s", SpanId(3), 8, {3: 2, 2: 3}.__getitem__)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    seqkv.errors.CorruptRecordError: s: the chain through span 3 loops at span 3: the ...
+    """
+    chain: list[SpanId] = []
+    seen: set[SpanId] = set()
+    walk: SpanId | None = span
+    while walk is not None:
+        if walk in seen:
+            raise CorruptRecordError(f"{label}: the chain through span {span} loops at span "
+                                     f"{walk}: the store's metadata was damaged")
+        if len(chain) >= min(limit, MAX_CHAIN_SPANS):
+            raise CorruptRecordError(f"{label}: the chain through span {span} holds more than "
+                                     f"{min(limit, MAX_CHAIN_SPANS)} spans: the store's metadata "
+                                     "was damaged")
+        seen.add(walk)
+        chain.append(walk)
+        walk = parent_of(walk)
+    chain.reverse()
+    return chain
+
+
+def check_schema(recorded: object, where: str) -> int:
+    """The schema version a store records (``None``: 1, written before versions were), or
+    ``StoreSchemaError`` for a later one.
+
+    >>> check_schema(None, "x"), check_schema(b"2", "x")
+    (1, 2)
+    """
+    if recorded is None:
+        return 1
+    version = stored_int(recorded, f"the schema version of the store at {where}", 1)
+    if version > STORE_SCHEMA:
+        raise StoreSchemaError(
+            f"the store at {where} has schema version {version}; this seqkv reads versions 1 to "
+            f"{STORE_SCHEMA}: use the seqkv release that wrote it")
+    return version
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +177,9 @@ class CodecIdentity:
         and level (``CorruptRecordError`` otherwise)."""
         try:
             description = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise CorruptRecordError(f"the store's codec {index} is not JSON: {error}") from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as error:
+            raise CorruptRecordError(
+                f"the store's codec {index} is not JSON: {str(error)[:200]}") from None
         if not (isinstance(description, dict) and isinstance(description.get("codec"), str)
                 and isinstance(description.get("level"), str)):
             raise CorruptRecordError(f"the store's codec {index} is not a codec description")
@@ -123,6 +240,7 @@ class StoredSpan:
 class SessionEntry:
     span: SpanId  # the span holding the session's last token
     length: int  # tokens of the session
+    binding: Binding | None = None  # ``seqkv.store.binding``; None: unbound, of schema 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +260,9 @@ class CommitPlan:
     parent: SpanId | None
     index_keys: tuple[bytes, ...]  # keys that name the new span (set where absent or dangling)
     dictionary: str | None = None  # the digest of the dictionary ``record`` was coded with
+    # The row's binding (``seqkv.store.binding``): a function of the session's span, which for a
+    # new span only the backend knows, hence a function of it.
+    binding: Callable[[SpanId], Binding] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +278,47 @@ class AuditReport:
     index_entries: int
     dictionaries: int = 0  # stored in the namespace
     missing_dictionaries: int = 0  # named by a live span but not stored (never expected)
+    # rows or records of malformed values (text where a number belongs, a span naming a span the
+    # table lacks, a loop, a record too short to name its parent): never expected; ``gc`` refuses
+    malformed: int = 0
+    unbound: int = 0  # session rows without a binding (written at schema 1; not damage)
 
     @property
     def consistent(self) -> bool:
         return (self.refcount_mismatches == 0 and self.missing_records == 0
-                and self.missing_dictionaries == 0)
+                and self.missing_dictionaries == 0 and self.malformed == 0)
+
+
+@dataclass(slots=True)
+class Survey:
+    """What a backend's audit marks: checked spans (id -> parent, stored count), the recount,
+    the spans sessions reach, and what it could not follow."""
+
+    spans: dict[int, tuple[int | None, int]] = field(default_factory=dict)
+    counts: dict[int, int] = field(default_factory=dict)
+    reachable: set[int] = field(default_factory=set)
+    sessions: int = 0
+    malformed: int = 0
+    unbound: int = 0
+
+    def mark(self, span: int) -> None:
+        """Count one session naming ``span`` and mark its chain; a span the table lacks or a
+        loop is malformed (each found once per session)."""
+        self.counts[span] = self.counts.get(span, 0) + 1
+        path: set[int] = set()
+        walk: int | None = span
+        while walk is not None:
+            if walk not in self.spans or walk in path:
+                self.malformed += 1
+                return
+            if walk in self.reachable:
+                return
+            path.add(walk)
+            self.reachable.add(walk)
+            parent = self.spans[walk][0]
+            if parent is not None:
+                self.counts[parent] = self.counts.get(parent, 0) + 1
+            walk = parent
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,14 @@ Invariants:
    transactions as the spans (enforced), so ``seqkv.store.backends.base`` invariant 5 holds across
    crashes. Dictionaries live in the database, not in files: they are written once per
    namespace and digest, and a row needs no orphan sweep.
+5. The schema version (``seqkv.store.binding.STORE_SCHEMA``) is recorded in ``meta``; a store of
+   version 1 (none recorded) gains the sessions' ``binding`` column on open, each of its rows the
+   unbound mark (an empty blob), in one transaction; a later version is refused by name
+   (enforced in ``_open_schema``).
+6. Every value read from the database or a record file is checked before use and every SQLite
+   or file error becomes a ``SeqKVError`` naming the store (enforced: ``_read``, ``_write``,
+   ``seqkv.store.backends.base`` invariant 6); a chain is read by a recursive query bounded by
+   its session's length, then walked with a loop guard.
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from seqkv.formats.span import read_frame
 from seqkv.store.backends.base import (
+    MAX_CHAIN_SPANS,
     AuditReport,
     ByteCounts,
     CodecIdentity,
@@ -54,11 +64,20 @@ from seqkv.store.backends.base import (
     SessionChain,
     SessionEntry,
     StoredSpan,
+    Survey,
+    check_schema,
+    is_int,
+    session_entry,
+    stored_int,
+    walk_chain,
 )
+from seqkv.store.binding import STORE_SCHEMA, UNBOUND
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
     SessionExistsError,
+    StoreDamagedError,
+    StoreError,
     StoreUnavailableError,
 )
 from seqkv.store.ids import NamespaceKey, SessionName, SpanId
@@ -70,7 +89,7 @@ CREATE TABLE IF NOT EXISTS codecs(idx INTEGER PRIMARY KEY AUTOINCREMENT,
 CREATE TABLE IF NOT EXISTS spans(id INTEGER PRIMARY KEY AUTOINCREMENT, ns BLOB NOT NULL,
     parent INTEGER, refcount INTEGER NOT NULL, nbytes INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions(ns BLOB NOT NULL, name TEXT NOT NULL, span INTEGER NOT NULL,
-    length INTEGER NOT NULL, PRIMARY KEY(ns, name)) WITHOUT ROWID;
+    length INTEGER NOT NULL, binding BLOB, PRIMARY KEY(ns, name)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS idx(ns BLOB NOT NULL, key BLOB NOT NULL, span INTEGER NOT NULL,
     PRIMARY KEY(ns, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dicts(ns BLOB NOT NULL, digest TEXT NOT NULL, data BLOB NOT NULL,
@@ -79,11 +98,14 @@ CREATE TABLE IF NOT EXISTS dict_current(ns BLOB PRIMARY KEY, digest TEXT NOT NUL
 CREATE TABLE IF NOT EXISTS span_dicts(span INTEGER PRIMARY KEY, ns BLOB NOT NULL,
     digest TEXT NOT NULL);
 """
+# NOTE: bounded by depth (a loop in the parents would recurse forever); the walk in Python
+# finds the loop or the missing span among the rows.
 _CHAIN = """
 WITH RECURSIVE chain(id, parent, depth) AS (
-    SELECT id, parent, 0 FROM spans WHERE id = ? AND ns = ?
-    UNION ALL SELECT s.id, s.parent, c.depth + 1 FROM spans s JOIN chain c ON s.id = c.parent)
-SELECT id FROM chain ORDER BY depth DESC
+    SELECT id, parent, 0 FROM spans WHERE id = ?1 AND ns = ?2
+    UNION ALL SELECT s.id, s.parent, c.depth + 1 FROM spans s JOIN chain c ON s.id = c.parent
+    WHERE s.ns = ?2 AND c.depth < ?3)
+SELECT id, parent FROM chain
 """
 _BUSY_MS = 60_000
 
@@ -126,6 +148,7 @@ class DirectoryBackend:
         self._trips = 0
         self._cache = IdentityCache()
         self._connection()
+        self._open_schema()
 
     @property
     def root(self) -> Path:
@@ -150,32 +173,68 @@ class DirectoryBackend:
                     if statement.strip():
                         db.execute(statement)
             except sqlite3.Error as error:
-                raise StoreUnavailableError(f"cannot open the store at {self._root}: {error}"
-                                            ) from error
+                damaged = self._damaged(error)
+                raise type(damaged)(f"cannot open the store: {damaged}") from error
             self._local.db, self._local.pid = db, os.getpid()
         return db
+
+    def _damaged(self, error: sqlite3.Error) -> StoreError:
+        """A SQLite error as the store's error: a busy or unreachable database, or a damaged
+        one (a file that is not a database, a table of another shape)."""
+        text = str(error)
+        if isinstance(error, sqlite3.OperationalError) and any(
+                word in text for word in ("locked", "unable to open", "disk I/O", "readonly")):
+            return StoreUnavailableError(f"the store at {self._root}: {text}")
+        return CorruptRecordError(f"the store's database at {self._root} is damaged: {text}")
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         db = self._connection()
         self._trips += 1
-        db.execute("BEGIN IMMEDIATE")
         try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as error:
+            raise self._damaged(error) from error
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
         db = self._connection()
         self._trips += 1
-        db.execute("BEGIN")
         try:
-            yield db
-        finally:
-            db.execute("COMMIT")
+            db.execute("BEGIN")
+            try:
+                yield db
+            finally:
+                if db.in_transaction:
+                    db.execute("COMMIT")
+        except sqlite3.Error as error:
+            raise self._damaged(error) from error
+
+    def _schema(self, db: sqlite3.Connection) -> int:
+        row = db.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()
+        return check_schema(None if row is None else row[0], str(self._root))
+
+    def _open_schema(self) -> None:
+        """Check the recorded schema version; upgrade a version-1 store (invariant 5): add
+        the sessions' ``binding`` column and mark every older row unbound."""
+        with self._read() as db:
+            if self._schema(db) == STORE_SCHEMA:
+                return
+        with self._write() as db:
+            if self._schema(db) == STORE_SCHEMA:
+                return
+            columns = {str(row[1]) for row in db.execute("PRAGMA table_info(sessions)")}
+            if "binding" not in columns:
+                db.execute("ALTER TABLE sessions ADD COLUMN binding BLOB")
+            db.execute("UPDATE sessions SET binding = ? WHERE binding IS NULL", (UNBOUND,))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(STORE_SCHEMA),))
 
     def _path(self, span: int) -> Path:
         return self._root / "records" / f"{span % 256:02x}" / f"{span:x}"
@@ -213,7 +272,8 @@ class DirectoryBackend:
             marks = ",".join("?" * len(keys))
             found = dict(db.execute(f"SELECT key, span FROM idx WHERE ns = ? AND key IN ({marks})",
                                     (ns, *keys)).fetchall())
-        return [None if key not in found else SpanId(int(found[key])) for key in keys]
+        return [None if key not in found or not is_int(found[key]) else SpanId(found[key])
+                for key in keys]  # a malformed entry is no candidate (``gc`` drops it)
 
     def _records(self, spans: Sequence[int]) -> list[bytes] | None:
         out = []
@@ -222,46 +282,77 @@ class DirectoryBackend:
                 out.append(self._path(span).read_bytes())
             except FileNotFoundError:
                 return None  # deleted by a concurrent release after our read
+            except OSError as error:
+                raise CorruptRecordError(f"span {span}'s record in {self._root} cannot be read: "
+                                         f"{error.strerror or error}") from None
         return out
+
+    @staticmethod
+    def _chain_ids(db: sqlite3.Connection, ns: NamespaceKey, span: SpanId, limit: int,
+                   label: str) -> list[SpanId]:
+        """The chain through ``span``, root first: one bounded query, then a checked walk."""
+        parents: dict[SpanId, SpanId | None] = {}
+        for raw_id, raw_parent in db.execute(_CHAIN, (span, ns, min(limit, MAX_CHAIN_SPANS))):
+            span_id = SpanId(stored_int(raw_id, f"{label}: a span's id", 1))
+            parents[span_id] = (None if raw_parent is None else SpanId(
+                stored_int(raw_parent, f"{label}: span {span_id}'s parent", 1)))
+
+        def parent_of(walk: SpanId) -> SpanId | None:
+            if walk not in parents:
+                raise CorruptRecordError(f"{label}: the chain names span {walk}, which the "
+                                         "store lacks: the store's metadata was damaged")
+            return parents[walk]
+
+        return walk_chain(label, span, limit, parent_of)
 
     def fetch_chain(self, ns: NamespaceKey, span: SpanId) -> tuple[StoredSpan, ...] | None:
         with self._read() as db:
-            ids = [int(row[0]) for row in db.execute(_CHAIN, (span, ns)).fetchall()]
-        if not ids or ids[-1] != span:
-            return None
+            if db.execute("SELECT 1 FROM spans WHERE id = ? AND ns = ?",
+                          (span, ns)).fetchone() is None:
+                return None
+            ids = self._chain_ids(db, ns, span, MAX_CHAIN_SPANS, f"span {span}")
         records = self._records(ids)
         if records is None:
             return None
-        return tuple(StoredSpan(SpanId(i), r) for i, r in zip(ids, records, strict=True))
+        return tuple(StoredSpan(i, r) for i, r in zip(ids, records, strict=True))
+
+    def _entry(self, db: sqlite3.Connection, ns: NamespaceKey, name: SessionName
+               ) -> SessionEntry | None:
+        row = db.execute("SELECT span, length, binding FROM sessions WHERE ns = ? AND name = ?",
+                         (ns, name)).fetchone()
+        if row is None:
+            return None
+        return session_entry(name, row[0], row[1], row[2])
 
     def fetch_sessions(self, ns: NamespaceKey, names: Sequence[SessionName]
                        ) -> list[SessionChain | None]:
         for _ in range(3):
             out: list[SessionChain | None] = []
             with self._read() as db:
-                chains: list[tuple[SessionEntry, list[int]] | None] = []
+                chains: list[tuple[SessionEntry, list[SpanId]] | None] = []
                 for name in names:
-                    row = db.execute("SELECT span, length FROM sessions WHERE ns = ? AND name = ?",
-                                     (ns, name)).fetchone()
-                    if row is None:
+                    entry = self._entry(db, ns, name)
+                    if entry is None:
                         chains.append(None)
                         continue
-                    ids = [int(r[0]) for r in db.execute(_CHAIN, (row[0], ns)).fetchall()]
-                    chains.append((SessionEntry(SpanId(int(row[0])), int(row[1])), ids))
-            complete = True
-            for item in chains:
+                    ids = self._chain_ids(db, ns, entry.span, entry.length,
+                                          f"session {name!r}")
+                    chains.append((entry, ids))
+            missing: str | None = None
+            for name, item in zip(names, chains, strict=True):
                 if item is None:
                     out.append(None)
                     continue
                 records = self._records(item[1])
                 if records is None:
-                    complete = False
+                    missing = f"session {name!r}"
                     break
                 out.append(SessionChain(item[0], tuple(
-                    StoredSpan(SpanId(i), r) for i, r in zip(item[1], records, strict=True))))
-            if complete:
+                    StoredSpan(i, r) for i, r in zip(item[1], records, strict=True))))
+            if missing is None:
                 return out
-        raise CorruptRecordError("a session's span records keep disappearing while read")
+        raise CorruptRecordError(f"{missing}: a record file of its chain in {self._root} is "
+                                 "missing (read three times): the store was damaged")
 
     def refcounts(self, ns: NamespaceKey, spans: Sequence[SpanId]) -> list[int]:
         with self._read() as db:
@@ -269,19 +360,27 @@ class DirectoryBackend:
             found = dict(db.execute(
                 f"SELECT id, refcount FROM spans WHERE ns = ? AND id IN ({marks})",
                 (ns, *spans)).fetchall())
-        return [int(found.get(span, 0)) for span in spans]
+        return [stored_int(found.get(span, 0), f"span {span}'s reference count")
+                for span in spans]
 
     def _release(self, db: sqlite3.Connection, span: int | None, removed: list[int]) -> None:
-        while span is not None:
-            db.execute("UPDATE spans SET refcount = refcount - 1 WHERE id = ?", (span,))
-            count, parent = db.execute("SELECT refcount, parent FROM spans WHERE id = ?",
-                                       (span,)).fetchone()
-            if count > 0:
+        # NOTE: bounded (a loop in damaged parents would not end); a malformed row stops the
+        # release, leaving what ``gc`` refuses to touch until the store is repaired.
+        for _ in range(MAX_CHAIN_SPANS):
+            if span is None:
                 return
+            db.execute("UPDATE spans SET refcount = refcount - 1 WHERE id = ?", (span,))
+            row = db.execute("SELECT refcount, parent FROM spans WHERE id = ?",
+                             (span,)).fetchone()
+            if row is None or not is_int(row[0]) or row[0] > 0:
+                return
+            parent = row[1] if row[1] is None or is_int(row[1]) else None
             db.execute("DELETE FROM spans WHERE id = ?", (span,))
             db.execute("DELETE FROM span_dicts WHERE span = ?", (span,))
             removed.append(span)
             span = parent
+        raise CorruptRecordError(f"span {span}'s parents in {self._root} loop: the store's "
+                                 "metadata was damaged")
 
     def _unlink(self, spans: Sequence[int]) -> None:
         for span in spans:
@@ -290,9 +389,7 @@ class DirectoryBackend:
     def commit(self, ns: NamespaceKey, plan: CommitPlan) -> SpanId:
         removed: list[int] = []
         with self._write() as db:
-            row = db.execute("SELECT span, length FROM sessions WHERE ns = ? AND name = ?",
-                             (ns, plan.session)).fetchone()
-            current = None if row is None else SessionEntry(SpanId(int(row[0])), int(row[1]))
+            current = self._entry(db, ns, plan.session)
             if plan.expect is None and current is not None:
                 raise SessionExistsError(plan.session)
             if plan.expect is not None and current != plan.expect:
@@ -326,8 +423,9 @@ class DirectoryBackend:
                     [(ns, key, span) for key in plan.index_keys])
             assert span is not None
             db.execute("UPDATE spans SET refcount = refcount + 1 WHERE id = ?", (span,))
-            db.execute("INSERT OR REPLACE INTO sessions VALUES (?, ?, ?, ?)",
-                       (ns, plan.session, span, plan.length))
+            binding = UNBOUND if plan.binding is None else plan.binding(span)
+            db.execute("INSERT OR REPLACE INTO sessions(ns, name, span, length, binding) "
+                       "VALUES (?, ?, ?, ?, ?)", (ns, plan.session, span, plan.length, binding))
             if current is not None:
                 self._release(db, current.span, removed)
         self._unlink(removed)
@@ -341,7 +439,7 @@ class DirectoryBackend:
             if row is None:
                 return False
             db.execute("DELETE FROM sessions WHERE ns = ? AND name = ?", (ns, name))
-            self._release(db, int(row[0]), removed)
+            self._release(db, row[0] if is_int(row[0]) else None, removed)
         self._unlink(removed)
         return True
 
@@ -349,34 +447,57 @@ class DirectoryBackend:
         with self._read() as db:
             rows = db.execute("SELECT name FROM sessions WHERE ns = ? ORDER BY name",
                               (ns,)).fetchall()
-        return [SessionName(str(r[0])) for r in rows]
+        return [SessionName(r[0]) if isinstance(r[0], str) else SessionName(repr(r[0]))
+                for r in rows]
 
     def _files(self) -> Iterator[Path]:
         for folder in (self._root / "records").iterdir():
             if folder.is_dir():
                 yield from folder.iterdir()
 
-    def _survey(self, db: sqlite3.Connection, ns: NamespaceKey
-                ) -> tuple[dict[int, tuple[int | None, int]], dict[int, int], set[int], int]:
-        spans = {int(i): (None if p is None else int(p), int(c)) for i, p, c in db.execute(
-            "SELECT id, parent, refcount FROM spans WHERE ns = ?", (ns,))}
-        counts: dict[int, int] = {}
-        reachable: set[int] = set()
-        sessions = 0
-        for (span,) in db.execute("SELECT span FROM sessions WHERE ns = ?", (ns,)):
-            sessions += 1
-            counts[span] = counts.get(span, 0) + 1
-            walk: int | None = int(span)
-            while walk is not None and walk in spans and walk not in reachable:
-                reachable.add(walk)
-                parent = spans[walk][0]
-                if parent is not None:
-                    counts[parent] = counts.get(parent, 0) + 1
-                walk = parent
-        return spans, counts, reachable, sessions
+    def _survey(self, db: sqlite3.Connection, ns: NamespaceKey) -> Survey:
+        """Mark from the sessions through their parents, checking every value (a malformed
+        row, a session or span naming a span the table lacks, a loop, a record whose frame
+        fails or names another parent are counted, not followed)."""
+        survey = Survey()
+        for raw_id, raw_parent, raw_count in db.execute(
+                "SELECT id, parent, refcount FROM spans WHERE ns = ?", (ns,)):
+            if not (is_int(raw_id) and is_int(raw_count)
+                    and (raw_parent is None or is_int(raw_parent))):
+                survey.malformed += 1
+                continue
+            survey.spans[raw_id] = (raw_parent, raw_count)
+        for span, (parent, _) in survey.spans.items():
+            if parent is not None and parent not in survey.spans:
+                survey.malformed += 1
+            survey.malformed += not self._frame_matches(span, parent)
+        for name, span, length, binding in db.execute(
+                "SELECT name, span, length, binding FROM sessions WHERE ns = ?", (ns,)):
+            survey.sessions += 1
+            try:
+                entry = session_entry(SessionName(str(name)), span, length, binding)
+            except CorruptRecordError:
+                survey.malformed += 1
+                continue
+            survey.unbound += entry.binding is None
+            survey.mark(entry.span)
+        return survey
+
+    def _frame_matches(self, span: int, parent: int | None) -> bool:
+        """Whether span's record (if present) has a valid frame naming ``parent``."""
+        try:
+            data = self._path(span).read_bytes()
+        except FileNotFoundError:
+            return True  # counted as a missing record
+        except OSError:
+            return False
+        try:
+            return read_frame(data).parent == parent
+        except CorruptRecordError:
+            return False
 
     def _orphan_files(self, db: sqlite3.Connection) -> list[Path]:
-        known = {int(r[0]) for r in db.execute("SELECT id FROM spans")}
+        known = {r[0] for r in db.execute("SELECT id FROM spans") if is_int(r[0])}
         orphans = []
         for path in self._files():
             if path.name.startswith("."):
@@ -392,7 +513,8 @@ class DirectoryBackend:
 
     def audit(self, ns: NamespaceKey) -> AuditReport:
         with self._read() as db:
-            spans, counts, _, sessions = self._survey(db, ns)
+            survey = self._survey(db, ns)
+            spans, counts, sessions = survey.spans, survey.counts, survey.sessions
             mismatches = sum(1 for s, (_, c) in spans.items() if counts.get(s, 0) != c)
             missing = sum(1 for s in spans if not self._path(s).is_file())
             orphans = len(self._orphan_files(db))
@@ -401,20 +523,28 @@ class DirectoryBackend:
                                   "(SELECT id FROM spans)", (ns,)).fetchone()[0]
             dictionaries = db.execute("SELECT count(*) FROM dicts WHERE ns = ?",
                                       (ns,)).fetchone()[0]
-            named = {(int(span), str(d)) for span, d in db.execute(
-                "SELECT span, digest FROM span_dicts WHERE ns = ?", (ns,))}
+            named = {(span, str(d)) for span, d in db.execute(
+                "SELECT span, digest FROM span_dicts WHERE ns = ?", (ns,)) if is_int(span)}
             stored = {str(d) for (d,) in db.execute("SELECT digest FROM dicts WHERE ns = ?",
                                                    (ns,))}
         missing_dictionaries = sum(1 for span, d in named if span in spans and d not in stored)
         return AuditReport(sessions, len(spans), mismatches, missing, orphans, int(dangling),
-                           int(entries), int(dictionaries), missing_dictionaries)
+                           int(entries), int(dictionaries), missing_dictionaries,
+                           survey.malformed, survey.unbound)
 
     def gc(self, ns: NamespaceKey) -> GcReport:
         with self._write() as db:
+            survey = self._survey(db, ns)
+            if survey.malformed:
+                raise StoreDamagedError(
+                    f"the store at {self._root} holds {survey.malformed} malformed rows or "
+                    "records in this namespace: gc would delete what a session may need; run "
+                    "seqkv store audit --deep to name the damaged sessions, repair or delete "
+                    "them, then gc")
             orphans = self._orphan_files(db)
             for path in orphans:
                 path.unlink(missing_ok=True)
-            spans, counts, reachable, _ = self._survey(db, ns)
+            spans, counts, reachable = survey.spans, survey.counts, survey.reachable
             dead = [s for s in spans if s not in reachable]
             db.executemany("DELETE FROM spans WHERE id = ?", [(s,) for s in dead])
             fixed = [(counts.get(s, 0), s) for s in reachable if counts.get(s, 0) != spans[s][1]]

@@ -2,13 +2,14 @@
 
 Key layout (``P`` = the key prefix, ``N`` = 32 hex digits of the namespace key)::
 
-    P:meta            hash    store id
+    P:meta            hash    store id, schema version (none: 1)
     P:codecs          hash    codec index -> identity description (JSON), stored once
     P:codecidx        hash    codec digest -> codec index
     P:N:id            string  span id counter (INCR: ids only grow)
     P:N:s:<id>        string  span record (``seqkv.store.record``)
     P:N:c             hash    span id -> reference count
-    P:N:n             hash    session id -> "<span>:<length>"
+    P:N:n             hash    session id -> "<span>:<length>:<binding, 32 hex digits>" (rows of
+                              schema 1, "<span>:<length>", become "<span>:<length>:-")
     P:N:i:<hh>        hash    index bucket: key bytes [2:] -> span id; <hh> = hex of bytes [:2]
     P:N:d:<digest>    string  a mixing dictionary's bytes (``seqkv.mixing``), by its digest
     P:N:dcur          string  the digest of the namespace's current dictionary
@@ -25,12 +26,23 @@ Invariants:
    survives ``kill -9`` of redis-server (assumed of Redis; fault-tested).
 3. Scripts touch keys they compute from their arguments (the new span's key depends on INCR), so
    the backend needs a single Redis server, not a cluster (assumed; stated in the docs).
+4. Every value a script or this module reads is checked before use: the scripts read a record's
+   parent only from a record long enough to hold it, walk a chain with a loop and a length guard
+   and answer a damaged store with an ``SKV`` error; Python checks every row, id and count again
+   (``seqkv.store.backends.base`` invariant 6) and turns every Redis error into a ``SeqKVError``
+   (enforced: ``_request``).
+5. The schema version is recorded in ``P:meta``; on opening a store of version 1 (none recorded)
+   one script marks every row of every namespace unbound (``-``) and records version 2; a later
+   version is refused by name (enforced: ``_open_schema``).
+   A new span's id is taken (INCR) before its commit, so that the row's binding, a function of
+   the span id, is computed here: an id a failed commit took is never used (ids only grow).
 """
 
 from __future__ import annotations
 
+import re
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,6 +50,7 @@ import redis
 
 from seqkv.formats.span import read_frame
 from seqkv.store.backends.base import (
+    MAX_CHAIN_SPANS,
     AuditReport,
     ByteCounts,
     CodecIdentity,
@@ -49,61 +62,85 @@ from seqkv.store.backends.base import (
     SessionChain,
     SessionEntry,
     StoredSpan,
+    check_schema,
+    session_entry,
+    stored_int,
+    walk_chain,
 )
+from seqkv.store.binding import STORE_SCHEMA, UNBOUND
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
     SessionExistsError,
+    StoreDamagedError,
     StoreUnavailableError,
 )
 from seqkv.store.ids import NamespaceKey, SessionName, SpanId
 
+# NOTE: a record is at least 8 bytes (head, three one-byte varints, CRC); ``parent_of`` reads
+# at most 8 bytes per varint (``seqkv.formats.framing``) and answers nil, false for a record too
+# short or malformed to name its parent.
 _LIB = """
 local function varint(s, pos)
   local v, mul = 0, 1
-  while true do
+  for _ = 1, 8 do
     local b = string.byte(s, pos)
+    if not b then return nil, pos end
     pos = pos + 1
     v = v + (b % 128) * mul
     if b < 128 then return v, pos end
     mul = mul * 128
   end
+  return nil, pos
 end
 local function parent_of(rec)
-  local _, pos = varint(rec, 2)
+  if type(rec) ~= 'string' or #rec < 8 then return nil, false end
+  local codec, pos = varint(rec, 2)
+  if not codec then return nil, false end
   local parent = varint(rec, pos)
-  if parent == 0 then return nil end
-  return string.format('%d', parent)
+  if not parent or parent >= 2 ^ 53 then return nil, false end
+  if parent == 0 then return nil, true end
+  return string.format('%d', parent), true
 end
 local function release(p, span)
   local ckey = p .. ':c'
-  while span do
+  for _ = 1, MAXSPANS do
+    if not span then return end
     local n = redis.call('HINCRBY', ckey, span, -1)
     if n > 0 then return end
     local skey = p .. ':s:' .. span
-    local rec = redis.call('GET', skey)
+    local rec = redis.pcall('GET', skey)
     redis.call('DEL', skey)
     redis.call('HDEL', ckey, span)
     redis.call('HDEL', p .. ':sd', span)
     if rec then span = parent_of(rec) else span = nil end
   end
 end
-local function chain(p, span, out, seen)
-  while span and not seen[span] do
-    local rec = redis.call('GET', p .. ':s:' .. span)
-    if not rec then return false end
+local function chain(p, span, out, seen, limit)
+  local path, steps = {}, 0
+  while span do
+    if path[span] then return 'its chain loops at span ' .. span end
+    if seen[span] then return nil end
+    steps = steps + 1
+    if steps > limit then return 'its chain holds more spans than its length' end
+    local rec = redis.pcall('GET', p .. ':s:' .. span)
+    if not rec then return 'it names span ' .. span .. ', which the store lacks' end
+    if type(rec) ~= 'string' then return 'span ' .. span .. "'s record is not a string" end
+    local parent, ok = parent_of(rec)
+    if not ok then return 'span ' .. span .. "'s record is too short or malformed" end
+    path[span] = true
     seen[span] = true
     table.insert(out, span)
     table.insert(out, rec)
-    span = parent_of(rec)
+    span = parent
   end
-  return true
+  return nil
 end
-"""
+""".replace("MAXSPANS", str(MAX_CHAIN_SPANS))
 
 _COMMIT = _LIB + """
-local p, name, length, expect, record, parent = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local dict = ARGV[7]
+local p, name, row, expect, record, parent = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local dict, new = ARGV[7], ARGV[8]
 local ckey, nkey = p .. ':c', p .. ':n'
 local current = redis.call('HGET', nkey, name)
 if expect == '' then
@@ -117,12 +154,13 @@ if record ~= '' and dict ~= '' and redis.call('EXISTS', p .. ':d:' .. dict) == 0
 end
 local span = parent
 if record ~= '' then
-  span = tostring(redis.call('INCR', p .. ':id'))
+  span = new
+  if redis.call('EXISTS', p .. ':s:' .. span) == 1 then return 'taken' end
   redis.call('SET', p .. ':s:' .. span, record)
   redis.call('HSET', ckey, span, 0)
   if dict ~= '' then redis.call('HSET', p .. ':sd', span, dict) end
   if parent ~= '' then redis.call('HINCRBY', ckey, parent, 1) end
-  for i = 8, #ARGV, 2 do
+  for i = 9, #ARGV, 2 do
     local old = redis.call('HGET', ARGV[i], ARGV[i + 1])
     if (not old) or redis.call('HEXISTS', ckey, old) == 0 then
       redis.call('HSET', ARGV[i], ARGV[i + 1], span)
@@ -130,7 +168,7 @@ if record ~= '' then
   end
 end
 redis.call('HINCRBY', ckey, span, 1)
-redis.call('HSET', nkey, name, span .. ':' .. length)
+redis.call('HSET', nkey, name, span .. ':' .. row)
 if current then release(p, string.match(current, '^(%d+):')) end
 return 'ok:' .. span
 """
@@ -146,7 +184,9 @@ return 1
 
 _FETCH_SPAN = _LIB + """
 local out = {}
-if not chain(ARGV[1], ARGV[2], out, {}) then return false end
+if redis.call('EXISTS', ARGV[1] .. ':s:' .. ARGV[2]) == 0 then return false end
+local problem = chain(ARGV[1], ARGV[2], out, {}, tonumber(ARGV[3]))
+if problem then return redis.error_reply('SKV span ' .. ARGV[2] .. ': ' .. problem) end
 return out
 """
 
@@ -156,8 +196,12 @@ local entries, out, seen = {}, {}, {}
 for i = 2, #ARGV do
   local entry = redis.call('HGET', p .. ':n', ARGV[i])
   if entry then
-    if not chain(p, string.match(entry, '^(%d+):'), out, seen) then
-      return redis.error_reply('SKV a session references a missing span record')
+    local span, length = string.match(entry, '^(%d+):(%d+)')
+    if span then
+      local problem = chain(p, span, out, seen, math.min(tonumber(length), MAXSPANS))
+      if problem then
+        return redis.error_reply('SKV session ' .. ARGV[i] .. ': ' .. problem)
+      end
     end
     table.insert(entries, entry)
   else
@@ -165,36 +209,60 @@ for i = 2, #ARGV do
   end
 end
 return {entries, out}
-"""
+""".replace("MAXSPANS", str(MAX_CHAIN_SPANS))
 
 # Mark (from the sessions, through parents) and sweep; with ARGV[2] == '1' also repair.
 _AUDIT = _LIB + """
 local p, fix = ARGV[1], ARGV[2] == '1'
 local ckey, nkey = p .. ':c', p .. ':n'
 local records, stored, counts, reachable = {}, {}, {}, {}
+local malformed, unbound = 0, 0
 local cursor = '0'
 repeat
   local r = redis.call('SCAN', cursor, 'MATCH', p .. ':s:*', 'COUNT', 1000)
   cursor = r[1]
   for _, key in ipairs(r[2]) do
-    records[string.sub(key, #p + 4)] = parent_of(redis.call('GET', key)) or ''
+    local span = string.sub(key, #p + 4)
+    local parent, ok = parent_of(redis.pcall('GET', key))
+    if not ok or not string.match(span, '^%d+$') then malformed = malformed + 1 end
+    records[span] = parent or ''
   end
 until cursor == '0'
 local flat = redis.call('HGETALL', ckey)
-for i = 1, #flat, 2 do stored[flat[i]] = tonumber(flat[i + 1]) end
+for i = 1, #flat, 2 do
+  stored[flat[i]] = tonumber(flat[i + 1])
+  if not string.match(flat[i + 1], '^%d+$') then malformed = malformed + 1 end
+end
+for span, parent in pairs(records) do
+  if parent ~= '' and not records[parent] then malformed = malformed + 1 end
+end
 local sessions = redis.call('HGETALL', nkey)
 for i = 2, #sessions, 2 do
-  local span = string.match(sessions[i], '^(%d+):')
-  counts[span] = (counts[span] or 0) + 1
-  while span and records[span] and not reachable[span] do
-    reachable[span] = true
-    local parent = records[span]
-    if parent == '' then span = nil else
-      counts[parent] = (counts[parent] or 0) + 1
-      span = parent
+  local span, length, binding = string.match(sessions[i], '^(%d+):(%d+)(.*)$')
+  if not span or tonumber(length) < 1 or not (binding == ':-' or string.match(binding,
+      '^:' .. string.rep('[0-9a-f]', 32) .. '$')) then
+    malformed = malformed + 1
+  else
+    if binding == ':-' then unbound = unbound + 1 end
+    counts[span] = (counts[span] or 0) + 1
+    local path = {}
+    while span do
+      if not records[span] or path[span] then
+        malformed = malformed + 1
+        break
+      end
+      if reachable[span] then break end
+      path[span] = true
+      reachable[span] = true
+      local parent = records[span]
+      if parent == '' then span = nil else
+        counts[parent] = (counts[parent] or 0) + 1
+        span = parent
+      end
     end
   end
 end
+if fix and malformed > 0 then return redis.error_reply('SKVDAMAGED ' .. malformed) end
 local mismatches, missing, orphans, nspans, fixed, removed = 0, 0, 0, 0, 0, 0
 for span, n in pairs(stored) do
   nspans = nspans + 1
@@ -262,7 +330,7 @@ repeat
   end
 until cursor == '0'
 return {#sessions / 2, nspans, mismatches, missing, orphans, dangling, entries, fixed, removed,
-        ndicts, missing_dicts, dicts_removed}
+        ndicts, missing_dicts, dicts_removed, malformed, unbound}
 """
 
 _BYTES = """
@@ -312,6 +380,30 @@ redis.call('SET', KEYS[2], ARGV[1])
 return created
 """
 
+# Upgrades a store of schema 1: every row "<span>:<length>" of every namespace becomes
+# "<span>:<length>:-" (unbound), in the one script that records the version.
+_SCHEMA = """
+local version = redis.call('HGET', KEYS[1], 'schema')
+if version then return version end
+local cursor = '0'
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[2] .. ':*:n', 'COUNT', 1000)
+  cursor = r[1]
+  for _, key in ipairs(r[2]) do
+    if redis.call('TYPE', key)['ok'] == 'hash' then
+      local rows = redis.call('HGETALL', key)
+      for i = 1, #rows, 2 do
+        if string.match(rows[i + 1], '^%d+:%d+$') then
+          redis.call('HSET', key, rows[i], rows[i + 1] .. ':-')
+        end
+      end
+    end
+  end
+until cursor == '0'
+redis.call('HSET', KEYS[1], 'schema', ARGV[1])
+return '1'
+"""
+
 _REGISTER = """
 local idx = redis.call('HGET', KEYS[2], ARGV[1])
 if idx then return idx end
@@ -326,23 +418,34 @@ class RedisBackend:
     """``StoreBackend`` on one Redis server (``redis://host:port/db``)."""
 
     def __init__(self, url: str, prefix: str = "skv") -> None:
-        self._client: Any = redis.Redis.from_url(url, socket_connect_timeout=5,
-                                                 socket_timeout=120)
+        try:
+            self._client: Any = redis.Redis.from_url(url, socket_connect_timeout=5,
+                                                     socket_timeout=120)
+        except ValueError as error:
+            raise StoreUnavailableError(f"{url!r} is not a Redis URL: {error}; write "
+                                        "redis://HOST:PORT/DB") from None
         self._url = url
         self._prefix = prefix
         self._trips = 0
         try:
             self._client.ping()
-        except redis.RedisError as error:
+        except (redis.RedisError, ValueError) as error:
             raise StoreUnavailableError(f"cannot reach Redis at {url}: {error}") from error
         self._scripts = {
             name: self._client.register_script(source)
             for name, source in (("commit", _COMMIT), ("delete", _DELETE),
                                  ("span", _FETCH_SPAN), ("sessions", _FETCH_SESSIONS),
                                  ("audit", _AUDIT), ("bytes", _BYTES), ("register", _REGISTER),
-                                 ("dictionary", _PUT_DICTIONARY))
+                                 ("dictionary", _PUT_DICTIONARY), ("schema", _SCHEMA))
         }
         self._cache = IdentityCache()
+        self._open_schema()
+
+    def _open_schema(self) -> None:
+        """Check the schema version; record it, upgrading a store of version 1 (invariant
+        5)."""
+        version = self._run("schema", [str(STORE_SCHEMA), self._prefix], [f"{self._prefix}:meta"])
+        check_schema(version, f"{self._url} (prefix {self._prefix!r})")
 
     @property
     def url(self) -> str:
@@ -368,9 +471,19 @@ class RedisBackend:
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise StoreUnavailableError(f"lost Redis at {self._url}: {error}") from error
         except redis.ResponseError as error:
-            if "SKV" in str(error):
-                raise CorruptRecordError(str(error).split("SKV", 1)[1].strip()) from error
-            raise
+            text = str(error)
+            if "SKVDAMAGED" in text:
+                raise StoreDamagedError(
+                    f"the store at {self._url} holds {text.split('SKVDAMAGED', 1)[1].strip()} "
+                    "malformed rows or records in this namespace: gc would delete what a "
+                    "session may need; run seqkv store audit --deep to name the damaged "
+                    "sessions, repair or delete them, then gc") from error
+            if "SKV" in text:
+                raise CorruptRecordError(text.split("SKV", 1)[1].strip()) from error
+            raise CorruptRecordError(f"Redis at {self._url} refused a request on the store's "
+                                     f"keys (damaged or of the wrong type): {text}") from error
+        except redis.RedisError as error:
+            raise StoreUnavailableError(f"Redis at {self._url}: {error}") from error
 
     def _run(self, name: str, args: Sequence[str | bytes | int], keys: Sequence[str] = ()
              ) -> Any:
@@ -394,7 +507,8 @@ class RedisBackend:
 
     def _add_codec(self, identity: CodecIdentity) -> int:
         keys = [f"{self._prefix}:codecs", f"{self._prefix}:codecidx", f"{self._prefix}:codecn"]
-        return int(self._run("register", [identity.digest, identity.description], keys))
+        return stored_int(self._run("register", [identity.digest, identity.description], keys),
+                          "a codec's index", 1)
 
     def codec(self, index: int) -> CodecIdentity:
         return self._cache.codec(index, self._fetch_codec)
@@ -413,38 +527,53 @@ class RedisBackend:
             pipe.hget(f"{prefix}:i:{key[:2].hex()}", key[2:])
         with self._request():
             values = pipe.execute()
-        return [None if value is None else SpanId(int(value)) for value in values]
+        # a malformed entry is no candidate (``gc`` drops it)
+        return [None if not isinstance(value, bytes) or not value.isdigit()
+                or not 0 < len(value) < 19 else SpanId(int(value)) for value in values]
 
     def fetch_chain(self, ns: NamespaceKey, span: SpanId) -> tuple[StoredSpan, ...] | None:
-        flat = self._run("span", [self._ns(ns), str(span)])
+        flat = self._run("span", [self._ns(ns), str(span), MAX_CHAIN_SPANS])
         if flat is None:
             return None
-        spans = [StoredSpan(SpanId(int(flat[i])), bytes(flat[i + 1]))
-                 for i in range(0, len(flat), 2)]
-        return tuple(reversed(spans))
+        return _chain_of(f"span {span}", span, MAX_CHAIN_SPANS, _records(flat))
 
     def fetch_sessions(self, ns: NamespaceKey, names: Sequence[SessionName]
                        ) -> list[SessionChain | None]:
         if not names:
             return []
         entries, flat = self._run("sessions", [self._ns(ns), *names])
-        records = {int(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat), 2)}
-        return [None if not entry else _chain_of(_entry(entry), records) for entry in entries]
+        records = _records(flat)
+        out: list[SessionChain | None] = []
+        for name, raw in zip(names, entries, strict=True):
+            if not raw:
+                out.append(None)
+                continue
+            entry = _entry(name, raw)
+            out.append(SessionChain(entry, _chain_of(f"session {name!r}", entry.span,
+                                                     entry.length, records)))
+        return out
 
     def refcounts(self, ns: NamespaceKey, spans: Sequence[SpanId]) -> list[int]:
         if not spans:
             return []
         with self._request():
             values = self._client.hmget(f"{self._ns(ns)}:c", [str(s) for s in spans])
-        return [0 if v is None else int(v) for v in values]
+        return [0 if v is None else stored_int(v, f"span {s}'s reference count")
+                for s, v in zip(spans, values, strict=True)]
 
     def commit(self, ns: NamespaceKey, plan: CommitPlan) -> SpanId:
         prefix = self._ns(ns)
+        span = plan.parent
+        if plan.record is not None:
+            with self._request():
+                span = SpanId(stored_int(self._client.incr(f"{prefix}:id"), "the span counter"))
+        assert span is not None
+        binding = ":-" if plan.binding is None else ":" + plan.binding(span).hex()
         args: list[str | bytes | int] = [
-            prefix, plan.session, plan.length,
-            "" if plan.expect is None else f"{plan.expect.span}:{plan.expect.length}",
+            prefix, plan.session, f"{plan.length}{binding}",
+            "" if plan.expect is None else _row(plan.expect),
             plan.record or b"", "" if plan.parent is None else str(plan.parent),
-            plan.dictionary or ""]
+            plan.dictionary or "", str(span) if plan.record is not None else ""]
         if plan.record is not None:
             for key in plan.index_keys:
                 args += [f"{prefix}:i:{key[:2].hex()}", key[2:]]
@@ -457,7 +586,10 @@ class RedisBackend:
             raise ParentGoneError(plan.parent)
         if status == "nodict":
             raise DictionaryGoneError(plan.dictionary)
-        return SpanId(int(status.removeprefix("ok:")))
+        if status == "taken":
+            raise CorruptRecordError(f"span {span} exists before its commit: the store's span "
+                                     "counter was damaged")
+        return SpanId(stored_int(status.removeprefix("ok:"), "a committed span"))
 
     def delete(self, ns: NamespaceKey, name: SessionName) -> bool:
         return bool(self._run("delete", [self._ns(ns), name]))
@@ -465,19 +597,20 @@ class RedisBackend:
     def names(self, ns: NamespaceKey) -> list[SessionName]:
         with self._request():
             names = self._client.hkeys(f"{self._ns(ns)}:n")
-        return sorted(SessionName(n.decode()) for n in names)
+        return sorted(SessionName(n.decode("utf-8", "backslashreplace")) for n in names)
 
     def _audit(self, ns: NamespaceKey, fix: bool) -> list[int]:
         return [int(v) for v in self._run("audit", [self._ns(ns), "1" if fix else "0"])]
 
     def audit(self, ns: NamespaceKey) -> AuditReport:
         (sessions, spans, mismatches, missing, orphans, dangling, entries, _, _, dictionaries,
-         missing_dictionaries, _) = self._audit(ns, fix=False)
+         missing_dictionaries, _, malformed, unbound) = self._audit(ns, fix=False)
         return AuditReport(sessions, spans, mismatches, missing, orphans, dangling, entries,
-                           dictionaries, missing_dictionaries)
+                           dictionaries, missing_dictionaries, malformed, unbound)
 
     def gc(self, ns: NamespaceKey) -> GcReport:
-        _, _, _, _, _, dangling, _, fixed, removed, _, _, dictionaries = self._audit(ns, fix=True)
+        (_, _, _, _, _, dangling, _, fixed, removed, _, _, dictionaries, _,
+         _) = self._audit(ns, fix=True)
         return GcReport(0, dangling, fixed, removed, dictionaries)
 
     def put_dictionary(self, ns: NamespaceKey, digest: str, data: bytes) -> bool:
@@ -488,7 +621,13 @@ class RedisBackend:
     def current_dictionary(self, ns: NamespaceKey) -> str | None:
         with self._request():
             raw = self._client.get(f"{self._ns(ns)}:dcur")
-        return None if raw is None else bytes(raw).decode()
+        if raw is None:
+            return None
+        if not _DIGEST.fullmatch(bytes(raw)):
+            raise CorruptRecordError(f"the namespace's current dictionary is named "
+                                     f"{bytes(raw)[:80]!r}, not a digest: the store's metadata "
+                                     "was damaged")
+        return bytes(raw).decode("ascii")
 
     def fetch_dictionary(self, ns: NamespaceKey, digest: str) -> bytes | None:
         with self._request():
@@ -499,7 +638,8 @@ class RedisBackend:
         prefix = self._ns(ns)
         with self._request():
             keys = list(self._client.scan_iter(match=f"{prefix}:d:*", count=1000))
-        return sorted(bytes(key).decode()[len(prefix) + 3 :] for key in keys)
+        names = (bytes(key)[len(prefix) + 3 :] for key in keys)
+        return sorted(name.decode("ascii") for name in names if _DIGEST.fullmatch(name))
 
     def byte_counts(self, ns: NamespaceKey) -> ByteCounts:
         records, spans, index, entries, sessions, ids, counts, dictionaries = (
@@ -518,17 +658,48 @@ class RedisBackend:
         self._client.close()
 
 
-def _entry(raw: bytes) -> SessionEntry:
-    span, length = raw.decode().split(":")
-    return SessionEntry(SpanId(int(span)), int(length))
+_DIGEST = re.compile(rb"[0-9a-f]{64}")
+_ROW = re.compile(rb"(\d{1,19}):(-?\d{1,19})(?::([0-9a-f]{32}|-))?")
 
 
-def _chain_of(entry: SessionEntry, records: dict[int, bytes]) -> SessionChain:
-    chain = []
-    span: SpanId | None = entry.span
-    while span is not None:
-        record = records[span]
-        chain.append(StoredSpan(span, record))
-        parent = read_frame(record).parent
-        span = None if parent is None else SpanId(parent)
-    return SessionChain(entry, tuple(reversed(chain)))
+def _row(entry: SessionEntry) -> str:
+    """A session row as the scripts store it (what ``_entry`` reads)."""
+    binding = "-" if entry.binding is None else entry.binding.hex()
+    return f"{entry.span}:{entry.length}:{binding}"
+
+
+def _entry(name: SessionName, raw: object) -> SessionEntry:
+    """A session row read from Redis, checked (``seqkv.store.backends.base`` invariant 6)."""
+    match = _ROW.fullmatch(raw) if isinstance(raw, bytes) else None
+    if match is None:
+        shown = raw[:60] if isinstance(raw, bytes) else raw
+        raise CorruptRecordError(f"session {name!r}'s row {shown!r} is not "
+                                 "<span>:<length>:<binding>: the store's metadata was damaged")
+    binding = (None if match[3] is None else UNBOUND if match[3] == b"-"
+               else bytes.fromhex(match[3].decode("ascii")))
+    return session_entry(name, match[1], match[2], binding)
+
+
+def _records(flat: Sequence[object]) -> dict[SpanId, bytes]:
+    """The (span, record) pairs a script returned, checked."""
+    records: dict[SpanId, bytes] = {}
+    for i in range(0, len(flat) - 1, 2):
+        record = flat[i + 1]
+        if not isinstance(record, bytes):
+            raise CorruptRecordError("a script returned a record that is not bytes")
+        records[SpanId(stored_int(flat[i], "a span id", 1))] = record
+    return records
+
+
+def _chain_of(label: str, span: SpanId, limit: int, records: Mapping[SpanId, bytes]
+              ) -> tuple[StoredSpan, ...]:
+    """The chain through ``span``, root first, walked with a loop and a length guard."""
+
+    def parent_of(walk: SpanId) -> SpanId | None:
+        if walk not in records:
+            raise CorruptRecordError(f"{label}: the chain names span {walk}, which the store "
+                                     "lacks: the store's metadata was damaged")
+        parent = read_frame(records[walk]).parent
+        return None if parent is None else SpanId(parent)
+
+    return tuple(StoredSpan(s, records[s]) for s in walk_chain(label, span, limit, parent_of))
