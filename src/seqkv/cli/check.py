@@ -22,7 +22,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     reporter = common.reporter_of(args)
     options = CheckOptions(seed=args.seed, entropy_contexts=args.entropy_contexts)
     reporter.phase("load the model")
-    model = common.load(args.model)
+    model = common.load_for(args)
     baselines = None if args.baselines is None else Path(args.baselines)
     reporter.phase("check")
     data = common.read_bytes(args.input)

@@ -58,7 +58,7 @@ def location_argument(text: str) -> str:
 
 def _store(args: argparse.Namespace) -> tuple[SessionStore, CausalLM]:
     common.reporter_of(args).phase("load the model")
-    model = common.load(args.model)
+    model = common.load_for(args)
     common.reporter_of(args).phase("open the store")
     return open_store(args.store, model), model
 
