@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from seqkv.coding.residual_code import MAX_TOLERANCE
+from seqkv.coding.residual_code import MAX_TOLERANCE, MIN_TOLERANCE, is_tolerance
 from seqkv.errors import EmptyInputError, InputTooLongError, OutputError, UsageError
 from seqkv.files import write_all_atomically
 from seqkv.levels import CodingLevel, parse_level
@@ -99,15 +99,15 @@ def load_for(args: argparse.Namespace) -> CausalLM:
 
 
 def tolerance(text: str) -> float:
-    """A residual tolerance: a finite number in [0, MAX_TOLERANCE]."""
+    """A residual tolerance: 0, or a normal number up to MAX_TOLERANCE (``is_tolerance``)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and 0 <= value <= MAX_TOLERANCE):
+    if not is_tolerance(value):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: the tolerance is a finite number from 0 (bit-exact) to "
-            f"{MAX_TOLERANCE:g}")
+            f"{text!r}: the tolerance is 0 (bit-exact) or a normal number from "
+            f"{MIN_TOLERANCE:g} to {MAX_TOLERANCE:g}")
     return value
 
 

@@ -31,8 +31,10 @@ from seqkv.coding.residual_code import (
     ALPHABET_LIMIT,
     MAX_TOLERANCE,
     MIN_SCALE,
+    MIN_TOLERANCE,
     ResidualCode,
     ResidualMode,
+    is_tolerance,
 )
 from seqkv.errors import CorruptFileError, InvalidKVError, InvalidToleranceError
 
@@ -167,12 +169,13 @@ def decode_residual(code: ResidualCode, recomputed: torch.Tensor) -> torch.Tenso
 
 
 def check_tolerance(tolerance: float) -> float:
-    """``tolerance`` if it is finite and in ``[0, MAX_TOLERANCE]``, else InvalidToleranceError."""
+    """``tolerance`` if it is exactly 0 or a normal number in ``[MIN_TOLERANCE, MAX_TOLERANCE]``
+    (``residual_code.is_tolerance``), else InvalidToleranceError."""
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not (
-            np.isfinite(tolerance) and 0 <= tolerance <= MAX_TOLERANCE):
+            is_tolerance(float(tolerance))):
         raise InvalidToleranceError(
-            f"the tolerance must be a finite number in [0, {MAX_TOLERANCE:g}] (0 = bit-exact), "
-            f"not {tolerance!r}")
+            f"the tolerance must be 0 (bit-exact) or a normal number in [{MIN_TOLERANCE:g}, "
+            f"{MAX_TOLERANCE:g}], not {tolerance!r}")
     return float(tolerance)
 
 
