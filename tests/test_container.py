@@ -41,6 +41,9 @@ LEGACY_TOKENS = json.loads((LEGACY / "tokens.json").read_text())
 # Format-3 files written by the last release that wrote format 3 (tiny_random_llama(seed=0),
 # LEGACY_TOKENS, level portable, with and without the KV given)
 FORMAT_3 = Path(__file__).parent / "data" / "v3"
+# Format-4 files written by the last release that wrote format 4 (the same model and tokens;
+# levels portable with and without the KV given, and plain): read as their writer wrote them
+FORMAT_4 = Path(__file__).parent / "data" / "v4"
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +224,19 @@ def test_format_3_files_decode_and_are_written_back_as_format_3(tiny_model: Caus
     assert read.version == 3 and read.session.kv_digest is not None
     assert _rewritten(data) == data
     assert decompress(tiny_model, data).tokens == LEGACY_TOKENS
+
+
+@pytest.mark.parametrize("name", ["v4-portable.skv", "v4-portable-no-kv-given.skv",
+                                  "v4-plain.skv"])
+def test_format_4_files_decode_and_are_written_back_as_format_4(tiny_model: CausalLM,
+                                                                 name: str) -> None:
+    data = (FORMAT_4 / name).read_bytes()
+    read = read_skv(data)
+    assert read.version == 4 and read.session.code_form == "trimmed"
+    assert _rewritten(data) == data
+    assert decompress(tiny_model, data).tokens == LEGACY_TOKENS
+    if name == "v4-plain.skv":
+        assert decompress_tokens(data) == LEGACY_TOKENS
 
 
 def _no_kv_file(tiny_model: CausalLM) -> bytes:
