@@ -19,6 +19,7 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,6 +45,13 @@ def files(tiny_model: CausalLM) -> dict[str, bytes]:
     kv = tiny_model.kv_tensor(tiny_model.prefill(TOKENS))  # [L, 2, H, T, D]
     noisy = kv + 3e-5 * torch.randn(kv.shape, generator=torch.Generator().manual_seed(0))
     return {level: compress(tiny_model, TOKENS, noisy, level=level).data for level in LEVELS}
+
+
+@pytest.fixture(scope="module")
+def exact_files(tiny_model: CausalLM) -> dict[str, bytes]:
+    """Format-5 files whose residual is all zeros (the caller's KV is the recomputed one)."""
+    kv = tiny_model.kv_tensor(tiny_model.prefill(TOKENS))  # [L, 2, H, T, D]
+    return {level: compress(tiny_model, TOKENS, kv, level=level).data for level in LEVELS}
 
 
 def _decoded(model: CausalLM, data: bytes) -> bool:
@@ -199,16 +207,40 @@ def _token_code_variants(data: bytes) -> list[tuple[str, bytes]]:
     return [(what, frame(MAGIC, version, parts)) for what, parts in variants]
 
 
-def test_fuzz_non_canonical_token_codes(tiny_model: CausalLM, files: dict[str, bytes]) -> None:
-    """Token codes changed in bits the decoder reads alike, in format 5 and format 4: each such
-    file must be refused (no two files decode alike)."""
+def _residual_variants(data: bytes) -> list[tuple[str, bytes]]:
+    """Format-5 files whose residual differs from ``data``'s in what its decoder reads alike
+    or nearly: a coder word appended (zero or not), the first used scale one float32 step off,
+    a coder word where no group is used."""
+    session = read_skv(data).session
+    residual = session.residual
+    assert residual is not None
+    changed = [("a zero coder word appended", dataclasses.replace(
+                   residual, words=residual.words + b"\0\0\0\0")),
+               ("a coder word appended", dataclasses.replace(
+                   residual, words=residual.words + b"\1\2\3\4"))]
+    used = [i for i, scale in enumerate(residual.scales) if scale]
+    if used:
+        scales = list(residual.scales)
+        scales[used[0]] = float(np.nextafter(np.float32(scales[used[0]]), np.float32(9)))
+        changed.append(("a scale one step off", dataclasses.replace(residual,
+                                                                    scales=tuple(scales))))
+    return [(what, write_skv(dataclasses.replace(session, residual=r)).data)
+            for what, r in changed]
+
+
+def test_fuzz_non_canonical_codes(tiny_model: CausalLM, files: dict[str, bytes],
+                                  exact_files: dict[str, bytes]) -> None:
+    """Token codes changed in bits the decoder reads alike (formats 5 and 4) and format-5
+    residuals changed alike: each such file must be refused (no two files decode alike)."""
     tally = Tally("skv-bounds-non-canonical")
     for level, data in files.items():
         old = write_skv(read_skv(data).session, 4).data
-        for version, original in ((5, data), (4, old)):
-            for what, variant in _token_code_variants(original):
-                if variant == original:
-                    continue
-                tally.run(f"{level} format {version}: {what}",
-                          lambda d=variant: not _decoded(tiny_model, d))
+        variants = [(5, *v) for v in _token_code_variants(data)]
+        variants += [(4, *v) for v in _token_code_variants(old)]
+        variants += [(5, *v) for v in _residual_variants(data)]
+        variants += [(5, f"{what}, a residual of zeros", d)
+                     for what, d in _residual_variants(exact_files[level])]
+        for version, what, variant in variants:
+            tally.run(f"{level} format {version}: {what}",
+                      lambda d=variant: not _decoded(tiny_model, d))
     tally.check()

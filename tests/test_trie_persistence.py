@@ -274,6 +274,28 @@ def test_a_bomb_within_zlib_s_ratio_is_refused_before_inflating() -> None:
         trie_from_bytes(data)
 
 
+@pytest.mark.parametrize("level", [0, 1, 9])
+def test_a_node_deflated_at_another_level_saves_back_byte_identical(level: int) -> None:
+    """Another zlib level (or build) gives other bytes for the same KV: the loaded node keeps
+    the bytes it was loaded from, so load -> save gives the file back; a split drops them."""
+    trie = PrefixTrie()
+    kv = torch.randn(1, 2, 1, 4, 2, generator=torch.Generator().manual_seed(0))
+    trie.insert([1, 2, 3, 4], [-1.0] * 4, kv)
+    sections = _sections(trie_to_bytes(trie))
+    planes = zlib.decompress(sections[5])
+    other = zlib.compress(planes, level)
+    assert other != sections[5]
+    nodes = bytearray(sections[2])
+    assert nodes[-4] == len(sections[5])  # the child's KV length
+    nodes[-4:-3] = encode_varint(len(other))
+    sections[2], sections[5] = bytes(nodes), other
+    data = _reframed(sections)
+    loaded = trie_from_bytes(data)
+    assert trie_to_bytes(loaded) == data
+    loaded.insert([1, 2, 9], [-1.0] * 3, torch.zeros(1, 2, 1, 3, 2))  # splits the node
+    assert _sections(trie_to_bytes(loaded))[5] != other
+
+
 def test_kv_larger_than_zlib_can_inflate_is_refused_unread() -> None:
     with pytest.raises(CorruptTrieFileError, match="cannot inflate"):
         decompress_kv(b"x" * 10, (1024, 2, 64, 64, 64), torch.float32)

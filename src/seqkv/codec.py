@@ -880,7 +880,8 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
             f"the decoder rebuilt KV of shape {list(recomputed.shape)}, not {list(expected)}")
     residual_code = session.residual
     kv = recomputed if residual_code is None else decode_residual(
-        residual_code.with_shape(tuple(recomputed.shape)), recomputed)
+        residual_code.with_shape(tuple(recomputed.shape)), recomputed,
+        canonical=session.code_form == "floored")
     verify(session, tokens, kv, len(tokens) - session.count, pending.kv_checkable)
     pending.check_code()
     stats = DecompressStats(

@@ -48,10 +48,13 @@ Invariants:
 2. ``read_skv(write_skv(s)).session == s`` for a session of format 3, 4 or 5, and
    ``write_skv(read_skv(d), v) == d`` for any bytes ``d`` of format ``v`` it accepts: every
    field is read in the one form the encoder writes (minimal varints, zero padding bits, no
-   bitmap bits past the groups, no zero scale marked used, no coder words or escapes without a
-   used group), and the decoder checks that the token code is the one its writer writes for the
-   tokens it decodes to (``seqkv.coding.arithmetic`` invariant 6), so no two files decode alike
-   (enforced; checked by the fuzz suite).
+   bitmap bits past the groups, no zero scale marked used), and the decoder checks that the
+   token code is the one its writer writes for the tokens it decodes to (``seqkv.coding.arithmetic``
+   invariant 6) and, in format 5, that the residual's scales and coder words are the ones its
+   encoder writes for the symbols they decode to (``seqkv.coding.residual`` invariant 3), so no
+   two files decode alike, but for the quantized residual's tolerance, which the file states as
+   its encoder's promise (reported, not used, when no group is coded and nothing escapes)
+   (enforced; checked by the fuzz suites, ``tests/test_fuzz_bounds.py``).
 3. Every header and residual field is validated while it is read, against the format's own
    ranges (``seqkv.limits``, the residual's ``ResidualCode.check``), before anything is
    allocated by its size: a crafted file with a valid

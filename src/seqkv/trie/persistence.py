@@ -49,7 +49,9 @@ Invariants:
    loader's one cost beyond the file's size (every node hashes its whole path); a file whose
    tree would cost more is refused before the trie is built (TrieLimitError, enforced).
 5. ``trie_to_bytes(trie_from_bytes(d)) == d`` for any bytes ``d`` of format 2 that load
-   (enforced by the canonical form of invariant 3; checked by the fuzz suite).
+   (enforced by the canonical form of invariant 3, and by each node keeping the compressed KV it
+   was loaded from, saved back as it was whatever zlib level or build deflated it; checked by
+   the fuzz suite and ``tests/test_trie_persistence.py``).
 6. Prefix hashes are not stored: the loader recomputes every node's hash from its tokens, so a
    loaded trie resolves exactly the hashes the saved one did (checked).
 7. Sessions (locks) are not saved: a loaded trie has none, every node is evictable (enforced).
@@ -243,7 +245,7 @@ def _encode(snapshot: TrieSnapshot) -> tuple[bytes, int, int, TrieSnapshot]:
             continue
         blob = b""
         if record.kv is not None:
-            blob = compress_kv(record.kv)
+            blob = record.kv_bytes if record.kv_bytes is not None else compress_kv(record.kv)
             raw += record.kv.numel() * record.kv.element_size()
             blobs.append(blob)
         for value in (record.parent + 1, len(record.tokens), len(blob), record.hit_count,
@@ -539,13 +541,14 @@ def _assemble(parsed: _Parsed, file_bytes: int) -> TrieSnapshot:
     records = []
     offset = 0
     for node in nodes:
-        kv = None
+        kv = blob = None
         if node.kv is not None:
             start, length = node.kv
             if layout is None:
                 raise _corrupt("has a node with KV but no KV layout")
             shape = (layout.layers, 2, layout.kv_heads, node.tokens, layout.head_dim)
-            kv = decompress_kv(parsed.kv[start : start + length], shape, layout.dtype)
+            blob = parsed.kv[start : start + length]
+            kv = decompress_kv(blob, shape, layout.dtype)
         tokens = parsed.tokens[offset : offset + node.tokens].copy()
         log2 = probs[offset : offset + node.tokens].copy()
         offset += node.tokens
@@ -554,7 +557,7 @@ def _assemble(parsed: _Parsed, file_bytes: int) -> TrieSnapshot:
                                       parsed.clock))
         else:
             records.append(NodeRecord(node.parent, Namespace(node.namespace), tokens, log2, kv,
-                                      node.hit_count, node.last_access, node.created))
+                                      node.hit_count, node.last_access, node.created, blob))
     return TrieSnapshot(records=tuple(records), clock=parsed.clock,
                         nominal_kv_bytes_per_token=parsed.nominal, kv_layout=layout)
 
