@@ -204,3 +204,13 @@ def test_cli_decompress_max_tokens(use_tiny: CausalLM, tmp_path: Path,
     assert status != 0 and err.count("\n") == 1 and "more than the 7" in err
     assert cli.main(["decompress", str(skv), "-o", str(folder / "t.json"), "--tokens-only",
                      "--max-tokens", "8"]) == 0
+
+
+def test_cli_check_max_tokens(use_tiny: CausalLM, tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    skv = tmp_path / "s.skv"
+    skv.write_bytes(compress(use_tiny, TOKENS, level="tokens").data)
+    status = cli.main(["check", str(skv), "--report", str(tmp_path / "r" / "c.md"),
+                       "--max-tokens", "7"])
+    err = capsys.readouterr().err
+    assert status != 0 and err.count("\n") == 1 and "more than the 7" in err

@@ -28,7 +28,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     data = common.read_bytes(args.input)
     if data.startswith(MAGIC):  # formats 1 and 2 start with these bytes too
         report = check_skv(model, data, args.input, options, progress=reporter.sink,
-                           baselines=baselines)
+                           baselines=baselines, max_tokens=args.max_tokens,
+                           max_memory_bytes=common.memory_limit(args))
     else:
         tokens = model.encode_text(common.read_text(args.input, common.text_limit(model)))
         model.check_tokens(tokens)
@@ -68,6 +69,7 @@ def add_check(commands: common.Subparsers) -> None:
                    help="committed deterministic figures: a text found there has its code length "
                         "gated exactly (default: the baselines shipped in the package, "
                         "seqkv/data/baselines/figures)")
+    common.decode_limit_options(k)
     common.json_option(k)
     common.progress_option(k)
     k.set_defaults(run=_cmd_check, paths=common.PathRoles(("input",), ("report",)),
