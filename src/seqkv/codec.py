@@ -25,6 +25,15 @@ Invariants:
 5. Every ``encode`` evaluates the bounds of ``seqkv.bounds`` on what it coded; a caller that
    writes bytes adds the bound that its bytes add up (``compress``: the ``.skv`` file's
    sections) and commits nothing when one fails (enforced).
+6. Every decode entry point (``decompress``, ``decompress_tokens``, ``decompress_batch``,
+   ``decode_many``) refuses, before any forward or table, a session of no tokens, a vocabulary
+   below 2, more positions than the model's context, more tokens than the caller's
+   ``max_tokens`` (default ``token_limit``) or an estimated peak above ``max_memory_bytes``
+   (``CorruptFileError`` for what no honest file states, ``DecodeLimitError`` for the caller's
+   limits; enforced, ``tests/test_decode_limits.py``). A floored token code (a
+   fresh encode, ``.skv`` format 5) is decoded under the information guard and checked canonical
+   after verification, its residual too; a trimmed one (formats 3 and 4) is checked canonical
+   (``seqkv.session`` invariant 4).
 """
 
 from __future__ import annotations
