@@ -29,7 +29,7 @@ def text(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("value", ["-1", "nan", "inf", "-inf", "x"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "-inf", "x", "-0", "1e-320"])
 def test_a_tolerance_that_is_negative_or_not_finite_is_refused_at_parse_time(
         text: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str) -> None:
     _expect_error(capsys, "tolerance", "compress", str(text), "-o", str(tmp_path / "x.skv"),

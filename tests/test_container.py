@@ -41,6 +41,9 @@ LEGACY_TOKENS = json.loads((LEGACY / "tokens.json").read_text())
 # Format-3 files written by the last release that wrote format 3 (tiny_random_llama(seed=0),
 # LEGACY_TOKENS, level portable, with and without the KV given)
 FORMAT_3 = Path(__file__).parent / "data" / "v3"
+# Format-4 files written by the last release that wrote format 4 (the same model and tokens;
+# levels portable with and without the KV given, and plain): read as their writer wrote them
+FORMAT_4 = Path(__file__).parent / "data" / "v4"
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +168,7 @@ def test_upgrade_rewrites_without_recoding(tiny_model: CausalLM, name: str,
     descriptions = Descriptions(tmp_path)
     upgraded = upgrade(data, descriptions, tiny_model)
     read = read_skv(upgraded)
-    assert read.version == FORMAT_VERSION
+    assert read.version == 4  # the format whose token code an old writer wrote: no floor
     assert read.session.token_code == read_skv(data).session.token_code
     assert len(data) - len(upgraded) > 800  # the JSON header
     assert _decoded_or_refused(tiny_model, upgraded) == _decoded_or_refused(tiny_model, data)
@@ -223,15 +226,28 @@ def test_format_3_files_decode_and_are_written_back_as_format_3(tiny_model: Caus
     assert decompress(tiny_model, data).tokens == LEGACY_TOKENS
 
 
+@pytest.mark.parametrize("name", ["v4-portable.skv", "v4-portable-no-kv-given.skv",
+                                  "v4-plain.skv"])
+def test_format_4_files_decode_and_are_written_back_as_format_4(tiny_model: CausalLM,
+                                                                 name: str) -> None:
+    data = (FORMAT_4 / name).read_bytes()
+    read = read_skv(data)
+    assert read.version == 4 and read.session.code_form == "trimmed"
+    assert _rewritten(data) == data
+    assert decompress(tiny_model, data).tokens == LEGACY_TOKENS
+    if name == "v4-plain.skv":
+        assert decompress_tokens(data) == LEGACY_TOKENS
+
+
 def _no_kv_file(tiny_model: CausalLM) -> bytes:
     return compress(tiny_model, LEGACY_TOKENS, level="portable").data
 
 
-def test_a_portable_file_coded_without_its_kv_is_format_4_without_a_kv_digest(
+def test_a_portable_file_coded_without_its_kv_has_no_kv_digest(
         tiny_model: CausalLM) -> None:
     data = _no_kv_file(tiny_model)
     read = read_skv(data)
-    assert read.version == FORMAT_VERSION == 4
+    assert read.version == FORMAT_VERSION == 5
     assert read.session.kv_digest is None and read.session.residual is None
     assert _rewritten(data) == data
     with_digest = compress(tiny_model, LEGACY_TOKENS, level="portable", record_kv=True).data

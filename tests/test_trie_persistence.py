@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import struct
 import zlib
@@ -40,10 +41,12 @@ from seqkv.trie.errors import TrieLimitError
 from seqkv.trie.persistence import (
     _ERRORS,
     FORMAT_VERSION,
+    LEGACY_HEADER_BYTES,
     LEGACY_MAGIC,
     MAGIC,
     compress_kv,
     decompress_kv,
+    kv_inflate_limit,
 )
 
 LEGACY = Path(__file__).parent / "data" / "legacy"
@@ -257,6 +260,42 @@ def test_kv_that_would_inflate_beyond_its_shape_is_refused_before_inflating() ->
         trie_from_bytes(_reframed(sections))
 
 
+def test_a_bomb_within_zlib_s_ratio_is_refused_before_inflating() -> None:
+    """A node of zeros that zlib can inflate (below its ~1,032x ratio) but no real KV compresses
+    to: 8 MiB declared from 8 KB, refused by the file's KV cap before anything is inflated."""
+    layout = (256, 2, 1, 64, 64)  # [L, 2, H, T, D]: 8 MiB of float32 for 64 tokens
+    trie = PrefixTrie()
+    trie.insert(list(range(1, 65)), [-1.0] * 64, torch.zeros(layout))
+    data = trie_to_bytes(trie)
+    compressed = len(_sections(data)[5])
+    assert 4 * math.prod(layout) > kv_inflate_limit(compressed)  # the cap, not zlib's, refuses
+    assert 4 * math.prod(layout) < 1032 * compressed
+    with pytest.raises(TrieLimitError, match="bomb"):
+        trie_from_bytes(data)
+
+
+@pytest.mark.parametrize("level", [0, 1, 9])
+def test_a_node_deflated_at_another_level_saves_back_byte_identical(level: int) -> None:
+    """Another zlib level (or build) gives other bytes for the same KV: the loaded node keeps
+    the bytes it was loaded from, so load -> save gives the file back; a split drops them."""
+    trie = PrefixTrie()
+    kv = torch.randn(1, 2, 1, 4, 2, generator=torch.Generator().manual_seed(0))
+    trie.insert([1, 2, 3, 4], [-1.0] * 4, kv)
+    sections = _sections(trie_to_bytes(trie))
+    planes = zlib.decompress(sections[5])
+    other = zlib.compress(planes, level)
+    assert other != sections[5]
+    nodes = bytearray(sections[2])
+    assert nodes[-4] == len(sections[5])  # the child's KV length
+    nodes[-4:-3] = encode_varint(len(other))
+    sections[2], sections[5] = bytes(nodes), other
+    data = _reframed(sections)
+    loaded = trie_from_bytes(data)
+    assert trie_to_bytes(loaded) == data
+    loaded.insert([1, 2, 9], [-1.0] * 3, torch.zeros(1, 2, 1, 3, 2))  # splits the node
+    assert _sections(trie_to_bytes(loaded))[5] != other
+
+
 def test_kv_larger_than_zlib_can_inflate_is_refused_unread() -> None:
     with pytest.raises(CorruptTrieFileError, match="cannot inflate"):
         decompress_kv(b"x" * 10, (1024, 2, 64, 64, 64), torch.float32)
@@ -322,6 +361,17 @@ def test_format_1_deep_nesting_is_refused_before_parsing() -> None:
     deep = b"[" * 100_000 + b"]" * 100_000
     with pytest.raises(CorruptTrieFileError, match="deeper"):
         trie_from_bytes(_legacy_with(nested, (b'"@nested@"', deep)))
+
+
+def test_format_1_a_header_over_its_cap_is_refused_unparsed() -> None:
+    """A long escaped string was quadratic for the old pre-parse guard; any header beyond the
+    cap is refused by its size alone, in time linear in nothing but its length."""
+    def long(header: dict[str, Any], _: bytearray) -> None:
+        header["writer"] = "@long@"
+
+    quotes = b'"' + b'\\"' * (LEGACY_HEADER_BYTES // 2) + b'"'
+    with pytest.raises(CorruptTrieFileError, match="more than the"):
+        trie_from_bytes(_legacy_with(long, (b'"@long@"', quotes)))
 
 
 def test_format_1_trailing_payload_bytes() -> None:

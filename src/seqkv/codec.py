@@ -25,6 +25,15 @@ Invariants:
 5. Every ``encode`` evaluates the bounds of ``seqkv.bounds`` on what it coded; a caller that
    writes bytes adds the bound that its bytes add up (``compress``: the ``.skv`` file's
    sections) and commits nothing when one fails (enforced).
+6. Every decode entry point (``decompress``, ``decompress_tokens``, ``decompress_batch``,
+   ``decode_many``) refuses, before any forward or table, a session of no tokens, a vocabulary
+   below 2, more positions than the model's context, more tokens than the caller's
+   ``max_tokens`` (default ``token_limit``) or an estimated peak above ``max_memory_bytes``
+   (``CorruptFileError`` for what no honest file states, ``DecodeLimitError`` for the caller's
+   limits; enforced, ``tests/test_decode_limits.py``). A floored token code (a
+   fresh encode, ``.skv`` format 5) is decoded under the information guard and checked canonical
+   after verification, its residual too; a trimmed one (formats 3 and 4) is checked canonical
+   (``seqkv.session`` invariant 4).
 """
 
 from __future__ import annotations
@@ -50,15 +59,17 @@ from seqkv.bounds import (
     reference_surprisal,
     residual_within_tolerance,
 )
-from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
+from seqkv.coding.arithmetic import OVERRUN_BITS, ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.residual import decode_residual, encode_residual
 from seqkv.coding.residual_code import ResidualCode
 from seqkv.descriptions import Descriptions, DescriptionSource
 from seqkv.digests import NO_PROFILE, Digest, model_digest, profile_digest, tokens_digest
 from seqkv.errors import (
     CorruptFileError,
+    DecodeLimitError,
     DecodeVerificationError,
     EnvironmentMismatchError,
+    InvalidArgumentTypeError,
     InvalidKVError,
     InvalidLevelError,
     InvalidTokensError,
@@ -67,8 +78,9 @@ from seqkv.errors import (
     PrefixMismatchError,
     PrefixUnavailableError,
     UnsupportedVersionError,
+    UsageError,
 )
-from seqkv.formats.skv import FORMAT_VERSION, SkvRead, read_skv, write_skv
+from seqkv.formats.skv import SkvRead, read_skv, write_skv
 from seqkv.formats.skv_legacy import ReaderModel, ReaderSide
 from seqkv.kvcache import cache_from_tensor, kv_digest, tensor_from_cache
 from seqkv.levels import (
@@ -395,7 +407,7 @@ def encode(
         dictionary=None if dictionary is None else str(dictionary.digest),
         token_code=token_code,
         residual=residual,
-        kv_scope=kv_scope,
+        kv_scope=kv_scope, code_form="floored",
     )
     trace = _trace(encoded.trace)
     bounds = _bounds(model, coding_level, tail, encoded.segments, context, prefix,
@@ -682,6 +694,7 @@ class _Pending:
     kv_checkable: bool = True  # this machine reproduces the encoder's KV (its profile)
     output: DecodeOutput | None = None
     classes: KVClasses | None = None
+    decoder: ArithmeticDecoder | None = None
 
     def request(self, with_kv: bool, progress: ProgressSink | None = None) -> DecodeRequest:
         session = self.item.session
@@ -689,12 +702,25 @@ class _Pending:
         if sum(lengths) != session.count or min(lengths, default=0) < 1:
             raise CorruptFileError("the file's segment lengths are not positive or do not add "
                                    "up to its token count")
-        return DecodeRequest(ArithmeticDecoder(session.token_code), session.count,
-                             lengths, self.context, self.vocab_size, self.item.prefix, with_kv,
-                             progress, self.item.dictionary, self.classes)
+        self.decoder = ArithmeticDecoder(
+            session.token_code, OVERRUN_BITS if session.code_form == "floored" else None)
+        return DecodeRequest(self.decoder, session.count, lengths, self.context,
+                             self.vocab_size, self.item.prefix, with_kv, progress,
+                             self.item.dictionary, self.classes)
+
+    def check_code(self) -> None:
+        """After the decode and its verification: the token code is the one its writer writes
+        (``code_form``); the tokens are right, so a difference is a non-canonical file."""
+        form = self.item.session.code_form
+        if self.decoder is not None and form != "bytes" and not self.decoder.canonical(
+                floor=form == "floored"):
+            raise CorruptFileError(
+                "the file's token code is not the one its writer writes for the tokens it "
+                "decodes to (bits appended, dropped or changed past the code's end)")
 
 
-def _pending(item: DecodeItem, model: CausalLM | None) -> _Pending:
+def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
+             with_kv: bool = True) -> _Pending:
     session = item.session
     level = level_of(session)
     context = model.start_token_id if model is not None else None
@@ -708,7 +734,7 @@ def _pending(item: DecodeItem, model: CausalLM | None) -> _Pending:
         resolve_dictionary(session, _Given(item.dictionary))  # raises the error that applies
         raise DictionaryMismatchError("the session was coded without a mixing dictionary: "
                                       "decode it without one")
-    _check_sizes(session, model, vocab, item.prefix)
+    _check_sizes(session, model, vocab, item.prefix, limits, with_kv)
     return _Pending(item, level, time.perf_counter(), context, vocab,
                     classes=_classes(model, level))
 
@@ -716,15 +742,92 @@ def _pending(item: DecodeItem, model: CausalLM | None) -> _Pending:
 # NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram
 # level builds a table per token): a file may ask for at most this much work, about 10 s here.
 MAX_MODEL_FREE_WORK = 1 << 32
+# NOTE: with no model there is no context to bound a model-free decode's token count: 131,072
+# tokens, the longest context of the models seqkv runs, unless the caller's ``max_tokens`` says
+# otherwise (README, "Bounded decoding").
+MODEL_FREE_MAX_TOKENS = 1 << 17
+
+
+# NOTE: what a decode holds per token beyond its KV (README, "Bounded decoding"): the decoded
+# ids and the trace's per-position floats (Python lists, ~24-32 bytes an entry), measured at
+# about 150 bytes a token here; per vocabulary entry, the tables one step builds (weights,
+# cumulative counts, log2-probabilities, entropy terms: int64 and float64), about 48 bytes.
+DECODE_BYTES_PER_TOKEN = 256
+DECODE_BYTES_PER_SYMBOL = 64
+# NOTE: copies of the KV a verified decode holds at once: the stepper's cache, the rebuilt
+# tensor, the residual-corrected one and the returned cache (float32 on CPU).
+_KV_COPIES = 4
+
+
+def _positive(value: int | None, name: str) -> int | None:
+    """``value`` if it is None or a positive integer, else a ``SeqKVError``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentTypeError(
+            f"{name} must be an integer or None, not {type(value).__name__}")
+    if value < 1:
+        raise UsageError(f"{name} must be at least 1, not {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """A caller's limits on one decode: tokens (default: the model's context, or
+    ``MODEL_FREE_MAX_TOKENS`` without a model) and estimated peak memory in bytes (default:
+    none beyond what the token limit implies; ``decode_memory_bytes``)."""
+
+    max_tokens: int | None = None
+    max_memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive(self.max_tokens, "max_tokens")
+        _positive(self.max_memory_bytes, "max_memory_bytes")
+
+
+def decode_memory_bytes(model: CausalLM | None, count: int, positions: int, vocab: int,
+                        with_kv: bool) -> int:
+    """An upper estimate of what decoding ``count`` tokens (``positions`` with the prefix) over
+    ``vocab`` symbols holds at its peak, beyond the loaded model: the KV copies (with a model and
+    ``with_kv``), the per-token lists and one step's tables."""
+    kv = 0
+    if model is not None and with_kv:
+        kv = _KV_COPIES * positions * 4 * model.kv_components_per_token
+    return kv + DECODE_BYTES_PER_TOKEN * count + DECODE_BYTES_PER_SYMBOL * vocab
+
+
+def token_limit(model: CausalLM | None, max_tokens: int | None) -> int:
+    """The most tokens one decode may produce: the caller's ``max_tokens``, else the model's
+    context, else (no model) ``MODEL_FREE_MAX_TOKENS``."""
+    if max_tokens is not None:
+        return max_tokens
+    context = None if model is None else getattr(model.config, "max_position_embeddings", None)
+    return context if isinstance(context, int) and context > 0 else MODEL_FREE_MAX_TOKENS
 
 
 def _check_sizes(session: CodedSession, model: CausalLM | None, vocab: int,
-                 prefix: Prefix | None) -> None:
+                 prefix: Prefix | None, limits: DecodeLimits, with_kv: bool) -> None:
     """Refuse, before any allocation or forward, a session whose sizes this decode cannot
-    honour."""
+    honour: no tokens, a vocabulary below 2, more positions than the model's context, more
+    tokens than the caller's limit (default ``token_limit``), an estimated peak memory above
+    the caller's budget, more model-free work than ``MAX_MODEL_FREE_WORK``."""
     positions = session.count + (len(prefix.tokens) if prefix is not None else 0)
     if session.count < 1:
         raise CorruptFileError("the file declares no tokens")
+    if vocab < 2:
+        raise CorruptFileError(f"the file declares a vocabulary of {vocab}: a token stream "
+                               "needs at least 2 symbols")
+    limit = token_limit(model, limits.max_tokens)
+    if session.count > limit:
+        raise DecodeLimitError(
+            f"the file declares {session.count:,} tokens, more than the {limit:,} this decode "
+            "allows (max_tokens; CLI: --max-tokens)")
+    budget = limits.max_memory_bytes
+    needed = decode_memory_bytes(model, session.count, positions, vocab, with_kv)
+    if budget is not None and needed > budget:
+        raise DecodeLimitError(
+            f"decoding the file's {session.count:,} tokens would hold about {needed:,} bytes, "
+            f"more than the budget of {budget:,} (max_memory_bytes; CLI: --max-memory-mb)")
     if model is not None:
         context = int(getattr(model.config, "max_position_embeddings", positions))
         if positions > context:
@@ -735,7 +838,7 @@ def _check_sizes(session: CodedSession, model: CausalLM | None, vocab: int,
             raise CorruptFileError(f"the file declares a vocabulary of {vocab:,}, the model has "
                                    f"{model.vocab_size:,}")
     elif session.count * vocab > MAX_MODEL_FREE_WORK:
-        raise CorruptFileError(
+        raise DecodeLimitError(
             f"the file declares {session.count:,} tokens over a vocabulary of {vocab:,}: more "
             "work than a model-free decode allows; pass the model, whose context bounds it")
 
@@ -786,8 +889,10 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
             f"the decoder rebuilt KV of shape {list(recomputed.shape)}, not {list(expected)}")
     residual_code = session.residual
     kv = recomputed if residual_code is None else decode_residual(
-        residual_code.with_shape(tuple(recomputed.shape)), recomputed)
+        residual_code.with_shape(tuple(recomputed.shape)), recomputed,
+        canonical=session.code_form == "floored")
     verify(session, tokens, kv, len(tokens) - session.count, pending.kv_checkable)
+    pending.check_code()
     stats = DecompressStats(
         tokens=session.count,
         decode_seconds=time.perf_counter() - pending.started,
@@ -802,8 +907,9 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
                             pending.kv_checkable)
 
 
-def _prepared(model: CausalLM, item: DecodeItem, kv_checkable: bool) -> _Pending:
-    pending = _pending(item, model)
+def _prepared(model: CausalLM, item: DecodeItem, kv_checkable: bool,
+              limits: DecodeLimits) -> _Pending:
+    pending = _pending(item, model, limits)
     pending.kv_checkable = kv_checkable
     return pending
 
@@ -822,24 +928,32 @@ def decode_many(
     descriptions: DescriptionSource | None = None,
     require_exact_kv: bool = False,
     progress: ProgressSink | None = None,
+    max_tokens: int | None = None,
+    max_memory_bytes: int | None = None,
 ) -> list[DecompressResult]:
     """Decode coded sessions into verified tokens and KV, sharing forwards among sessions whose
     levels allow it.
+
+    A session of more than ``max_tokens`` tokens (default: the model's context) is refused with
+    ``DecodeLimitError`` before any forward, as is one whose decode would need more memory than
+    ``max_memory_bytes`` (``decode_memory_bytes``).
 
     At the ``rows``, ``segments`` and ``portable`` levels every stream of every session adds
     rows to a round's forward, so N sessions decode in about the rounds of the longest one;
     sessions at other levels are decoded one by one. Every session is checked before any
     decodes, and verified after (module invariant 2); the first failure raises.
     """
+    limits = DecodeLimits(max_tokens, max_memory_bytes)
     pendings = [_prepared(model, item, check_decodable(
-        model, item.session, allow_environment_mismatch, descriptions, require_exact_kv))
-        for item in items]
+        model, item.session, allow_environment_mismatch, descriptions, require_exact_kv),
+        limits) for item in items]
     return _run(model, pendings, progress)
 
 
 def _read_pending(model: CausalLM, data: bytes, prefixes: PrefixSource | None,
                   dictionaries: DictionarySource | None, allow_environment_mismatch: bool,
-                  descriptions: DescriptionSource | None, require_exact_kv: bool) -> _Pending:
+                  descriptions: DescriptionSource | None, require_exact_kv: bool,
+                  limits: DecodeLimits) -> _Pending:
     """A file read, checked against this machine, then its prefix and dictionary resolved."""
     read = read_skv(data, reader_side(model))
     session = read.session
@@ -847,7 +961,7 @@ def _read_pending(model: CausalLM, data: bytes, prefixes: PrefixSource | None,
                                 _FileDescriptions(read, descriptions), require_exact_kv)
     item = DecodeItem(session, resolve_prefix(session, prefixes),
                       resolve_dictionary(session, dictionaries))
-    return _prepared(model, item, checkable)
+    return _prepared(model, item, checkable, limits)
 
 
 def decompress(
@@ -859,6 +973,8 @@ def decompress(
     descriptions: DescriptionSource | None = None,
     require_exact_kv: bool = False,
     dictionaries: DictionarySource | None = None,
+    max_tokens: int | None = None,
+    max_memory_bytes: int | None = None,
 ) -> DecompressResult:
     """Decode .skv bytes into the exact tokens and KV cache, or raise.
 
@@ -867,10 +983,13 @@ def decompress(
     fields of the execution profile differ. A file of a portable level decodes on any machine;
     under another execution profile its KV is recomputed and reported with ``kv_exact`` False,
     or refused with ``require_exact_kv``. A file coded with a mixing dictionary needs it from
-    ``dictionaries``.
+    ``dictionaries``. A file of more than ``max_tokens`` tokens (default: the model's context),
+    or whose decode would hold more than ``max_memory_bytes`` (``decode_memory_bytes``), is
+    refused before any forward (``DecodeLimitError``).
     """
+    limits = DecodeLimits(max_tokens, max_memory_bytes)
     pending = _read_pending(model, data, prefixes, dictionaries, allow_environment_mismatch,
-                            descriptions, require_exact_kv)
+                            descriptions, require_exact_kv, limits)
     return _run(model, [pending], progress)[0]
 
 
@@ -881,12 +1000,15 @@ def decompress_batch(
     prefixes: PrefixSource | None = None,
     descriptions: DescriptionSource | None = None,
     dictionaries: DictionarySource | None = None,
+    max_tokens: int | None = None,
+    max_memory_bytes: int | None = None,
 ) -> list[DecompressResult]:
     """Decode many .skv files together (as ``decode_many``): every file is read and checked
-    before any decodes; each result is verified as by ``decompress``; the first failure
-    raises."""
+    before any decodes (``max_tokens`` and ``max_memory_bytes`` bound each file as in
+    ``decompress``); each result is verified as by ``decompress``; the first failure raises."""
+    limits = DecodeLimits(max_tokens, max_memory_bytes)
     pendings = [_read_pending(model, data, prefixes, dictionaries, allow_environment_mismatch,
-                              descriptions, False) for data in files]
+                              descriptions, False, limits) for data in files]
     return _run(model, pendings)
 
 
@@ -894,12 +1016,18 @@ def decompress_tokens(
     data: bytes,
     model: CausalLM | None = None,
     prefixes: PrefixSource | None = None,
+    max_tokens: int | None = None,
+    max_memory_bytes: int | None = None,
 ) -> list[int]:
     """Decode only the tokens (prefix included), verified against the file's checksum.
 
     Files at the ``ngram`` and ``plain`` levels need no model and decode on any machine; the
-    others need ``model`` and a machine that reproduces the encoder's probabilities.
+    others need ``model`` and a machine that reproduces the encoder's probabilities. A file of
+    more than ``max_tokens`` tokens is refused before decoding (default: the model's context;
+    without a model, ``MODEL_FREE_MAX_TOKENS``), as is one whose decode would hold more than
+    ``max_memory_bytes``.
     """
+    limits = DecodeLimits(max_tokens, max_memory_bytes)
     read = read_skv(data, reader_side(model))
     session = read.session
     level = level_of(session)
@@ -909,19 +1037,25 @@ def decompress_tokens(
                 f"the file's tokens are coded under the model (level {session.level!r}): pass "
                 "the model that coded it"
             )
-        return decompress(model, data, prefixes=prefixes).tokens
+        return decompress(model, data, prefixes=prefixes, max_tokens=max_tokens,
+                          max_memory_bytes=max_memory_bytes).tokens
     prefix = resolve_prefix(session, prefixes, with_kv=False)
-    pending = _pending(DecodeItem(session, prefix), None)
+    pending = _pending(DecodeItem(session, prefix), None,
+                       DecodeLimits(token_limit(model, limits.max_tokens),
+                                    limits.max_memory_bytes),
+                       with_kv=False)
     _decode_levels(None, [pending], with_kv=False)
     assert pending.output is not None
     tokens = ([] if prefix is None else list(prefix.tokens)) + pending.output.tail
     verify(session, tokens, None, 0, kv_checkable=False)
+    pending.check_code()
     return tokens
 
 
 def upgrade(data: bytes, descriptions: Descriptions | None = None,
             model: CausalLM | None = None) -> bytes:
-    """A format-1 or 2 file rewritten in the current format, without re-coding anything.
+    """A format-1 or 2 file rewritten in format 4, without re-coding anything (format 5 holds
+    only a token code written with its floor, which an old writer did not write).
 
     The token code and the residual are carried over as they are; the digests of the tokens and
     KV are the old checksums truncated, so the rewritten file decodes to the same tokens and KV.
@@ -929,15 +1063,15 @@ def upgrade(data: bytes, descriptions: Descriptions | None = None,
     and 2 predate the CPU model and the row block in the profile: when the rest of the old
     profile is this machine's, they are taken as this machine's (the row block needs ``model``
     for a file of the ``rows`` schedule; the checksums still catch a wrong guess); otherwise they
-    stay unknown and the decoder will see another profile. A file already in the current format
-    is returned unchanged.
+    stay unknown and the decoder will see another profile. A file of format 3, 4 or 5 is returned
+    unchanged.
     """
     read = read_skv(data, reader_side(model))
     if read.version not in (1, 2):
         return data
     if descriptions is not None and read.model is not None:
         descriptions.remember(read.model, read.profile)
-    return write_skv(read.session, FORMAT_VERSION).data
+    return write_skv(read.session).data
 
 
 def _dtype_of(name: str) -> torch.dtype:

@@ -44,6 +44,16 @@ class CorruptFileError(ContainerError):
     """The file's checksum, header or sections do not match: it was damaged after writing."""
 
 
+class DecodeLimitError(SeqKVError):
+    """A decode would exceed a limit: the caller's ``max_tokens`` or memory budget, or the work a
+    model-free decode allows. Raised before any forward; pass a larger limit to decode anyway."""
+
+
+class CodeExhaustedError(CorruptFileError):
+    """A decode read more information than the file's code carries: its token count is forged
+    or its code damaged (``seqkv.coding.arithmetic``, the information guard)."""
+
+
 class ModelMismatchError(SeqKVError):
     """The file was coded with another model (or tokenizer) than the one given to decode it."""
 

@@ -20,6 +20,12 @@ Invariants:
 3. ``kv_scope`` says what ``kv_digest`` covers: the whole KV (a ``.skv`` file: its decoder
    needs nothing else to verify it), or only the positions after the prefix (a store span: its
    prefix is a parent span the decoder verified before) (enforced by the codec, both ways).
+4. ``code_form`` says what the token code's writer promised (``seqkv.coding.arithmetic``
+   invariants 2, 5, 6): ``floored`` (a fresh encode, a ``.skv`` file of format 5: exactly
+   ``ArithmeticEncoder.finish``'s bits, so the decoder guards its information and checks the
+   bits are canonical), ``trimmed`` (``.skv`` formats 3 and 4: ``finish``'s bits with every
+   trailing zero dropped, checked canonical, no guard) or ``bytes`` (whole bytes, padding
+   included: a store span, a format-1/2 file; neither check) (enforced by the codec).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
     import torch
 
 KVScope = Literal["all", "tail"]
+CodeForm = Literal["floored", "trimmed", "bytes"]
 
 PrefixHash = NewType("PrefixHash", str)
 """64 lowercase hexadecimal digits: the SHA-256 content hash of a namespace and a prefix's
@@ -98,6 +105,7 @@ class CodedSession:
     token_code: BitStream
     residual: ResidualCode | None
     kv_scope: KVScope = "all"
+    code_form: CodeForm = "bytes"  # what the token code's writer promised (invariant 4)
 
 
 def split_lengths(count: int, segments: int) -> list[int]:

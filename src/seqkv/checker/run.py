@@ -260,12 +260,15 @@ def check_text_tokens(
 def check_skv(
     model: CausalLM, skv: bytes, source: str, options: CheckOptions | None = None,
     progress: ProgressSink | None = None, baselines: Path | None = None,
+    max_tokens: int | None = None, max_memory_bytes: int | None = None,
 ) -> CheckReport:
-    """Decode a .skv file, then check every bound on what it codes (per coded token)."""
+    """Decode a .skv file (within ``max_tokens`` and ``max_memory_bytes``, as
+    ``seqkv.decompress``), then check every bound on what it codes (per coded token)."""
     options = options or CheckOptions()
     clock = _Clock()
     with clock.phase("decode and verify"):
-        decoded = decompress(model, skv, progress=progress)
+        decoded = decompress(model, skv, progress=progress, max_tokens=max_tokens,
+                             max_memory_bytes=max_memory_bytes)
     session = decoded.session
     with clock.phase("shared prefill"):
         shared = _shared_prefill(model, decoded.tokens)

@@ -27,7 +27,7 @@ def _cmd_bench_quant(args: argparse.Namespace) -> int:
 
     points: list[RatePoint] = []
     if not args.no_sweep:
-        model = common.load(args.model)
+        model = common.load_for(args)
         log = None if args.json else print
         points, _ = run_default_sweep(model, Path(args.reports), args.tokens, log=log)
     result = run_quant_bench(rate_distortion=points).to_json_dict()
@@ -41,7 +41,7 @@ def _cmd_bench_quant(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_decode(args: argparse.Namespace) -> int:
-    model = common.load(args.model)
+    model = common.load_for(args)
     if args.forwards_only:
         costs = asdict(forward_costs(model)) | {"model": model.name}
         common.print_figures(costs, args.json, "seqkv bench decode --forwards-only")
@@ -69,7 +69,7 @@ def _cmd_bench_figures(args: argparse.Namespace) -> int:
     from seqkv.bench import figures as gate
     from seqkv.schedule import cpu_model
 
-    model = common.load(args.model)
+    model = common.load_for(args)
     root = Path(args.baselines) if args.baselines else gate.baselines_root()
     current = gate.measure_figures(model)
     if args.record:
@@ -96,7 +96,7 @@ def _cmd_bench_figures(args: argparse.Namespace) -> int:
 def _cmd_bench_timing(args: argparse.Namespace) -> int:
     from seqkv.bench import timing
 
-    model = common.load(args.model)
+    model = common.load_for(args)
     if args.record:
         run = timing.measure(model, args.rounds)
         path = timing.history_path(run.profile)
@@ -116,7 +116,7 @@ def _cmd_bench_timing(args: argparse.Namespace) -> int:
 def _cmd_bench_mix(args: argparse.Namespace) -> int:
     from seqkv.bench.mix import render_markdown, run_mix_bench
 
-    model = common.load(args.model)
+    model = common.load_for(args)
     log = None if args.json else print
     bench = run_mix_bench(model, dictionary_sessions=args.dictionary_sessions, seed=args.seed,
                           log=log)
@@ -128,7 +128,7 @@ def _cmd_bench_mix(args: argparse.Namespace) -> int:
 def _cmd_bench_store(args: argparse.Namespace) -> int:
     from seqkv.bench.store import StoreBenchConfig, run_store_bench
 
-    model = common.load(args.model)
+    model = common.load_for(args)
     config = StoreBenchConfig(sessions=args.sessions, scale_sessions=args.scale_sessions,
                               level=args.level)
     result = run_store_bench(model, config, workdir=args.workdir,

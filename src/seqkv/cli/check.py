@@ -22,13 +22,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     reporter = common.reporter_of(args)
     options = CheckOptions(seed=args.seed, entropy_contexts=args.entropy_contexts)
     reporter.phase("load the model")
-    model = common.load(args.model)
+    model = common.load_for(args)
     baselines = None if args.baselines is None else Path(args.baselines)
     reporter.phase("check")
     data = common.read_bytes(args.input)
     if data.startswith(MAGIC):  # formats 1 and 2 start with these bytes too
         report = check_skv(model, data, args.input, options, progress=reporter.sink,
-                           baselines=baselines)
+                           baselines=baselines, max_tokens=args.max_tokens,
+                           max_memory_bytes=common.memory_limit(args))
     else:
         tokens = model.encode_text(common.read_text(args.input, common.text_limit(model)))
         model.check_tokens(tokens)
@@ -68,6 +69,7 @@ def add_check(commands: common.Subparsers) -> None:
                    help="committed deterministic figures: a text found there has its code length "
                         "gated exactly (default: the baselines shipped in the package, "
                         "seqkv/data/baselines/figures)")
+    common.decode_limit_options(k)
     common.json_option(k)
     common.progress_option(k)
     k.set_defaults(run=_cmd_check, paths=common.PathRoles(("input",), ("report",)),

@@ -15,13 +15,15 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -31,10 +33,11 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from seqkv.coding.residual_code import MAX_TOLERANCE
+from seqkv.coding.residual_code import MAX_TOLERANCE, MIN_TOLERANCE, is_tolerance
 from seqkv.errors import EmptyInputError, InputTooLongError, OutputError, UsageError
 from seqkv.files import write_all_atomically
 from seqkv.levels import CodingLevel, parse_level
+from seqkv.limits import MAX_POSITIONS
 from seqkv.models import CausalLM, load_default_model, load_model
 from seqkv.progress import Progress, ProgressSink
 
@@ -69,17 +72,42 @@ def load(model_path: str | None) -> CausalLM:
     return load_default_model() if model_path is None else load_model(model_path)
 
 
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence what loading a model prints: the GGUF converter's tqdm bars and the libraries'
+    warnings and log lines (stderr, Python warnings, transformers' logger)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    try:
+        with warnings.catch_warnings(), redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def load_for(args: argparse.Namespace) -> CausalLM:
+    """``load`` for a verb: quiet unless ``--progress`` was given, so that a failure prints only
+    its one ``seqkv: error:`` line."""
+    if getattr(args, "progress", False):
+        return load(args.model)
+    with _quiet():
+        return load(args.model)
+
+
 
 def tolerance(text: str) -> float:
-    """A residual tolerance: a finite number in [0, MAX_TOLERANCE]."""
+    """A residual tolerance: 0, or a normal number up to MAX_TOLERANCE (``is_tolerance``)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and 0 <= value <= MAX_TOLERANCE):
+    if not is_tolerance(value):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: the tolerance is a finite number from 0 (bit-exact) to "
-            f"{MAX_TOLERANCE:g}")
+            f"{text!r}: the tolerance is 0 (bit-exact) or a normal number from "
+            f"{MIN_TOLERANCE:g} to {MAX_TOLERANCE:g}")
     return value
 
 
@@ -215,6 +243,24 @@ def progress_option(command: argparse.ArgumentParser) -> None:
     command.add_argument("--progress", action="store_true",
                          help="report progress on stderr even when it is not a terminal: plain "
                               "lines, or JSON lines with --json")
+
+
+def decode_limit_options(command: argparse.ArgumentParser) -> None:
+    """``--max-tokens`` and ``--max-memory-mb``: the caller's limits on a decode
+    (``seqkv.codec.DecodeLimits``), checked before any forward."""
+    command.add_argument("--max-tokens", type=int_in(1, MAX_POSITIONS), default=None,
+                         metavar="N", help="refuse a file of more than N tokens before decoding "
+                                           "(default: the model's context; without a model, "
+                                           "131,072)")
+    command.add_argument("--max-memory-mb", type=int_in(1, 1 << 30), default=None,
+                         metavar="MB", help="refuse a file whose decode would hold more than MB "
+                                            "MiB beyond the model (README: Bounded decoding)")
+
+
+def memory_limit(args: argparse.Namespace) -> int | None:
+    """``--max-memory-mb`` in bytes, or None."""
+    megabytes: int | None = args.max_memory_mb
+    return None if megabytes is None else megabytes << 20
 
 
 def tolerance_option(command: argparse.ArgumentParser, default: float) -> None:

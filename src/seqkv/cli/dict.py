@@ -26,7 +26,7 @@ class DictionaryFile:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    model = common.load(args.model)
+    model = common.load_for(args)
     sequences = [model.encode_text(common.read_text(path)) for path in args.texts]
     dictionary = build_dictionary(sequences, model.vocab_size, namespace=args.namespace)
     common.write_outputs([(args.output, dictionary.to_bytes())])

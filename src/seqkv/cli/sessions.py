@@ -149,7 +149,7 @@ def _remember(result: CompressResult) -> None:
 
 def _load(args: argparse.Namespace) -> CausalLM:
     common.reporter_of(args).phase("load the model")
-    return common.load(args.model)
+    return common.load_for(args)
 
 
 def _cmd_compress(args: argparse.Namespace) -> int:
@@ -185,7 +185,8 @@ def _cmd_decompress(args: argparse.Namespace) -> int:
         portable = not level_of(read.session).spec.model_coded
         model = None if portable else _load(args)
         reporter.phase("decode the tokens")
-        tokens = decompress_tokens(data, model)
+        tokens = decompress_tokens(data, model, max_tokens=args.max_tokens,
+                                   max_memory_bytes=common.memory_limit(args))
         common.write_outputs([(args.output, (json.dumps(tokens) + "\n").encode())])
         return 0
     model = _load(args)
@@ -193,7 +194,8 @@ def _cmd_decompress(args: argparse.Namespace) -> int:
     result = decompress(model, data, allow_environment_mismatch=args.allow_environment_mismatch,
                         progress=reporter.sink, descriptions=Descriptions(),
                         require_exact_kv=args.require_exact_kv,
-                        dictionaries=DictionaryFile(args.dict) if args.dict else None)
+                        dictionaries=DictionaryFile(args.dict) if args.dict else None,
+                        max_tokens=args.max_tokens, max_memory_bytes=common.memory_limit(args))
     outputs = [(args.output, model.decode_tokens(result.tokens).encode("utf-8"))]
     if args.kv_out:
         outputs.append((args.kv_out, kv_file_bytes(result.kv, result.tokens, model.name)))
@@ -268,7 +270,7 @@ def _cmd_upgrade(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
     else:
         for row in rows:
-            state = "rewritten" if row["upgraded"] else "already in the current format"
+            state = "rewritten" if row["upgraded"] else "already in a framed format"
             print(f"{row['file']}: {state}, {row['old_bytes']:,} -> {row['new_bytes']:,} bytes")
     return 0
 
@@ -365,6 +367,7 @@ def add_session_verbs(commands: common.Subparsers) -> None:
                         "instead of returning its recomputed KV (kv_exact false)")
     d.add_argument("--dict", metavar="DICT", type=common.input_file_no_stdin,
                    help="the mixing dictionary a portable+mix file was coded with")
+    common.decode_limit_options(d)
     common.json_option(d)
     common.progress_option(d)
     d.set_defaults(run=_cmd_decompress,
@@ -376,7 +379,7 @@ def add_session_verbs(commands: common.Subparsers) -> None:
     i.set_defaults(run=_cmd_inspect)
 
     u = commands.add_parser("upgrade", help="rewrite .skv files of formats 1 and 2 in the "
-                                           "current format, in place, without re-coding")
+                                           "framed format 4, in place, without re-coding")
     u.add_argument("files", metavar="FILE.skv", nargs="+", type=_upgradable)
     common.model_option(u)
     common.json_option(u, "one JSON array")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import urllib.parse
 from dataclasses import asdict
 
 from seqkv.cli import common
@@ -51,14 +52,42 @@ def open_store(location: str, model: CausalLM) -> SessionStore:
     if location.startswith("dir:") and len(location) > 4:
         return SessionStore(DirectoryBackend(location[4:]), model_codecs(model))
     if location.startswith(_REDIS_SCHEMES):
-        return SessionStore(RedisBackend(location), model_codecs(model))
+        _check_redis_url(location)
+        try:
+            backend = RedisBackend(location)
+        except ValueError as error:  # redis-py's URL parsing
+            raise StoreLocationError(f"--store {location!r}: {error}") from None
+        return SessionStore(backend, model_codecs(model))
     raise StoreLocationError(
         f"--store {location!r}: write dir:PATH for a local folder or redis://HOST:PORT/DB")
 
 
+def _check_redis_url(location: str) -> None:
+    """Refuse a Redis URL whose port or database is not a number, before redis-py's parser
+    raises a plain ValueError."""
+    if location.startswith("unix://"):
+        return
+    try:
+        parts = urllib.parse.urlsplit(location)
+        parts.port  # noqa: B018  (parsing it is the check)
+    except ValueError as error:
+        raise StoreLocationError(f"--store {location!r}: {error}: write "
+                                 "redis://HOST:PORT/DB") from None
+    database = parts.path.strip("/")
+    if database and not (database.isascii() and database.isdigit()):
+        raise StoreLocationError(f"--store {location!r}: the database {database!r} is not a "
+                                 "number: write redis://HOST:PORT/DB")
+
+
 def location_argument(text: str) -> str:
     """A ``--store`` value of a form ``open_store`` accepts."""
-    if (text.startswith("dir:") and len(text) > 4) or text.startswith(_REDIS_SCHEMES):
+    if text.startswith(_REDIS_SCHEMES):
+        try:
+            _check_redis_url(text)
+        except StoreLocationError as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix("--store ")) from None
+        return text
+    if text.startswith("dir:") and len(text) > 4:
         return text
     raise argparse.ArgumentTypeError(
         f"{text!r}: write dir:PATH for a local folder or redis://HOST:PORT/DB")
@@ -66,7 +95,7 @@ def location_argument(text: str) -> str:
 
 def _store(args: argparse.Namespace) -> tuple[SessionStore, CausalLM]:
     common.reporter_of(args).phase("load the model")
-    model = common.load(args.model)
+    model = common.load_for(args)
     common.reporter_of(args).phase("open the store")
     return open_store(args.store, model), model
 

@@ -15,12 +15,26 @@ Invariants:
 1. After each symbol the interval [low, high] satisfies ``high - low + 1 > 2**62`` and therefore
    exceeds TOTAL_FREQUENCY = 2**32: every symbol with count >= 1 keeps a non-empty sub-interval
    (enforced by the renormalisation loop).
-2. ``finish`` emits at most ``pending + 2`` bits, then drops trailing zero bits: the decoder reads
-   zeros past the end of the stream, so they carry no information (enforced; round-trip tested).
+2. ``finish`` emits at most ``pending + 2`` bits, then drops trailing zero bits, but never below
+   ``shifts - OVERRUN_BITS`` bits (``shifts``: the renormalising shifts of the whole stream, one
+   per bit the decoder reads past its first 64): the decoder reads zeros past the end of the
+   stream, so the dropped bits carry no information (enforced; round-trip tested).
 3. The code length is at most the sum of ``-log2(count / total)`` plus 2 bits plus a floor
-   rounding term below 1e-9 bits per symbol (checked by the property tests).
+   rounding term below 1e-9 bits per symbol (checked by the property tests), except where the
+   floor of invariant 2 keeps zeros: then it is below that sum.
 4. The decoder returns some symbol for any bit string; it cannot tell a wrong stream from a right
    one. Callers verify a checksum of the decoded symbols (``seqkv.codec`` does).
+5. Information guard: a decoder given ``overrun_bits`` raises ``CodeExhaustedError`` once it has
+   shifted more than ``num_bits + overrun_bits`` times, i.e. once the information it has decoded
+   (the sum of ``-log2 p`` of its symbols, to within the 64-bit window) exceeds what the code
+   can carry. A stream ``finish`` wrote with the same ``OVERRUN_BITS`` never trips it (invariant
+   2); a stream whose writer dropped every trailing zero (seqkv before .skv format 5, the store's
+   spans) can, so callers pass ``overrun_bits`` only for streams written with the floor
+   (enforced; ``tests/test_coding_arithmetic.py``). It bounds the work a forged symbol count
+   buys to about ``num_bits + OVERRUN_BITS`` bits of decoded information.
+6. ``canonical`` is True exactly when the stream's bits are the ones ``finish`` writes for the
+   symbols decoded so far (with or without the floor): re-encoding is mirrored as the decoder
+   runs, so no second pass is needed (enforced; a bit appended, dropped or changed is refused).
 """
 
 from __future__ import annotations
@@ -30,12 +44,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqkv.coding.frequencies import FREQUENCY_BITS, CumulativeTable
+from seqkv.errors import CodeExhaustedError
 
 _STATE_BITS = 64
 _FULL = (1 << _STATE_BITS) - 1
 _HALF = 1 << (_STATE_BITS - 1)
 _QUARTER = 1 << (_STATE_BITS - 2)
 _THREE_QUARTERS = _HALF + _QUARTER
+# NOTE: the slack of the information guard (invariant 5), in bits: a forged symbol count costs at
+# most this much decoded information past the code's end (a few dozen tokens at the model-coded
+# levels), and the floor it puts on ``finish`` keeps zeros only in a stream whose last 64 coded
+# bits are all zeros (a long run of the lowest symbol at its end, ~1 file in 2**64 otherwise).
+OVERRUN_BITS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +79,7 @@ class ArithmeticEncoder:
         self._pending = 0
         self._bits: list[int] = []
         self._finished = False
+        self._shifts = 0
 
     def encode(self, cumulative: CumulativeTable, symbol: int) -> None:
         """Narrow the interval to ``symbol``'s share of ``cumulative``."""
@@ -93,6 +114,7 @@ class ArithmeticEncoder:
                 self._high -= _QUARTER
             else:
                 return
+            self._shifts += 1
             self._low <<= 1
             self._high = (self._high << 1) | 1
 
@@ -102,28 +124,64 @@ class ArithmeticEncoder:
             self._finished = True
             self._pending += 1
             self._emit(0 if self._low < _QUARTER else 1)
-            while self._bits and self._bits[-1] == 0:
-                self._bits.pop()
+            del self._bits[_trimmed_length(self._bits, self._shifts):]
         bits = np.array(self._bits, dtype=np.uint8)
         return BitStream(np.packbits(bits).tobytes(), len(self._bits))
+
+
+def _trimmed_length(bits: list[int], shifts: int, floor: bool = True) -> int:
+    """The length of ``bits`` without its trailing zeros, but (``floor``) at least
+    ``shifts - OVERRUN_BITS`` (invariant 2)."""
+    length = len(bits)
+    while length and bits[length - 1] == 0:
+        length -= 1
+    return max(length, shifts - OVERRUN_BITS) if floor else length
 
 
 class ArithmeticDecoder:
     """Decodes symbols in the order they were encoded, given the same tables."""
 
-    def __init__(self, stream: BitStream) -> None:
+    def __init__(self, stream: BitStream, overrun_bits: int | None = None) -> None:
         self._bits = np.unpackbits(np.frombuffer(stream.data, dtype=np.uint8))[: stream.num_bits]
         self._position = 0
         self._low = 0
         self._high = _FULL
         self._value = 0
+        # NOTE: the guard counts shifts (bits read past the first 64 of the window); None: off
+        self._shift_limit = None if overrun_bits is None else stream.num_bits + overrun_bits
+        # the bits ``ArithmeticEncoder`` emitted for the symbols so far (invariant 6)
+        self._emitted: list[int] = []
+        self._pending = 0
         for _ in range(_STATE_BITS):
             self._value = (self._value << 1) | self._next_bit()
 
     def _next_bit(self) -> int:
         position = self._position
         self._position += 1
+        if self._shift_limit is not None and position - _STATE_BITS >= self._shift_limit:
+            raise CodeExhaustedError(
+                f"the token code of {self._bits.shape[0]:,} bits has run out: decoding on would "
+                f"take more than {self._shift_limit:,} bits of information from it, which no "
+                "honest stream does (a forged token count, a damaged code, or probabilities this "
+                "machine does not reproduce)")
         return int(self._bits[position]) if position < self._bits.shape[0] else 0
+
+    def _emit(self, bit: int) -> None:
+        self._emitted.append(bit)
+        self._emitted.extend([1 - bit] * self._pending)
+        self._pending = 0
+
+    def canonical(self, floor: bool) -> bool:
+        """Whether the stream is exactly what ``ArithmeticEncoder.finish`` writes for the symbols
+        decoded so far: with the floor of invariant 2 (``floor``) or trimmed to its last one bit
+        (the writers before it)."""
+        bits = [*self._emitted, *([0] if self._low < _QUARTER else [1]),
+                *([1 if self._low < _QUARTER else 0] * (self._pending + 1))]
+        length = _trimmed_length(bits, self._position - _STATE_BITS, floor)
+        if length != self._bits.shape[0]:
+            return False
+        padded = bits[:length] + [0] * max(0, length - len(bits))
+        return bool(np.array_equal(np.asarray(padded, dtype=np.uint8), self._bits))
 
     def decode(self, cumulative: CumulativeTable) -> int:
         """The next symbol under ``cumulative``."""
@@ -135,12 +193,14 @@ class ArithmeticDecoder:
         self._low = self._low + ((width * start) >> FREQUENCY_BITS)
         while True:
             if self._high < _HALF:
-                pass
+                self._emit(0)
             elif self._low >= _HALF:
+                self._emit(1)
                 self._low -= _HALF
                 self._high -= _HALF
                 self._value -= _HALF
             elif self._low >= _QUARTER and self._high < _THREE_QUARTERS:
+                self._pending += 1
                 self._low -= _QUARTER
                 self._high -= _QUARTER
                 self._value -= _QUARTER

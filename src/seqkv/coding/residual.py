@@ -19,6 +19,11 @@ Invariants:
    outside the alphabet, is an escape that stores the target's exact bits).
 2. Decoding is a pure function of the recomputed tensor and the code (enforced; the codec checks
    the result against a checksum taken at encode time).
+3. With ``canonical`` (the codec asks it of a ``.skv`` format-5 file and a fresh encode), the
+   decoder accepts only the code the encoder writes for the symbols it decodes to: a group is
+   used exactly when its symbols are not all 0, with the scale fitted to them, and the range
+   coder's words are those of re-encoding them (enforced: one encode of the used groups). Older
+   files are decoded as their writers wrote them, unchecked.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ from seqkv.coding.residual_code import (
     ALPHABET_LIMIT,
     MAX_TOLERANCE,
     MIN_SCALE,
+    MIN_TOLERANCE,
     ResidualCode,
     ResidualMode,
+    is_tolerance,
 )
 from seqkv.errors import CorruptFileError, InvalidKVError, InvalidToleranceError
 
@@ -121,8 +128,11 @@ def _coded_residual(target: torch.Tensor, recomputed: torch.Tensor, mode: Residu
     return code, rebuilt
 
 
-def decode_residual(code: ResidualCode, recomputed: torch.Tensor) -> torch.Tensor:
-    """Rebuild the target from the recomputed tensor and the code."""
+def decode_residual(code: ResidualCode, recomputed: torch.Tensor,
+                    canonical: bool = False) -> torch.Tensor:
+    """Rebuild the target from the recomputed tensor and the code; with ``canonical``, also
+    refuse a code that ``encode_residual`` would not write for the symbols it decodes to
+    (``_check_canonical``)."""
     if tuple(recomputed.shape) != code.shape:
         raise CorruptFileError(
             f"the file's KV residual has shape {code.shape}, the recomputed KV "
@@ -150,6 +160,8 @@ def decode_residual(code: ResidualCode, recomputed: torch.Tensor) -> torch.Tenso
         if isinstance(error, KeyboardInterrupt | SystemExit | MemoryError):
             raise
         raise CorruptFileError(f"the KV residual's code does not decode: {error}") from None
+    if canonical:
+        _check_canonical(code, rows)
     symbols = torch.from_numpy(np.stack(rows)).reshape(code.shape)
     escaped = symbols == _ESCAPE
     escape_bits = np.frombuffer(code.escapes, dtype="<i4")
@@ -166,13 +178,35 @@ def decode_residual(code: ResidualCode, recomputed: torch.Tensor) -> torch.Tenso
     return rebuilt
 
 
+def _check_canonical(code: ResidualCode, rows: list[np.ndarray]) -> None:
+    """``CorruptFileError`` unless ``code`` is what ``_coded_residual`` writes for ``rows``: a
+    group is used exactly when its symbols are not all 0, its scale is the one fitted to them,
+    and the range coder's words are those of re-encoding them (no word appended, changed or
+    left over when no group is used). Costs one encode of the used groups."""
+    encoder = constriction.stream.queue.RangeEncoder()
+    for scale, row in zip(code.scales, rows, strict=True):
+        if scale == 0.0:
+            continue
+        inliers = row[row != _ESCAPE]
+        fitted = float(np.float32(max(np.abs(inliers).mean() if inliers.size else 0.0,
+                                      MIN_SCALE)))
+        if not row.any() or fitted != scale:
+            raise CorruptFileError("the KV residual marks a group used with a scale its "
+                                   "encoder would not write for its symbols")
+        encoder.encode(row.astype(np.int32), _laplace(scale))
+    if encoder.get_compressed().astype("<u4").tobytes() != code.words:
+        raise CorruptFileError("the KV residual's code words are not the ones its encoder "
+                               "writes for its symbols (words appended or changed)")
+
+
 def check_tolerance(tolerance: float) -> float:
-    """``tolerance`` if it is finite and in ``[0, MAX_TOLERANCE]``, else InvalidToleranceError."""
+    """``tolerance`` if it is exactly 0 or a normal number in ``[MIN_TOLERANCE, MAX_TOLERANCE]``
+    (``residual_code.is_tolerance``), else InvalidToleranceError."""
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not (
-            np.isfinite(tolerance) and 0 <= tolerance <= MAX_TOLERANCE):
+            is_tolerance(float(tolerance))):
         raise InvalidToleranceError(
-            f"the tolerance must be a finite number in [0, {MAX_TOLERANCE:g}] (0 = bit-exact), "
-            f"not {tolerance!r}")
+            f"the tolerance must be 0 (bit-exact) or a normal number in [{MIN_TOLERANCE:g}, "
+            f"{MAX_TOLERANCE:g}], not {tolerance!r}")
     return float(tolerance)
 
 

@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -34,6 +35,23 @@ MAX_SCALE = float(2 * ALPHABET_LIMIT)
 # NOTE: the decoder adds symbol * 2 * tolerance (|symbol| <= 2**12) in float32, whose largest
 # value is 3.4e38: beyond 1e30 that step overflows. No KV component comes near either figure.
 MAX_TOLERANCE = 1e30
+# NOTE: a tolerance below the smallest normal double (a subnormal, e.g. 1e-320) makes the
+# quantizer's step 2 * tolerance round to 0 in float32: such a value means nothing the caller
+# could intend, so a tolerance is a positive normal number or exactly (+)0.
+MIN_TOLERANCE = sys.float_info.min
+
+
+def is_tolerance(value: float) -> bool:
+    """Whether ``value`` is a tolerance a caller may ask for: exactly +0 (bit-exact), or a
+    normal number in ``[MIN_TOLERANCE, MAX_TOLERANCE]`` (``-0``, subnormals, NaN and
+    infinities are not).
+
+    >>> [is_tolerance(v) for v in (0.0, -0.0, 1e-4, 1e-320, float("nan"))]
+    [True, False, True, False, False]
+    """
+    if value == 0:
+        return math.copysign(1.0, value) > 0
+    return math.isfinite(value) and MIN_TOLERANCE <= value <= MAX_TOLERANCE
 
 
 class ResidualMode(Enum):

@@ -1,7 +1,11 @@
 """The .skv file: a ``CodedSession`` as a compact binary header, the token code, the residual.
 
-Format 4 (written since this version) frames three sections with ``seqkv.formats.framing`` (magic
-``\\x89SKV``, version byte, section lengths, CRC-32)::
+Format 5 (written since this version) is format 4 whose token code is exactly the bits
+``ArithmeticEncoder.finish`` writes, floor included (``seqkv.coding.arithmetic`` invariant 2):
+its decoder stops a stream once the information decoded exceeds what the code carries (a forged
+token count costs at most ``OVERRUN_BITS`` of decoding past the code's end) and refuses a code
+with bits its writer would not write. The layout is format 4's. Format 4 frames three sections
+with ``seqkv.formats.framing`` (magic ``\\x89SKV``, version byte, section lengths, CRC-32)::
 
     header    flags            u8      bit 0 prefix, bit 1 residual, bit 2 vocabulary size
                                        stored, bit 3 dictionary, bit 4 no KV digest (format 4),
@@ -29,20 +33,28 @@ Format 4 (written since this version) frames three sections with ``seqkv.formats
 The full model identity and execution profile are not in the file: they are named by digest and
 kept once where they are needed (``seqkv.descriptions``; a store keeps its own), so a session of
 586 tokens costs 400 bytes instead of 1,783. Format 3 is format 4 without bit 4: its files
-still read, and are written back as format 3. Files of formats 1 and 2 (a JSON header,
-``seqkv.formats.skv_legacy``) read into the same value, and ``seqkv upgrade`` rewrites them in
-format 4 without re-coding.
+still read, and are written back as format 3. Files of formats 3 and 4 read as their writers
+wrote them (every trailing zero of the token code dropped; ``CodedSession.code_form``
+``trimmed``) and are written back in their own format; a session whose code has no writer's
+promise (a store span's whole bytes) is written as format 4, its trailing zero bits dropped.
+Files of formats 1 and 2 (a JSON header, ``seqkv.formats.skv_legacy``) read into the same value,
+and ``seqkv upgrade`` rewrites them in format 4 without re-coding.
 
 Invariants:
 1. ``read_skv`` checks emptiness, magic, version, lengths and checksum before it parses
    anything (``seqkv.formats.framing``), so each kind of damage gets its own error: EmptyInputError,
    NotASeqKVFileError, UnsupportedVersionError, TruncatedFileError, CorruptFileError (enforced;
    one test each). A header that passes the checksum but does not parse is CorruptFileError.
-2. ``read_skv(write_skv(s)).session == s`` for a session of format 3 or 4, and
-   ``write_skv(read_skv(d)) == d`` for any bytes ``d`` of those formats it accepts: every field is
-   read in the one form the encoder writes (minimal varints, zero padding bits, no bitmap bits
-   past the groups, no zero scale marked used), so no two files decode alike (enforced; checked
-   by the fuzz suite).
+2. ``read_skv(write_skv(s)).session == s`` for a session of format 3, 4 or 5, and
+   ``write_skv(read_skv(d), v) == d`` for any bytes ``d`` of format ``v`` it accepts: every
+   field is read in the one form the encoder writes (minimal varints, zero padding bits, no
+   bitmap bits past the groups, no zero scale marked used), and the decoder checks that the
+   token code is the one its writer writes for the tokens it decodes to (``seqkv.coding.arithmetic``
+   invariant 6) and, in format 5, that the residual's scales and coder words are the ones its
+   encoder writes for the symbols they decode to (``seqkv.coding.residual`` invariant 3), so no
+   two files decode alike, but for the quantized residual's tolerance, which the file states as
+   its encoder's promise (reported, not used, when no group is coded and nothing escapes)
+   (enforced; checked by the fuzz suites, ``tests/test_fuzz_bounds.py``).
 3. Every header and residual field is validated while it is read, against the format's own
    ranges (``seqkv.limits``, the residual's ``ResidualCode.check``), before anything is
    allocated by its size: a crafted file with a valid
@@ -54,7 +66,7 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seqkv.coding.arithmetic import BitStream
@@ -82,14 +94,17 @@ from seqkv.formats.residual import (
 )
 from seqkv.formats.skv_legacy import LEGACY_MAGIC, ReaderSide, read_legacy, upgraded
 from seqkv.limits import MAX_LAYERS, MAX_POSITIONS, MAX_SEGMENTS, MAX_VOCAB
-from seqkv.session import CodedSession, PrefixRef, split_lengths
+from seqkv.session import CodedSession, CodeForm, PrefixRef, split_lengths
 from seqkv.types import ExecutionProfile, ModelIdentity
 
 MAGIC = b"\x89SKV"
-FORMAT_VERSION = 4
-# Format 3 is format 4 without the flag of a file that records no KV digest (bit 4).
-FRAMED_VERSIONS = (3, 4)
-READABLE_VERSIONS = (1, 2, 3, 4)
+FORMAT_VERSION = 5
+# Format 3 is format 4 without the flag of a file that records no KV digest (bit 4); format 5 is
+# format 4 with the floored token code (the module docstring).
+FRAMED_VERSIONS = (3, 4, 5)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# The token code each framed version holds (``seqkv.session`` invariant 4).
+_CODE_FORMS: dict[int, CodeForm] = {3: "trimmed", 4: "trimmed", 5: "floored"}
 # The file's level ids: an id is never reused; a new level appends its family name here.
 # NOTE: append only: a file records its level as the index here.
 LEVEL_IDS: tuple[str, ...] = ("tokens", "rows", "segments", "ngram", "plain", "portable",
@@ -135,10 +150,20 @@ def _level_parts(level: str) -> tuple[int, int]:
     return LEVEL_IDS.index(name), int(count) if count else 0
 
 
-def write_skv(session: CodedSession, version: int = FORMAT_VERSION) -> SkvBytes:
-    """The file of ``session`` in format ``version`` (3 or 4)."""
+def write_skv(session: CodedSession, version: int | None = None) -> SkvBytes:
+    """The file of ``session`` in format ``version`` (3, 4 or 5; default: 5 for a floored token
+    code, else 4). Format 5 holds only a floored code; formats 3 and 4 hold the code as their
+    writers wrote it, every trailing zero bit dropped (``seqkv.session`` invariant 4)."""
+    if version is None:
+        version = FORMAT_VERSION if session.code_form == "floored" else 4
     if version not in FRAMED_VERSIONS:
         raise ValueError(f"format {version} is not written; {FRAMED_VERSIONS} are")
+    if version == FORMAT_VERSION and session.code_form != "floored":
+        raise ValueError(f"format {version} holds a floored token code, not one of form "
+                         f"{session.code_form!r}")
+    if version < FORMAT_VERSION and session.code_form != "trimmed":
+        session = replace(session, token_code=_without_trailing_zeros(session.token_code),
+                          code_form="trimmed")
     if session.kv_scope != "all":
         raise ValueError("a .skv file's KV digest covers the whole KV")
     if session.kv_digest is None and (version < 4 or session.residual is not None
@@ -198,8 +223,16 @@ def read_skv(data: bytes, side: ReaderSide | None = None) -> SkvRead:
         vocab_size=fields.vocab_size, model_digest=fields.model_digest,
         profile_digest=fields.profile_digest, tokens_digest=fields.tokens_digest,
         kv_digest=fields.kv_digest, prefix=fields.prefix, dictionary=fields.dictionary,
-        token_code=token_code, residual=residual)
+        token_code=token_code, residual=residual, code_form=_CODE_FORMS[version])
     return SkvRead(session, version)
+
+
+def _without_trailing_zeros(code: BitStream) -> BitStream:
+    """``code`` without its trailing zero bits, which the decoder reads past its end anyway."""
+    length = code.num_bits
+    while length and not code.data[(length - 1) // 8] >> (7 - (length - 1) % 8) & 1:
+        length -= 1
+    return BitStream(code.data[: (length + 7) // 8], length)
 
 
 def _token_code(data: bytes, padding: int) -> BitStream:

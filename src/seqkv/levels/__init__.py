@@ -109,9 +109,15 @@ def parse_level(text: str) -> CodingLevel:
     if factory is None:
         raise InvalidLevelError(
             f"unknown level {text!r}: choose one of {', '.join(LEVELS)} (segments:N)")
-    if colon and not count.isdigit():
+    # NOTE: ASCII digits only: str.isdigit accepts "²", which int() refuses.
+    if colon and not (count.isascii() and count.isdigit()):
         raise InvalidLevelError(f"the count in level {text!r} must be a positive integer")
-    return factory(int(count) if colon else None)
+    try:
+        return factory(int(count) if colon else None)
+    except InvalidLevelError:
+        raise
+    except ValueError as error:
+        raise InvalidLevelError(f"level {text!r}: {error}") from None
 
 
 def family(level: CodingLevel) -> str:

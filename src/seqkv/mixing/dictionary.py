@@ -61,6 +61,7 @@ from typing import NewType
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.errors import InvalidArgumentTypeError
 from seqkv.formats.framing import FramingErrors, SectionReader, encode_varint, frame, unframe
 from seqkv.limits import MAX_VOCAB
 from seqkv.mixing.errors import (
@@ -113,6 +114,13 @@ class Dictionary:
 
     def __init__(self, tokens: npt.ArrayLike, segment_lengths: Sequence[int], vocab_size: int,
                  namespace: str = "") -> None:
+        if not isinstance(namespace, str):
+            raise InvalidArgumentTypeError(
+                f"a dictionary's namespace is a str, not {type(namespace).__name__}")
+        if not namespace.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in namespace):
+            raise InvalidDictionaryInputError(
+                f"the namespace {namespace!r:.60} holds a lone surrogate, which UTF-8 cannot "
+                "encode: pass a namespace of valid text")
         array = np.array(tokens, dtype=np.int64).reshape(-1)
         lengths = tuple(int(length) for length in segment_lengths)
         if not 2 <= vocab_size <= MAX_VOCAB:

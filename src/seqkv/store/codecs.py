@@ -36,10 +36,23 @@ from seqkv.bounds import (
     code_within_uniform,
     raise_unless_all_hold,
 )
-from seqkv.codec import DEFAULT_TOLERANCE, DecodeItem, decode_many, encode, verify
+from seqkv.codec import (
+    DEFAULT_TOLERANCE,
+    MAX_MODEL_FREE_WORK,
+    MODEL_FREE_MAX_TOKENS,
+    DecodeItem,
+    decode_many,
+    encode,
+    verify,
+)
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder, BitStream
 from seqkv.digests import NO_PROFILE, model_digest, profile_digest, tokens_digest
-from seqkv.errors import DecodeVerificationError, InvalidTokensError, SeqKVError
+from seqkv.errors import (
+    DecodeLimitError,
+    DecodeVerificationError,
+    InvalidTokensError,
+    SeqKVError,
+)
 from seqkv.formats.span import SpanRecord, Version1Layout
 from seqkv.levels import CodingLevel, parse_level
 from seqkv.levels.base import TraceColumns
@@ -253,6 +266,12 @@ class TokensCodec:
         for item in items:
             record = item.record
             before = list(item.prefix.tokens) if item.prefix is not None else []
+            if (record.count > MODEL_FREE_MAX_TOKENS
+                    or record.count * self._vocab > MAX_MODEL_FREE_WORK):
+                raise DecodeLimitError(
+                    f"a tokens-only span declares {record.count:,} tokens: more than a "
+                    f"model-free decode allows ({MODEL_FREE_MAX_TOKENS:,} tokens, "
+                    f"{MAX_MODEL_FREE_WORK:,} token x vocabulary steps)")
             tail = decode_tokens(self._level, self._vocab, before, record.count,
                                  ArithmeticDecoder(record.token_code),
                                  TraceColumns(with_entropy=False))

@@ -32,6 +32,7 @@ from typing import NewType
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.errors import InvalidNameError
 from seqkv.namespaces import DEFAULT_NAMESPACE as DEFAULT_NAMESPACE
 from seqkv.namespaces import Namespace as Namespace
 from seqkv.namespaces import check_namespace as check_any_namespace
@@ -65,7 +66,11 @@ def prefix_hash(
 
 def prefix_hash_of_array(namespace: Namespace, tokens: npt.NDArray[np.int64]) -> PrefixHash:
     """``prefix_hash`` of an already validated 1-D int64 token array."""
-    name = namespace.encode("utf-8")
+    try:
+        name = namespace.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidNameError(f"namespace {namespace!r:.60} holds a lone surrogate, which "
+                               "UTF-8 cannot encode: pass a namespace of valid text") from None
     stream = hashlib.sha256(_DOMAIN)
     stream.update(struct.pack("<I", len(name)))
     stream.update(name)

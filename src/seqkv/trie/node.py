@@ -58,6 +58,9 @@ class TrieNode:
     created: int = 0  # the logical clock when the node was created
     heap_version: int = 0  # the eviction heap's entries for this node carry its version
     alive: bool = True  # False once evicted
+    # the compressed KV as a file held it (``seqkv.trie.persistence``), saved back as it was;
+    # None once ``kv`` changes (a split) or for KV never loaded
+    kv_bytes: bytes | None = None
 
     @property
     def start(self) -> int:

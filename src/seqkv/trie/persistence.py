@@ -39,15 +39,19 @@ Invariants:
 3. Every field is validated before anything is allocated by its size: counts against the
    sections' lengths, the tree's shape (parents before children, pre-order, one child per first
    token, namespaces inherited), tokens (>= 0, the minimal width), log2-probabilities (finite,
-   <= 0), statistics (<= the clock), the KV layout, and each node's KV size against its
-   compressed size (zlib inflates at most ``ZLIB_MAX_RATIO`` times) before it is inflated,
-   streaming, with that size as a cap. A crafted file with a valid checksum ends in a
-   ``TrieFileError`` (enforced; ``tests/test_fuzz_trie.py``).
+   <= 0), statistics (<= the clock), the KV layout, each node's KV size against its
+   compressed size (zlib inflates at most ``ZLIB_MAX_RATIO`` times) and the file's KV sizes
+   together against its KV bytes (``kv_inflate_limit``) before anything is inflated, streaming,
+   with the node's size as a cap. A format-1 JSON header is parsed only below
+   ``LEGACY_HEADER_BYTES``. A crafted file with a valid checksum ends in a ``TrieFileError``
+   (enforced; ``tests/test_fuzz_trie.py``).
 4. Loading costs at most ``path_work_limit(file bytes)`` token positions of path hashing, the
    loader's one cost beyond the file's size (every node hashes its whole path); a file whose
    tree would cost more is refused before the trie is built (TrieLimitError, enforced).
 5. ``trie_to_bytes(trie_from_bytes(d)) == d`` for any bytes ``d`` of format 2 that load
-   (enforced by the canonical form of invariant 3; checked by the fuzz suite).
+   (enforced by the canonical form of invariant 3, and by each node keeping the compressed KV it
+   was loaded from, saved back as it was whatever zlib level or build deflated it; checked by
+   the fuzz suite and ``tests/test_trie_persistence.py``).
 6. Prefix hashes are not stored: the loader recomputes every node's hash from its tokens, so a
    loaded trie resolves exactly the hashes the saved one did (checked).
 7. Sessions (locks) are not saved: a loaded trie has none, every node is evictable (enforced).
@@ -114,6 +118,16 @@ _SECTIONS = 6
 # more than about 1,032 times its size: a node whose KV claims more than that is corrupt,
 # refused before anything is inflated.
 ZLIB_MAX_RATIO = 1032
+# NOTE: the byte planes of real float KV do not compress much (0.845 of the size measured above):
+# the low mantissa bytes of fp32, fp16 and bf16 alike are close to random, so no real KV shrinks
+# more than about 2x. A file's KV may inflate to at most this ratio of its KV bytes, plus
+# ``KV_INFLATE_SLACK`` for the zlib overhead of tiny test tensors; more is a bomb (a node of
+# zeros inside ZLIB_MAX_RATIO: 261 KB held 270 MB), refused before anything is inflated.
+KV_MAX_RATIO = 16
+KV_INFLATE_SLACK = 1 << 20
+# NOTE: format-1 writers wrote about 110 bytes of JSON per node; 8 MiB (some 75,000 nodes)
+# parses in about 0.2 s and well below the readers' 256 MiB budget.
+LEGACY_HEADER_BYTES = 8 << 20
 # NOTE: a trie serves one model; 1,024 layers, heads and a head dimension of 65,536 are beyond
 # any model seqkv runs (SmolLM2-135M: 30, 3, 64).
 # NOTE: restoring a node hashes its whole path (``PrefixTrie.from_snapshot``): measured here at
@@ -124,6 +138,12 @@ _PATH_WORK_BASE = 1 << 22
 _PATH_WORK_PER_BYTE = 64
 # NOTE: format-1 headers nest 4 levels deep (header, nodes, a node, its KV extent).
 _LEGACY_DEPTH = 4
+
+
+def kv_inflate_limit(kv_bytes: int) -> int:
+    """The most bytes a file's ``kv_bytes`` of compressed KV may inflate to, all nodes
+    together."""
+    return KV_MAX_RATIO * kv_bytes + KV_INFLATE_SLACK
 
 
 def path_work_limit(file_bytes: int) -> int:
@@ -207,8 +227,10 @@ def decompress_kv(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> to
                                    f"{size:,} bytes of its shape {list(shape)}")
     raw = inflate(data, size, "a KV section", CorruptTrieFileError)
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(itemsize, numel)  # [itemsize, numel]
-    interleaved = np.ascontiguousarray(planes.T).reshape(-1)  # [numel * itemsize]
-    return torch.from_numpy(interleaved).view(dtype).reshape(shape)  # [L, 2, H, T, D]
+    interleaved = np.empty((numel, itemsize), dtype=np.uint8)  # [numel, itemsize]
+    interleaved[...] = planes.T
+    del raw, planes
+    return torch.from_numpy(interleaved.reshape(-1)).view(dtype).reshape(shape)  # [L,2,H,T,D]
 
 
 def _encode(snapshot: TrieSnapshot) -> tuple[bytes, int, int, TrieSnapshot]:
@@ -223,7 +245,7 @@ def _encode(snapshot: TrieSnapshot) -> tuple[bytes, int, int, TrieSnapshot]:
             continue
         blob = b""
         if record.kv is not None:
-            blob = compress_kv(record.kv)
+            blob = record.kv_bytes if record.kv_bytes is not None else compress_kv(record.kv)
             raw += record.kv.numel() * record.kv.element_size()
             blobs.append(blob)
         for value in (record.parent + 1, len(record.tokens), len(blob), record.hit_count,
@@ -405,7 +427,7 @@ def _read_legacy(data: bytes) -> _Parsed:
     if reserved:
         raise _corrupt(f"has reserved field {reserved}, not 0")
     header = load_json(body[prefix.size : prefix.size + header_len], "the trie file's header",
-                       CorruptTrieFileError, header_len, _LEGACY_DEPTH)
+                       CorruptTrieFileError, LEGACY_HEADER_BYTES, _LEGACY_DEPTH)
     payload = body[prefix.size + header_len :]
     return _parse_legacy(header, payload)
 
@@ -507,16 +529,26 @@ def _assemble(parsed: _Parsed, file_bytes: int) -> TrieSnapshot:
         position = start + length
     if position != len(parsed.kv):
         raise _corrupt(f"has {len(parsed.kv) - position:,} KV bytes that no node claims")
+    if layout is not None:
+        itemsize = torch.empty((), dtype=layout.dtype).element_size()
+        per_token = layout.layers * 2 * layout.kv_heads * layout.head_dim * itemsize
+        inflated = per_token * sum(node.tokens for node in nodes if node.kv is not None)
+        if inflated > kv_inflate_limit(len(parsed.kv)):
+            raise TrieLimitError(
+                f"the trie file's KV of {len(parsed.kv):,} compressed bytes declares "
+                f"{inflated:,} bytes, more than the {kv_inflate_limit(len(parsed.kv)):,} real KV "
+                f"compresses from (at most {KV_MAX_RATIO}x): a decompression bomb")
     records = []
     offset = 0
     for node in nodes:
-        kv = None
+        kv = blob = None
         if node.kv is not None:
             start, length = node.kv
             if layout is None:
                 raise _corrupt("has a node with KV but no KV layout")
             shape = (layout.layers, 2, layout.kv_heads, node.tokens, layout.head_dim)
-            kv = decompress_kv(parsed.kv[start : start + length], shape, layout.dtype)
+            blob = parsed.kv[start : start + length]
+            kv = decompress_kv(blob, shape, layout.dtype)
         tokens = parsed.tokens[offset : offset + node.tokens].copy()
         log2 = probs[offset : offset + node.tokens].copy()
         offset += node.tokens
@@ -525,7 +557,7 @@ def _assemble(parsed: _Parsed, file_bytes: int) -> TrieSnapshot:
                                       parsed.clock))
         else:
             records.append(NodeRecord(node.parent, Namespace(node.namespace), tokens, log2, kv,
-                                      node.hit_count, node.last_access, node.created))
+                                      node.hit_count, node.last_access, node.created, blob))
     return TrieSnapshot(records=tuple(records), clock=parsed.clock,
                         nominal_kv_bytes_per_token=parsed.nominal, kv_layout=layout)
 

@@ -255,6 +255,7 @@ class NodeRecord:
     hit_count: int
     last_access: int
     created: int
+    kv_bytes: bytes | None = None  # ``kv`` compressed as a loaded file held it (TrieNode)
 
 
 @dataclass(frozen=True, eq=False)
@@ -651,7 +652,7 @@ class PrefixTrie:
                     parent=-1 if node.parent is None else position[node.parent],
                     namespace=node.namespace, tokens=node.tokens.copy(),
                     log2_probs=node.log2_probs.copy(), kv=node.kv, hit_count=node.hit_count,
-                    last_access=node.last_access, created=node.created,
+                    last_access=node.last_access, created=node.created, kv_bytes=node.kv_bytes,
                 ))
             return TrieSnapshot(
                 records=tuple(records), clock=self._clock,
@@ -710,6 +711,7 @@ class PrefixTrie:
         )
         node.hit_count, node.last_access, node.created = (
             record.hit_count, record.last_access, record.created)
+        node.kv_bytes = record.kv_bytes if record.kv is not None else None
         return node
 
     def _root(self, namespace: Namespace) -> TrieNode:
@@ -823,6 +825,7 @@ class PrefixTrie:
         child.tokens = child.tokens[at:].copy()
         child.log2_probs = child.log2_probs[at:].copy()
         child.kv = lower_kv
+        child.kv_bytes = None  # its loaded bytes were of the whole span
         child.nbytes -= upper.nbytes
         child.parent = upper
         upper.children[int(child.tokens[0])] = child
