@@ -32,6 +32,16 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
 
 
+def test_a_server_in_a_relative_directory_starts(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """redis-server changes into its directory before opening its log: a relative directory
+    (``seqkv bench store``'s default workdir) must still start."""
+    monkeypatch.chdir(tmp_path)
+    with RedisServer(Path("relative") / "redis") as server:
+        assert server.url.startswith("redis://127.0.0.1:")
+    assert (tmp_path / "relative" / "redis" / "redis.log").exists()
+
+
 def _spec(kind: str, tmp_path: Path, server: RedisServer | None) -> StoreSpec:
     if kind == "directory":
         return StoreSpec("directory", str(tmp_path / "store"), vocab_size=VOCAB)

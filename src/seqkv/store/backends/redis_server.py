@@ -48,7 +48,9 @@ class RedisServer:
                 f"{binary} is not installed: run scripts/redis.sh install "
                 "(apt-get install -y redis-server)")
         self._binary = found
-        self._dir = Path(directory)
+        # NOTE: absolute: redis-server changes into --dir before it opens --logfile, so a
+        # relative directory named a log file it could not open and it exited at once.
+        self._dir = Path(directory).resolve()
         self._dir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self._process: subprocess.Popen[bytes] | None = None
