@@ -161,12 +161,16 @@ def measure(model: CausalLM, rounds: int = DEFAULT_ROUNDS, ratios: Sequence[str]
 
 
 def _git_state() -> tuple[str, bool]:
-    """The commit of the source tree and whether it is clean ("unknown", False outside git)."""
+    """The commit of the source tree and whether it is clean ("unknown", False outside git).
+    The timing history itself does not count: the runs being recorded change it."""
     source = Path(__file__).resolve().parents[3]
+    paths = ["."]
+    if history_root().resolve().is_relative_to(source):
+        paths.append(f":(exclude){history_root().resolve().relative_to(source)}")
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True,
                                 text=True, check=True, timeout=30).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=source,
+        status = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=source,
                                 capture_output=True, text=True, check=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
