@@ -53,7 +53,7 @@ LONG_TEXTS = HERE / "texts" / "long"
 KINDS = ("prose", "code", "legal", "technical")
 
 
-def _cut(text: str, limit: int, count: Callable[[str], int]) -> str:
+def cut_at_line_break(text: str, limit: int, count: Callable[[str], int]) -> str:
     """The longest run of whole lines from the start whose token count is at most ``limit``."""
     lines = text.splitlines(keepends=True)
     low, high = 1, len(lines)
@@ -255,12 +255,13 @@ def main() -> None:
         return len(model.encode_text(text))
 
     for kind in args.kinds:
-        text = _cut(sources[kind].read_text(encoding="utf-8"), args.tokens, count)
+        text = cut_at_line_break(sources[kind].read_text(encoding="utf-8"), args.tokens, count)
         path = folder / f"{kind}.txt"
         path.write_text(text, encoding="utf-8")
         tokens = count(text)
         run = run_measured([sys.executable, "-m", "seqkv", "check", str(path), "--json",
-                            "--level", args.level, "--report", str(folder / f"check-{kind}.md")],
+                            "--progress", "--level", args.level,
+                            "--report", str(folder / f"check-{kind}.md")],
                            folder / f"check-{kind}.json", folder / f"check-{kind}.err")
         (folder / f"{kind}.run.json").write_text(json.dumps(
             {"command": command, "source": _repo_relative(sources[kind]), "tokens": tokens,
