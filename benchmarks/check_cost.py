@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -60,19 +61,11 @@ class Prefills:
 class LevelCost:
     level: str
     tokens: int
-    check: Run
+    check: Run | None  # None: not measured (the run stopped before it finished)
     check_phase_cpu_seconds: float  # the check's own phases, without loading the model
     check_passed: bool
-    compress: Run
-    prefills: Prefills
-
-    @property
-    def budget_cpu_seconds(self) -> float:
-        return self.compress.cpu_seconds + self.prefills.cpu_seconds
-
-    @property
-    def budget_wall_seconds(self) -> float:
-        return self.compress.wall_seconds + self.prefills.wall_seconds
+    compress: Run | None
+    prefills: Prefills | None
 
 
 @torch.inference_mode()
@@ -87,25 +80,47 @@ def time_prefills(model: CausalLM, tokens: list[int], count: int) -> Prefills:
 
 
 def measure_level(model: CausalLM, text: str, level: str, folder: Path) -> LevelCost:
+    """The three measurements, each saved under ``folder`` as soon as it is taken."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "text.txt"
     path.write_text(text, encoding="utf-8")
     tokens = model.encode_text(text)
     prefills = time_prefills(model, tokens, PREFILLS)
+    _save(folder / "prefills.json", {"tokens": len(tokens), **asdict(prefills)})
     compress = run_measured([sys.executable, "-m", "seqkv", "compress", str(path), "-o",
                              str(folder / "text.skv"), "--level", level, "--json",
                              "--progress"],
                             folder / "compress.json", folder / "compress.err")
+    _save(folder / "compress.run.json", asdict(compress))
     check = run_measured([sys.executable, "-m", "seqkv", "check", str(path), "--level", level,
                           "--json", "--progress", "--report", str(folder / "check.md")],
                          folder / "check.json", folder / "check.err")
-    stdout = (folder / "check.json").read_text(encoding="utf-8").strip()
-    result = json.loads(stdout.splitlines()[-1]) if stdout else {"passed": False, "phases": []}
-    cost = LevelCost(level, len(tokens), check,
+    _save(folder / "check.run.json", asdict(check))
+    return saved_level(folder, level)
+
+
+def _save(path: Path, data: dict[str, object]) -> None:
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def saved_level(folder: Path, level: str) -> LevelCost:
+    """A level's measurements as saved under ``folder``; those not taken (yet) are None."""
+
+    def load(name: str) -> dict[str, Any] | None:
+        path = folder / name
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+    prefills, compress, check = load("prefills.json"), load("compress.run.json"), load(
+        "check.run.json")
+    tokens = 0 if prefills is None else int(prefills.pop("tokens"))
+    result: dict[str, Any] = {"passed": False, "phases": []}
+    stdout = (folder / "check.json").read_text(encoding="utf-8").strip() if check else ""
+    if stdout:
+        result = json.loads(stdout.splitlines()[-1])
+    return LevelCost(level, tokens, None if check is None else Run(**check),
                      sum(float(p["cpu_seconds"]) for p in result["phases"]),
-                     bool(result["passed"]), compress, prefills)
-    (folder / "cost.json").write_text(json.dumps(asdict(cost)), encoding="utf-8")
-    return cost
+                     bool(result["passed"]), None if compress is None else Run(**compress),
+                     None if prefills is None else Prefills(**prefills))
 
 
 def render(costs: list[LevelCost], text_source: str, command: str) -> str:
@@ -130,18 +145,32 @@ def render(costs: list[LevelCost], text_source: str, command: str) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---|",
     ]
     for c in costs:
-        cpu_ratio = c.check.cpu_seconds / c.budget_cpu_seconds
-        wall_ratio = c.check.wall_seconds / c.budget_wall_seconds
-        verdict = "PASS" if c.check_passed else f"FAIL (exit {c.check.exit_code})"
-        lines.append(
-            f"| {c.level} | {c.tokens:,} | {c.check.cpu_seconds:,.1f} | "
-            f"{c.check_phase_cpu_seconds:,.1f} | {c.compress.cpu_seconds:,.1f} | "
-            f"{c.prefills.cpu_seconds:,.1f} | {cpu_ratio:.2f} | "
-            f"{'yes' if cpu_ratio <= 1 else 'no'} | {c.check.wall_seconds:,.1f} | "
-            f"{c.compress.wall_seconds:,.1f} | {c.prefills.wall_seconds:,.1f} | "
-            f"{wall_ratio:.2f} | {verdict} | {c.check.max_rss_mib:,.0f} | "
-            f"{c.compress.load_before:.1f} / {c.check.load_after:.1f} |")
+        lines.append(_row(c))
     return "\n".join(lines) + "\n"
+
+
+def _row(c: LevelCost) -> str:
+    missing = "did not finish"
+    check_cpu = missing if c.check is None else f"{c.check.cpu_seconds:,.1f}"
+    check_wall = missing if c.check is None else f"{c.check.wall_seconds:,.1f}"
+    phases = "" if c.check is None else f"{c.check_phase_cpu_seconds:,.1f}"
+    compress_cpu = missing if c.compress is None else f"{c.compress.cpu_seconds:,.1f}"
+    compress_wall = missing if c.compress is None else f"{c.compress.wall_seconds:,.1f}"
+    prefill_cpu = missing if c.prefills is None else f"{c.prefills.cpu_seconds:,.1f}"
+    prefill_wall = missing if c.prefills is None else f"{c.prefills.wall_seconds:,.1f}"
+    cpu_ratio = wall_ratio = met = verdict = rss = ""
+    if c.check is not None and c.compress is not None and c.prefills is not None:
+        cpu = c.check.cpu_seconds / (c.compress.cpu_seconds + c.prefills.cpu_seconds)
+        wall = c.check.wall_seconds / (c.compress.wall_seconds + c.prefills.wall_seconds)
+        cpu_ratio, wall_ratio, met = f"{cpu:.2f}", f"{wall:.2f}", "yes" if cpu <= 1 else "no"
+    if c.check is not None:
+        verdict = "PASS" if c.check_passed else f"FAIL (exit {c.check.exit_code})"
+        rss = f"{c.check.max_rss_mib:,.0f}"
+    runs = [r for r in (c.compress, c.check) if r is not None]
+    load = "" if not runs else f"{runs[0].load_before:.1f} / {runs[-1].load_after:.1f}"
+    return (f"| {c.level} | {c.tokens:,} | {check_cpu} | {phases} | {compress_cpu} | "
+            f"{prefill_cpu} | {cpu_ratio} | {met} | {check_wall} | {compress_wall} | "
+            f"{prefill_wall} | {wall_ratio} | {verdict} | {rss} | {load} |")
 
 
 def main() -> None:
@@ -152,12 +181,20 @@ def main() -> None:
     parser.add_argument("--text", type=Path, default=LONG_TEXTS / "prose.txt")
     parser.add_argument("--out", type=Path, default=Path("/tmp/seqkv-check-cost"))
     parser.add_argument("--report", default="reports/check_cost.md")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rebuild the report from what a run left under --out")
     args = parser.parse_args()
     limits = {level: args.tokens for level in args.levels}
     for item in args.level_tokens:
         level, _, count = item.partition("=")
         limits[level] = int(count)
     command = " ".join(["python benchmarks/check_cost.py", *sys.argv[1:]])
+    if args.render_only:
+        costs = [saved_level(args.out / level, level) for level in args.levels
+                 if (args.out / level).is_dir()]
+        Path(args.report).write_text(render(costs, _repo_relative(args.text), command),
+                                     encoding="utf-8")
+        return
     model = load_default_model()
     source = args.text.read_text(encoding="utf-8")
     costs: list[LevelCost] = []
@@ -165,10 +202,7 @@ def main() -> None:
         text = cut_at_line_break(source, limits[level],
                                  lambda piece: len(model.encode_text(piece)))
         costs.append(measure_level(model, text, level, args.out / level))
-        c = costs[-1]
-        print(f"{level}: {c.tokens} tokens; check {c.check.cpu_seconds:.0f} s CPU "
-              f"({c.check.wall_seconds:.0f} s wall); compress {c.compress.cpu_seconds:.0f} s "
-              f"CPU; {PREFILLS} prefills {c.prefills.cpu_seconds:.1f} s CPU", flush=True)
+        print(_row(costs[-1]), flush=True)
         Path(args.report).write_text(render(costs, _repo_relative(args.text), command),
                                      encoding="utf-8")
 

@@ -165,7 +165,33 @@ def _phases_table(rows: list[Row]) -> list[str]:
             cells.append("" if phase is None else
                          f"{phase['cpu_seconds']:,.1f} ({phase['wall_seconds']:,.1f})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    budgets = [phase_budget(row.result) for row in done if row.result is not None]
+    lines.append("| **all phases** | " + " | ".join(
+        f"**{b.check_cpu_seconds:,.1f}**" for b in budgets) + " |")
+    lines.append("| compress + decode and verify + 8 x shared prefill (issue 28's budget, "
+                 "from these phases) | " + " | ".join(
+                     f"{b.budget_cpu_seconds:,.1f}" for b in budgets) + " |")
+    lines.append("| all phases / budget | " + " | ".join(
+        f"{b.check_cpu_seconds / b.budget_cpu_seconds:.2f}" for b in budgets) + " |")
     return lines
+
+
+@dataclass(frozen=True)
+class PhaseBudget:
+    """Issue 28's target read from one check's own phases: the check's CPU seconds against
+    what ``seqkv compress`` with verification costs (its prefill, its encode, its decode: the
+    check's shared prefill, compress and decode-and-verify phases) plus 8 more float
+    prefills (8 x the shared prefill phase, which also runs the start token's row)."""
+
+    check_cpu_seconds: float
+    budget_cpu_seconds: float
+
+
+def phase_budget(result: dict[str, Any]) -> PhaseBudget:
+    cpu = {p["name"]: float(p["cpu_seconds"]) for p in result["phases"]}
+    prefill = cpu.get("shared prefill", 0.0)
+    return PhaseBudget(sum(cpu.values()), cpu.get("compress", 0.0)
+                       + cpu.get("decode and verify", 0.0) + 9 * prefill)
 
 
 def render(sections: dict[int, tuple[list[str], list[Row]]]) -> str:
