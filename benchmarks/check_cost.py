@@ -123,7 +123,8 @@ def saved_level(folder: Path, level: str) -> LevelCost:
                      None if prefills is None else Prefills(**prefills))
 
 
-def render(costs: list[LevelCost], text_source: str, command: str) -> str:
+def render(costs: list[LevelCost], text_source: str, command: str,
+           notes: tuple[str, ...] = ()) -> str:
     lines = [
         "# `seqkv check` against `seqkv compress` plus 8 float prefills",
         "",
@@ -146,6 +147,8 @@ def render(costs: list[LevelCost], text_source: str, command: str) -> str:
     ]
     for c in costs:
         lines.append(_row(c))
+    for note in notes:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
@@ -183,6 +186,8 @@ def main() -> None:
     parser.add_argument("--report", default="reports/check_cost.md")
     parser.add_argument("--render-only", action="store_true",
                         help="rebuild the report from what a run left under --out")
+    parser.add_argument("--note", action="append", default=[],
+                        help="with --render-only: a paragraph to add (what did not finish)")
     args = parser.parse_args()
     limits = {level: args.tokens for level in args.levels}
     for item in args.level_tokens:
@@ -192,8 +197,9 @@ def main() -> None:
     if args.render_only:
         costs = [saved_level(args.out / level, level) for level in args.levels
                  if (args.out / level).is_dir()]
-        Path(args.report).write_text(render(costs, _repo_relative(args.text), command),
-                                     encoding="utf-8")
+        Path(args.report).write_text(
+            render(costs, _repo_relative(args.text), command, tuple(args.note)),
+            encoding="utf-8")
         return
     model = load_default_model()
     source = args.text.read_text(encoding="utf-8")

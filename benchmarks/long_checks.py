@@ -194,8 +194,10 @@ def phase_budget(result: dict[str, Any]) -> PhaseBudget:
                        + cpu.get("decode and verify", 0.0) + 9 * prefill)
 
 
-def render(sections: dict[int, tuple[list[str], list[Row]]]) -> str:
-    """The report: one section per token count, each with the commands that made it."""
+def render(sections: dict[int, tuple[list[str], list[Row]]], notes: tuple[str, ...] = ()
+           ) -> str:
+    """The report: one section per token count, each with the commands that made it, then
+    ``notes`` (what did not finish, say) as paragraphs."""
     lines = [
         "# `seqkv check` on long texts of each kind",
         "",
@@ -210,12 +212,18 @@ def render(sections: dict[int, tuple[list[str], list[Row]]]) -> str:
         "last line break before the token count.",
     ]
     for tokens, (commands, rows) in sorted(sections.items()):
-        lines += ["", f"## {tokens:,} tokens", "",
-                  "Commands: " + "; ".join(f"`{command}`" for command in commands), ""]
+        lines += ["", f"## {tokens:,} tokens", ""]
+        if commands:
+            lines += ["Commands: " + "; ".join(f"`{command}`" for command in commands), ""]
+        if not rows:
+            lines += ["No check finished at this token count (see the notes below)."]
+            continue
         lines += _rows_table(rows)
         lines += ["", *_phases_table(rows)]
         lines += ["", "Texts (sha256 of the file each check read):", ""]
         lines += [f"- {r.kind}: `{r.sha256}`" for r in rows]
+    for note in notes:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
@@ -259,10 +267,13 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=list(KINDS))
     parser.add_argument("--text", action="append", default=[], metavar="KIND=PATH")
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--note", action="append", default=[],
+                        help="with --render-only: a paragraph to add (what did not finish)")
     args = parser.parse_args()
     out = Path(args.out)
     if args.render_only:
-        Path(args.report).write_text(render(_all_sections(out, KINDS)), encoding="utf-8")
+        Path(args.report).write_text(render(_all_sections(out, KINDS), tuple(args.note)),
+                                     encoding="utf-8")
         return
     sources = {kind: LONG_TEXTS / f"{kind}.txt" for kind in KINDS}
     for item in args.text:
