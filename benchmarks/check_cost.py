@@ -195,8 +195,9 @@ def main() -> None:
         limits[level] = int(count)
     command = " ".join(["python benchmarks/check_cost.py", *sys.argv[1:]])
     if args.render_only:
+        command = f"python benchmarks/check_cost.py --out {args.out}"
         costs = [saved_level(args.out / level, level) for level in args.levels
-                 if (args.out / level).is_dir()]
+                 if (args.out / level / "prefills.json").exists()]
         Path(args.report).write_text(
             render(costs, _repo_relative(args.text), command, tuple(args.note)),
             encoding="utf-8")
