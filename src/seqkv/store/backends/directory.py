@@ -50,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from seqkv.files import write_atomically
 from seqkv.formats.span import read_frame
 from seqkv.store.backends.base import (
     MAX_CHAIN_SPANS,
@@ -108,30 +109,6 @@ WITH RECURSIVE chain(id, parent, depth) AS (
 SELECT id, parent FROM chain
 """
 _BUSY_MS = 60_000
-
-
-def _fsync_dir(path: Path) -> None:
-    handle = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
-def write_file_atomically(path: Path, data: bytes) -> None:
-    """Temporary file beside ``path``, fsync, rename over ``path``, fsync the directory."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 class DirectoryBackend:
@@ -413,7 +390,7 @@ class DirectoryBackend:
                                (span, ns, plan.dictionary))
                 path = self._path(span)
                 path.parent.mkdir(exist_ok=True)
-                write_file_atomically(path, plan.record)
+                write_atomically(path, plan.record)
                 if plan.parent is not None:
                     db.execute("UPDATE spans SET refcount = refcount + 1 WHERE id = ?",
                                (plan.parent,))
