@@ -112,6 +112,23 @@ def test_model_coded_tokens_need_the_model(tiny_model: CausalLM) -> None:
     assert decompress_tokens(data, tiny_model) == [1, 2, 3]
 
 
+def test_a_portable_tokens_decode_runs_no_float_forward(tiny_model: CausalLM,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``decompress_tokens`` of a portable file decodes with the integer predictor alone: no
+    float prefill rebuilds a KV that nobody asked for (it cost a third of a 200-token decode and
+    stalled beside a competing process)."""
+    tokens = [int(t) for t in range(3, 120, 5)]
+    data = compress(tiny_model, tokens, level="portable").data
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a float forward ran during a tokens-only decode")
+
+    monkeypatch.setattr(tiny_model.model, "forward", refused)
+    assert decompress_tokens(data, tiny_model) == tokens
+    with pytest.raises(AssertionError, match="float forward"):
+        decompress(tiny_model, data)  # the KV rebuild does run one
+
+
 @given(sessions=st.lists(token_lists, min_size=1, max_size=5),
        levels=st.lists(st.sampled_from(LEVELS), min_size=5, max_size=5))
 def test_batched_decoding_equals_one_by_one(tiny_model: CausalLM, sessions: list[list[int]],

@@ -187,6 +187,7 @@ class Encoded:
     encode_seconds: float
     forwards: int  # model forwards the encoder ran (a cached start row counts as one)
     profile: ExecutionProfile  # the full profile ``session.profile_digest`` names
+    predictor_digest: str | None = None  # as ``CompressStats.predictor_digest``
 
     @property
     def residual_bits(self) -> int:
@@ -211,6 +212,10 @@ class CompressStats:
     tolerance: float | None  # the residual's, when a KV was given
     # Model forwards the encoder ran (a cached start row counts as one): deterministic per level.
     forwards: int = 0
+    # SHA-256 of the integer predictor's keys and values after coding, over the positions a
+    # decoder's also holds (``seqkv.levels.portable.compared_positions``): portable levels only.
+    # A decode's equals it where Lemma 1 holds for the integer path (``seqkv.checker.lemma1``).
+    predictor_digest: str | None = None
 
     @property
     def bits_per_token(self) -> float:
@@ -275,6 +280,7 @@ class DecompressStats:
     # Model forwards the decode ran; sessions decoded together share theirs (each reports the
     # total).
     forwards: int = 0
+    predictor_digest: str | None = None  # as ``CompressStats.predictor_digest``
 
     @property
     def verified(self) -> bool:
@@ -414,7 +420,7 @@ def encode(
                      token_code.num_bits, trace, residual, max_error, tolerance, reference)
     return Encoded(session, trace, bounds, rebuilt, max_error,
                    None if residual is None else residual.tolerance, encode_seconds,
-                   encoded.forwards, profile)
+                   encoded.forwards, profile, encoded.predictor_digest)
 
 
 def compress(
@@ -483,6 +489,7 @@ def compress(
         max_abs_kv_error=encoded.max_abs_kv_error,
         tolerance=encoded.tolerance,
         forwards=encoded.forwards,
+        predictor_digest=encoded.predictor_digest,
     )
     return CompressResult(written.data, session, stats, encoded.trace, bounds,
                           written.sections, model.identity, encoded.profile, encoded.kv)
@@ -740,8 +747,14 @@ def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
 
 
 # NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram
-# level builds a table per token): a file may ask for at most this much work, about 10 s here.
+# level builds a table per token, about 22 ns a vocabulary entry here): a file may ask for at
+# most this much work in all, about 90 s here, which bounds a forged count on a format-3/4 file
+# (format 5 stops it at the information guard).
 MAX_MODEL_FREE_WORK = 1 << 32
+# NOTE: and at most this vocabulary, so that the work per token is bounded too (about 6 ms here):
+# 2**18 = 262,144, the largest vocabularies in use (the format allows 2**22, for a decode that
+# has the model, whose vocabulary the file must then equal).
+MODEL_FREE_MAX_VOCAB = 1 << 18
 # NOTE: with no model there is no context to bound a model-free decode's token count: 131,072
 # tokens, the longest context of the models seqkv runs, unless the caller's ``max_tokens`` says
 # otherwise (README, "Bounded decoding").
@@ -810,7 +823,8 @@ def _check_sizes(session: CodedSession, model: CausalLM | None, vocab: int,
     """Refuse, before any allocation or forward, a session whose sizes this decode cannot
     honour: no tokens, a vocabulary below 2, more positions than the model's context, more
     tokens than the caller's limit (default ``token_limit``), an estimated peak memory above
-    the caller's budget, more model-free work than ``MAX_MODEL_FREE_WORK``."""
+    the caller's budget, without a model a vocabulary above ``MODEL_FREE_MAX_VOCAB`` or more
+    work than ``MAX_MODEL_FREE_WORK``."""
     positions = session.count + (len(prefix.tokens) if prefix is not None else 0)
     if session.count < 1:
         raise CorruptFileError("the file declares no tokens")
@@ -837,6 +851,10 @@ def _check_sizes(session: CodedSession, model: CausalLM | None, vocab: int,
         if vocab != model.vocab_size:
             raise CorruptFileError(f"the file declares a vocabulary of {vocab:,}, the model has "
                                    f"{model.vocab_size:,}")
+    elif vocab > MODEL_FREE_MAX_VOCAB:
+        raise DecodeLimitError(
+            f"the file declares a vocabulary of {vocab:,}: more than a model-free decode "
+            f"allows ({MODEL_FREE_MAX_VOCAB:,}); pass the model, whose vocabulary bounds it")
     elif session.count * vocab > MAX_MODEL_FREE_WORK:
         raise DecodeLimitError(
             f"the file declares {session.count:,} tokens over a vocabulary of {vocab:,}: more "
@@ -901,6 +919,7 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
         kv_verified=pending.kv_checkable,
         tolerance=None if residual_code is None else residual_code.tolerance,
         forwards=output.forwards,
+        predictor_digest=output.predictor_digest,
     )
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
     return DecompressResult(tokens, cache, kv, session, stats, _trace(output.trace),
@@ -908,8 +927,8 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
 
 
 def _prepared(model: CausalLM, item: DecodeItem, kv_checkable: bool,
-              limits: DecodeLimits) -> _Pending:
-    pending = _pending(item, model, limits)
+              limits: DecodeLimits, with_kv: bool = True) -> _Pending:
+    pending = _pending(item, model, limits, with_kv)
     pending.kv_checkable = kv_checkable
     return pending
 
@@ -953,7 +972,7 @@ def decode_many(
 def _read_pending(model: CausalLM, data: bytes, prefixes: PrefixSource | None,
                   dictionaries: DictionarySource | None, allow_environment_mismatch: bool,
                   descriptions: DescriptionSource | None, require_exact_kv: bool,
-                  limits: DecodeLimits) -> _Pending:
+                  limits: DecodeLimits, with_kv: bool = True) -> _Pending:
     """A file read, checked against this machine, then its prefix and dictionary resolved."""
     read = read_skv(data, reader_side(model))
     session = read.session
@@ -961,7 +980,7 @@ def _read_pending(model: CausalLM, data: bytes, prefixes: PrefixSource | None,
                                 _FileDescriptions(read, descriptions), require_exact_kv)
     item = DecodeItem(session, resolve_prefix(session, prefixes),
                       resolve_dictionary(session, dictionaries))
-    return _prepared(model, item, checkable, limits)
+    return _prepared(model, item, checkable, limits, with_kv)
 
 
 def decompress(
@@ -1037,14 +1056,20 @@ def decompress_tokens(
                 f"the file's tokens are coded under the model (level {session.level!r}): pass "
                 "the model that coded it"
             )
-        return decompress(model, data, prefixes=prefixes, max_tokens=max_tokens,
-                          max_memory_bytes=max_memory_bytes).tokens
-    prefix = resolve_prefix(session, prefixes, with_kv=False)
-    pending = _pending(DecodeItem(session, prefix), None,
-                       DecodeLimits(token_limit(model, limits.max_tokens),
-                                    limits.max_memory_bytes),
-                       with_kv=False)
-    _decode_levels(None, [pending], with_kv=False)
+        # NOTE: the model's checks as ``decompress`` (environment, prefix with its KV, which
+        # the float levels step from), but no KV rebuilt: at portable the float prefill that
+        # rebuilds it was a third of a 200-token tokens decode, and it runs on the prefill
+        # schedule's 2 threads, which stall beside a competing process
+        # (benchmarks/decode_under_load.py)
+        pending = _read_pending(model, data, prefixes, None, False, None, False, limits,
+                                with_kv=False)
+        _decode_levels(model, [pending], with_kv=False)
+    else:
+        pending = _pending(DecodeItem(session, resolve_prefix(session, prefixes, with_kv=False)),
+                           None, DecodeLimits(token_limit(model, limits.max_tokens),
+                                              limits.max_memory_bytes), with_kv=False)
+        _decode_levels(None, [pending], with_kv=False)
+    prefix = pending.item.prefix
     assert pending.output is not None
     tokens = ([] if prefix is None else list(prefix.tokens)) + pending.output.tail
     verify(session, tokens, None, 0, kv_checkable=False)

@@ -156,6 +156,9 @@ class EncodeOutput:
     kv: torch.Tensor | None
     segments: list[int]  # segment lengths, in coding order
     forwards: int  # model forwards run (a start row served from a cache counts as one)
+    # The integer predictor's KV digest over the positions both coder sides hold (the prefix or
+    # start, then every coded token but the last): portable levels only
+    predictor_digest: str | None = None
 
 
 @dataclass
@@ -183,6 +186,7 @@ class DecodeOutput:
     trace: TraceColumns
     kv: torch.Tensor | None  # None when the request did not ask for it
     forwards: int  # files decoded together share their forwards; each reports the total
+    predictor_digest: str | None = None  # as ``EncodeOutput.predictor_digest``
 
 
 class CodingLevel(Protocol):

@@ -223,6 +223,15 @@ def prefill_kv(model: CausalLM, tail: Sequence[int],
 _Row = tuple[CumulativeTable, npt.NDArray[np.float64], float | None]
 
 
+def compared_positions(prefix: Prefix | None, count: int) -> int:
+    """The positions an encoder's and a decoder's predictor both hold after coding ``count``
+    tokens: the prefix, then every coded token but the last, which the decoder never forwards
+    (``EncodeOutput.predictor_digest``). A start token is not held: its row is computed once,
+    apart (``IntegerForward.start_row``)."""
+    held = len(prefix.tokens) if prefix is not None else 0
+    return held + count - 1
+
+
 def _row(tables: IntegerTables) -> _Row:
     return tables.cumulative, tables.log2p, float(tables.entropy)
 
@@ -293,9 +302,9 @@ class PortableLevel:
     def encode(self, request: EncodeRequest) -> EncodeOutput:
         engine = self.engine(request.model)
         with pinned_threads(integer_threads(engine)):
-            trace, forwards = self._code(request)
+            trace, forwards, digest = self._code(request)
         kv = prefill_kv(request.model, request.tail, request.prefix) if request.with_kv else None
-        return EncodeOutput(trace, kv, [len(request.tail)], forwards)
+        return EncodeOutput(trace, kv, [len(request.tail)], forwards, digest)
 
     def _mixer(self, vocab: int, dictionary: Dictionary | None,
                prefix: Prefix | None) -> MixingPredictor | None:
@@ -309,7 +318,7 @@ class PortableLevel:
             mixer.prime(prefix.tokens)
         return mixer
 
-    def _code(self, request: EncodeRequest) -> tuple[TraceColumns, int]:
+    def _code(self, request: EncodeRequest) -> tuple[TraceColumns, int, str]:
         engine = self.engine(request.model)
         mixer = self._mixer(engine.vocab_size, request.dictionary, request.prefix)
         sequence, first = _start(engine, request.context, request.prefix)
@@ -317,8 +326,10 @@ class PortableLevel:
         # one buffer of logits and one of tables, kept from encode to encode (KEPT_BUFFER_SETS)
         pool = request.model.derived(IntegerPredictors, IntegerPredictors).encode_buffers
         with pool.lend() as buffers:
-            return self._code_chunks(request, engine, sequence, first, mixer, buffers,
-                                     forwards)
+            trace, forwards = self._code_chunks(request, engine, sequence, first, mixer, buffers,
+                                                forwards)
+        held = compared_positions(request.prefix, len(request.tail))
+        return trace, forwards, sequence.digest(held)
 
     def _code_chunks(self, request: EncodeRequest, engine: IntegerForward,
                      sequence: IntSequence, first: _Row, mixer: MixingPredictor | None,
@@ -358,14 +369,16 @@ class PortableLevel:
         """``decode`` with a chosen drafter (default prompt lookup) and its counts: the same
         tokens whatever the drafter (invariant 2)."""
         engine = self.engine(model)
-        with pinned_threads(integer_threads(engine)):
+        policy = decode_policy(engine.backend == "native")
+        with pinned_threads(policy.first()):  # the context's forward: as many as fit now
             streams = [_Stream.start(engine, request, self._mixer(
                 engine.vocab_size, request.dictionary, request.prefix)) for request in requests]
-            forwards = decode_streams(engine, streams, drafter, counts)
+        forwards = decode_streams(engine, streams, drafter, counts, policy)
         outputs = []
         for request, stream in zip(requests, streams, strict=True):
             kv = prefill_kv(model, stream.tokens, request.prefix) if request.with_kv else None
-            outputs.append(DecodeOutput(stream.tokens, stream.trace, kv, forwards))
+            digest = stream.sequence.digest(compared_positions(request.prefix, request.count))
+            outputs.append(DecodeOutput(stream.tokens, stream.trace, kv, forwards, digest))
         return outputs
 
     def layer_drafter(self, model: CausalLM, layers: int, max_draft: int,
@@ -458,23 +471,34 @@ def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
                    if len(active) == 1 else [] for s in active]
         calls = [(s.sequence, [s.tokens[-1], *guess]) for s, guess in zip(active, guesses,
                                                                           strict=True)]
+        # NOTE: the round's tables run on the chosen count too: native.c builds them with
+        # OpenMP, and a 2-thread table step stalls under load as a forward does (measured:
+        # benchmarks/decode_under_load.py, the 1-thread policy lost 28% under load while its
+        # tables still ran on 2 threads)
         threads = policy.choose()
         start = time.perf_counter()
         with pinned_threads(threads):
             rows = engine.forward(calls)
+            for stream, guess, stream_rows in zip(active, guesses, rows, strict=True):
+                _take_rows(stream, guess, stream_rows, counts)
         if not any(guesses):  # like for like: one row per stream (threads.py, invariant 2)
             policy.record(threads, time.perf_counter() - start)
         forwards += 1
         counts.rounds += 1
-        for stream, guess, stream_rows in zip(active, guesses, rows, strict=True):
-            before = stream.sequence.length - len(stream_rows)
-            kept = 0
-            for r in range(len(stream_rows)):
-                kept = r + 1
-                token = stream.take(_row(integer_table(stream_rows[r])))
-                confirmed = r < len(guess) and guess[r] == token
-                counts.accepted += confirmed
-                if stream.done or not confirmed:
-                    break
-            counts.drafted += len(guess)
-            stream.sequence.crop(before + kept)
+
+
+def _take_rows(stream: _Stream, guess: Sequence[int], stream_rows: npt.NDArray[np.int64],
+               counts: DraftCounts) -> None:
+    """Decode ``stream``'s rows of one round until a decoded token differs from its draft;
+    crop its sequence to the inputs that were right."""
+    before = stream.sequence.length - len(stream_rows)
+    kept = 0
+    for r in range(len(stream_rows)):
+        kept = r + 1
+        token = stream.take(_row(integer_table(stream_rows[r])))
+        confirmed = r < len(guess) and guess[r] == token
+        counts.accepted += confirmed
+        if stream.done or not confirmed:
+            break
+    counts.drafted += len(guess)
+    stream.sequence.crop(before + kept)

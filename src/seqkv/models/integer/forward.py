@@ -218,6 +218,22 @@ class IntSequence:
         return IntKVState(self.pool.planes[:, :, self.slot, : self.length].clone(),
                           self.pool.shifts[:, :, self.slot, : self.length].clone())
 
+    def digest(self, positions: int) -> str:
+        """SHA-256 (hex) of the keys' and values' planes and shifts of the first ``positions``
+        positions, layer by layer: equal for two sequences exactly when those bits are equal
+        (Lemma 1's whole-text comparison of an encoder's and a decoder's predictor,
+        ``seqkv.checker.lemma1``). Hashed from the pool's own rows, without a copy."""
+        if not 0 <= positions <= self.length:
+            raise ValueError(f"a sequence of {self.length} positions has no digest of "
+                             f"{positions}")
+        hashed = hashlib.sha256()
+        for buffer in (self.pool.planes, self.pool.shifts):
+            for layer in range(buffer.shape[0]):
+                for part in range(buffer.shape[1]):  # keys, values: contiguous rows each
+                    rows = buffer[layer, part, self.slot, :positions]
+                    hashed.update(rows.contiguous().numpy().data)
+        return hashed.hexdigest()
+
     def crop(self, length: int) -> None:
         """Forget every position at or after ``length``."""
         if not 0 <= length <= self.length:

@@ -10,12 +10,22 @@ Which count is faster depends on what else the machine runs, and changes while a
 a decode measures its own steps: ``ThreadPolicy`` keeps a smoothed step time per candidate count,
 runs the faster one, and tries the other every ``explore_every`` steps.
 
+A probe of more threads than the machine has free cores is not run: beside a competing
+process a 2-thread step usually costs 2-3x a 1-thread one, and at random a whole scheduler slice
+more (measured 124-138 ms against 6 ms), so before it runs a count above one the policy reads
+the machine's runnable threads (``procs_running`` in Linux's ``/proc/stat``, one read per probe)
+and, while the cores are busy, treats the probe as a slow one without running it. Where that
+count cannot be read, timing alone decides.
+
 The integer forward's rows are bit-identical on any thread count (``tests/test_integer_*.py``),
 so the policy changes only the speed, never a decoded token.
 
 Invariants:
-1. ``choose`` returns one of ``counts``; every count is measured before the policy compares them,
-   and each non-best count is run at least once every ``explore_every`` steps (enforced).
+1. ``choose`` returns one of ``counts``; a count above one runs only while the machine has a
+   free core for each of its threads beyond the first (or its load cannot be read); each
+   non-best count is probed (or found not to fit) at most ``max_explore_every`` steps after
+   the last probe, and within ``explore_every`` steps while the last probe was within
+   ``BACKOFF_RATIO`` of the best (enforced).
 2. A step is recorded only as a like-for-like sample: the caller records steps of one row per
    stream, never a step that verified drafts (enforced by ``levels/portable.py``).
 3. The thread count never changes the rows (checked: the integer exactness tests).
@@ -27,6 +37,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from seqkv.errors import InvalidConfigError
@@ -40,6 +51,45 @@ MAX_NATIVE_THREADS = 2
 # a fraction of a second, and a probe of the slow count costs under 1/16 of the decode.
 EXPLORE_EVERY = 16
 SMOOTHING = 0.3  # weight of the newest step in a count's smoothed time
+# NOTE: a probe that ran this much slower than the best doubles the steps until the next one,
+# up to MAX_EXPLORE_EVERY: beside a competing process a 2-thread probe step costs about 3x a
+# 1-thread step, and probing every 16th step cost 13% of a loaded decode (benchmarks/
+# decode_under_load.py: 5.87 s against 5.19 s on one thread); at 128 steps (~0.8 s) it is under
+# 2%, and the decode still notices the competing process leaving within a second.
+BACKOFF_RATIO = 1.5
+MAX_EXPLORE_EVERY = 128
+
+
+def others_running() -> int | None:
+    """Threads of other processes runnable on the machine now: Linux's ``procs_running`` less
+    this process's own running threads (the reader, and OpenMP workers still spinning after a
+    parallel region, which would otherwise read as a competing process); None where it cannot
+    be read."""
+    try:
+        with open("/proc/stat", "rb") as stat:
+            running = next((int(line.split()[1]) for line in stat
+                            if line.startswith(b"procs_running ")), None)
+        if running is None:
+            return None
+        own = 0
+        for task in os.scandir("/proc/self/task"):
+            try:
+                with open(os.path.join(task.path, "stat"), "rb") as status:
+                    fields = status.read()
+            except OSError:  # the thread ended
+                continue
+            own += fields[fields.rindex(b")") + 2 : fields.rindex(b")") + 3] == b"R"
+        return max(0, running - own)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -48,14 +98,24 @@ class ThreadPolicy:
 
     counts: tuple[int, ...]
     explore_every: int = EXPLORE_EVERY
+    max_explore_every: int = MAX_EXPLORE_EVERY
     smoothing: float = SMOOTHING
     seconds: dict[int, float] = field(default_factory=dict)
-    _steps: int = 0
+    cores: int = field(default_factory=usable_cores)
+    load: Callable[[], int | None] = others_running  # runnable threads besides this one
+    _steps: int = 0  # steps since the last probe
     _explored: int = 0
+    _interval: int = 0  # steps between probes now: explore_every, doubled by slow probes
+    _probing: int | None = None  # the count the last probe ran, until it is recorded
 
     def __post_init__(self) -> None:
         if not self.counts or any(c < 1 for c in self.counts):
             raise InvalidConfigError(f"thread counts must be positive, not {self.counts}")
+        if not 1 <= self.explore_every <= self.max_explore_every:
+            raise InvalidConfigError("probe intervals must satisfy 1 <= explore_every <= "
+                                     f"max_explore_every, not {self.explore_every} and "
+                                     f"{self.max_explore_every}")
+        self._interval = self.explore_every
 
     def best(self) -> int:
         """The measured count with the smallest smoothed step time (the first count before
@@ -65,32 +125,49 @@ class ThreadPolicy:
             return self.counts[0]
         return min(measured, key=lambda c: self.seconds[c])
 
+    def fits(self, threads: int) -> bool:
+        """Whether ``threads`` would each have a core now (one thread always does)."""
+        if threads <= 1:
+            return True
+        others = self.load()
+        return others is None or threads + others <= self.cores
+
+    def first(self) -> int:
+        """The count a decode's first forward runs on: the first of ``counts`` that fits."""
+        return next((c for c in self.counts if self.fits(c)), min(self.counts))
+
     def choose(self) -> int:
         """The count the next step runs on (invariant 1)."""
         self._steps += 1
-        unmeasured = [c for c in self.counts if c not in self.seconds]
-        if unmeasured:
-            return unmeasured[0]
+        if not self.seconds:
+            return self.first()
         best = self.best()
         others = [c for c in self.counts if c != best]
-        if others and self._steps % self.explore_every == 0:
-            self._explored += 1
-            return others[self._explored % len(others)]
-        return best
+        unmeasured = [c for c in others if c not in self.seconds]
+        due = self._steps >= self._interval or (unmeasured and self._explored == 0)
+        if not others or not due:
+            return best
+        self._steps = 0
+        self._explored += 1
+        candidate = unmeasured[0] if unmeasured else others[self._explored % len(others)]
+        if not self.fits(candidate):  # as a slow probe, without running it
+            self._interval = min(2 * self._interval, self.max_explore_every)
+            return best
+        self._probing = candidate
+        return candidate
 
     def record(self, threads: int, seconds: float) -> None:
         """A like-for-like step (invariant 2) ran on ``threads`` in ``seconds``."""
+        if threads == self._probing:
+            self._probing = None
+            best = self.seconds.get(self.best())
+            slow = best is not None and threads != self.best() and (
+                seconds > BACKOFF_RATIO * best)
+            self._interval = (min(2 * self._interval, self.max_explore_every) if slow
+                              else self.explore_every)
         previous = self.seconds.get(threads)
         self.seconds[threads] = (seconds if previous is None else
                                  previous + self.smoothing * (seconds - previous))
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def decode_policy(native: bool) -> ThreadPolicy:
