@@ -24,10 +24,11 @@ import pytest
 import torch
 
 from seqkv import compress, decompress, decompress_tokens
-from seqkv.codec import DecodeItem, decode_many
-from seqkv.errors import EnvironmentMismatchError
+from seqkv.codec import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_VOCAB, DecodeItem, decode_many
+from seqkv.errors import DecodeLimitError, EnvironmentMismatchError
 from seqkv.formats.framing import frame, unframe
 from seqkv.formats.skv import _ERRORS, MAGIC, read_skv, write_skv
+from seqkv.limits import MAX_VOCAB
 from seqkv.models import CausalLM
 from seqkv.trie import PrefixTrie, trie_from_bytes, trie_to_bytes
 from seqkv.trie.persistence import LEGACY_MAGIC
@@ -104,6 +105,28 @@ def test_fuzz_vocabularies_below_2(tiny_model: CausalLM, files: dict[str, bytes]
             forged = _legacy_with(legacy, ("tokens", "vocab_size"), vocab)
             tally.run(f"{level} format 2: vocabulary {vocab}",
                       lambda d=forged: _decoded(tiny_model, d))
+    tally.check()
+
+
+def test_fuzz_vocabularies_above_the_model_free_cap(tiny_model: CausalLM,
+                                                     files: dict[str, bytes]) -> None:
+    """A model-free file of format 4 or 5 stating a vocabulary above ``MODEL_FREE_MAX_VOCAB``
+    (up to the format's 2**22) with a count within the work cap, decoded without the model:
+    refused before any table is built (a decode of 1,024 tokens at 2**22 took over 60 s), and
+    with the model, refused by its vocabulary."""
+    tally = Tally("skv-bounds-vocabularies-above-cap")
+    for level in ("ngram", "plain"):
+        session = read_skv(files[level]).session
+        for vocab in (MODEL_FREE_MAX_VOCAB + 1, MAX_VOCAB):
+            count = min(1024, MAX_MODEL_FREE_WORK // vocab)
+            large = dataclasses.replace(session, vocab_size=vocab, count=count,
+                                        segments=(count,))
+            for version in (4, 5):
+                data = write_skv(large, version).data
+                tally.run(f"{level} format {version}: vocabulary {vocab}, count {count}",
+                          lambda d=data: _decoded(tiny_model, d))
+            with pytest.raises(DecodeLimitError, match="vocabulary"):
+                decompress_tokens(write_skv(large).data)
     tally.check()
 
 
