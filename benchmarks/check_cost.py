@@ -131,8 +131,9 @@ def render(costs: list[LevelCost], text_source: str, command: str,
         f"Model: the embedded SmolLM2-135M-Instruct. Text: `{text_source}`, cut at the last line "
         "break before the token count. Machine: "
         f"{os.cpu_count()} CPU cores ({platform.machine()}, "
-        f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}, shared with "
-        "other jobs (the 1-minute load average at each level's start and end is in its row). "
+        f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__} (the 1-minute "
+        "load average at each level's start and end is in its row: other jobs change the wall "
+        "time more than the CPU seconds). "
         "`check` and `compress` are one CLI process each (each loads the model once); "
         "`compress` verifies (a full decode); the prefills run in the measuring process on "
         "the model already loaded. CPU seconds are user + system of the process, all threads.",

@@ -203,11 +203,14 @@ def render(sections: dict[int, tuple[list[str], list[Row]]], notes: tuple[str, .
         "",
         f"Model: the embedded SmolLM2-135M-Instruct. Machine: {os.cpu_count()} CPU cores "
         f"({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}), torch "
-        f"{torch.__version__}; shared with other jobs while these ran (the load average at "
-        "each check's start and end is in its row), so the wall times are of a loaded machine "
-        "and the CPU seconds are the better measure. Check defaults: `--seed 0`, 16 "
-        "entropy-rate contexts, Lemma 1's token-step schedules on a 32-position window (prefill "
-        "and chunk schedules on the whole text), tolerance 1e-4. The texts are "
+        f"{torch.__version__}; the load average at each check's start and end is in its row "
+        "(other jobs change the wall time more than the CPU seconds). Check defaults: `--seed "
+        "0`, 16 entropy-rate contexts of 2 continuations of 32 tokens; Lemma 1 on the whole "
+        "text for the schedules the file meets (the integer predictor's encoder against its "
+        "decoder, by digest; the float model's prefill repeated and chunks of 64), the other "
+        "schedules on windows (token steps on 32 positions; the integer chunks of 17 and 64, "
+        "batch of 2 and other thread count, and the float batch of 2 and 1 thread, on the first "
+        "256); tolerance 1e-4. The texts are "
         "`benchmarks/texts/long/` (sources and licences in its `LICENSES.md`), each cut at the "
         "last line break before the token count.",
     ]

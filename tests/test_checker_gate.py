@@ -59,7 +59,8 @@ def test_the_real_coder_passes_every_bound(real_coder_report: CheckReport) -> No
         "code_within_table_cost", "code_within_reference_cross_entropy",
         "residual_within_tolerance", "file_bytes_accounted", "lemma1_float_digest_restored",
         *(f"lemma1_integer_{name}" for name in (
-            "token_steps", "chunks_of_17", "chunks_of_64", "batch_of_2", "1_thread")),
+            "decoder_steps_and_drafts", "token_steps", "chunks_of_17", "chunks_of_64",
+            "batch_of_2", "1_thread")),
     }
     figures = {c.name for c in report.checks if c.kind == "figure"}
     assert {"theorem1_exact_gap", "sequential_below_per_vector_entropy",
@@ -111,6 +112,26 @@ def test_mutant_an_integer_forward_whose_kv_depends_on_the_batch_fails_lemma1(
     monkeypatch.setattr(IntegerForward, "forward", batch_dependent)
     report = check_text_tokens(tiny_model, TOKENS[:30], "random-tokens", options=FAST)
     assert _failed(report) == {"lemma1_integer_batch_of_2"}
+
+
+def test_mutant_a_decoder_step_that_differs_past_the_windows_fails_the_whole_text_pair(
+        tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-row step that writes one wrong bit into the last position a decoder keeps (after
+    its forward: no decoded token changes) is past every windowed schedule; the encoder's and
+    the decoder's predictor digests differ, and only the whole-text pair fails."""
+    forward = IntegerForward.forward
+    last = len(TOKENS) - 2  # the decoder holds positions 0 .. count - 2
+
+    def decoder_dependent(self: IntegerForward, calls: Any, out: Any = None) -> Any:
+        rows = forward(self, calls, out)
+        for sequence, ids in calls:
+            if len(ids) == 1 and sequence.length == last + 1:
+                sequence.pool.planes[0, 0, sequence.slot, last, 0, 0, 0] ^= 1
+        return rows
+
+    monkeypatch.setattr(IntegerForward, "forward", decoder_dependent)
+    report = check_text_tokens(tiny_model, TOKENS, "random-tokens", options=FAST)
+    assert _failed(report) == {"lemma1_integer_decoder_steps_and_drafts"}
 
 
 class _KeyBitFlip:

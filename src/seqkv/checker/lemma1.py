@@ -8,14 +8,27 @@ the float path's F_M is a function of the tokens *and* the schedule; the integer
 (``seqkv.models.integer``) is meant to be a function of the tokens alone. This module runs the
 schedules a file meets, for each KV path the product has, and compares their KV:
 
-- the integer predictor's KV planes (the portable levels' coder): the encoder's chunks of 256
-  rows against token-by-token steps (a window), chunks of 17 and 64, a batch of two sequences,
-  and one thread against two. Every pair must be bit-identical: the gate.
+- the integer predictor's KV planes (the portable levels' coder). On the whole text: the
+  encoder's chunks of 256 rows (2 threads) against the file's decode (token steps, drafted
+  chunks, on the thread counts its policy chose), compared by their digests
+  (``CompressStats.predictor_digest`` and ``DecompressStats.predictor_digest``), which cost one
+  hash each and no forward. On a window (the first ``CHUNK_WINDOW`` positions, the rows of the
+  encoder's first forward): token steps (``STEP_WINDOW`` positions), chunks of 17 and 64, a batch
+  of two sequences, and the other thread count, each against the encoder's first chunk. Every
+  pair must be bit-identical: the gate.
 - the float model's KV (what every file stores): one prefill (the ``prefill`` schedule, 2
-  threads) against token steps (a window, 1 thread: the ``tokens`` level), chunks of 16 (the
-  whole text), a batch of two, one thread, and the same prefill repeated. They are expected to
-  differ except the repeat; the max |dKV| of each pair is reported, and the file's residual
-  must restore its stored KV digest (the decode's verification), which is the gate here.
+  threads) against the same prefill repeated and chunks of 64 (the whole text), token steps
+  (``STEP_WINDOW`` positions, 1 thread: the ``tokens`` level), a batch of two and one thread
+  (the first ``CHUNK_WINDOW`` positions). The schedule the file's level decodes on (the repeat
+  for the portable levels, token steps for ``tokens``) covers the whole text, from the KV its
+  encoder computed on it, at no extra forward. They are expected to differ except the repeat; the
+  max |dKV| of each pair is reported, and the file's residual must restore its stored KV digest
+  (the decode's verification), which is the gate here.
+
+Why windows: each whole-text schedule costs a pass over the text, and ``seqkv check`` must cost
+at most a verified ``compress`` plus 8 float prefills (issue 28); the schedules a file actually
+meets run on the whole text (the encoder and the decoder, the restore's prefill), the others
+on a stated window, which a batch- or thread-dependent forward fails from its first rows.
 
 Invariants:
 1. Every comparison is exact (``torch.equal``; max |difference| for the float report), and
@@ -41,9 +54,12 @@ from seqkv.schedule import pinned_threads, schedule_threads
 
 KVPath = Literal["integer", "float"]
 # NOTE: token-by-token steps cost a forward per token; a window of this many positions is what
-# they are compared on (the prefill and chunk schedules cover the whole text).
+# they are compared on.
 STEP_WINDOW = 32
 ENCODER_CHUNK = 256  # the portable encoder's rows per forward
+# The positions the other windowed schedules cover: the rows of the encoder's first forward.
+CHUNK_WINDOW = ENCODER_CHUNK
+DECODER = "decoder steps and drafts"  # the whole-text integer pair's schedule
 
 
 @dataclass(frozen=True)
@@ -105,29 +121,38 @@ def _same(a: IntKVState, b: IntKVState, positions: int) -> bool:
             and torch.equal(a.shifts[:, :, :positions], b.shifts[:, :, :positions]))
 
 
-def integer_schedules(model: CausalLM, tokens: Sequence[int],
-                      window: int = STEP_WINDOW) -> tuple[SchedulePair, ...]:
-    """The integer predictor's KV planes on every schedule against the encoder's."""
+def integer_schedules(model: CausalLM, tokens: Sequence[int], encoder_digest: str | None,
+                      decoder_digest: str | None, window: int = STEP_WINDOW
+                      ) -> tuple[SchedulePair, ...]:
+    """The integer predictor's KV planes: the file's decode against its encoder on the whole
+    text (by digest; no pair where either side ran no integer predictor), then every other
+    schedule against the encoder's first chunk on a window."""
     engine = integer_predictor(model)
     start = model.start_token_id
     ids = list(tokens) if start is None else [start, *tokens]
     threads = integer_threads(engine)
-    reference = _integer_state(engine, ids, ENCODER_CHUNK, threads)
-    steps = min(window, len(ids))
-    others: list[tuple[str, int, Callable[[], IntKVState]]] = [
-        ("token steps", steps, lambda: _integer_state(engine, ids[:steps], 1, threads)),
-        ("chunks of 17", len(ids), lambda: _integer_state(engine, ids, 17, threads)),
-        ("chunks of 64", len(ids), lambda: _integer_state(engine, ids, 64, threads)),
-        ("batch of 2", len(ids),
-         lambda: _integer_batched(engine, ids, list(reversed(ids)), threads)),
-        (_threads(3 - threads), len(ids),
-         lambda: _integer_state(engine, ids, ENCODER_CHUNK, 3 - threads)),
-    ]
+    reference_name = f"chunks of {ENCODER_CHUNK}, {_threads(threads)}"
     pairs = []
+    if encoder_digest is not None and decoder_digest is not None:
+        same = encoder_digest == decoder_digest
+        pairs.append(SchedulePair("integer", f"the encoder's {reference_name}", DECODER,
+                                  len(tokens) - 1, 0.0 if same else 1.0, same))
+    head = ids[:CHUNK_WINDOW]
+    reference = _integer_state(engine, head, ENCODER_CHUNK, threads)
+    steps = min(window, len(head))
+    others: list[tuple[str, int, Callable[[], IntKVState]]] = [
+        ("token steps", steps, lambda: _integer_state(engine, head[:steps], 1, threads)),
+        ("chunks of 17", len(head), lambda: _integer_state(engine, head, 17, threads)),
+        ("chunks of 64", len(head), lambda: _integer_state(engine, head, 64, threads)),
+        ("batch of 2", len(head),
+         lambda: _integer_batched(engine, head, list(reversed(head)), threads)),
+        (_threads(3 - threads), len(head),
+         lambda: _integer_state(engine, head, ENCODER_CHUNK, 3 - threads)),
+    ]
     for name, positions, run in others:
         same = _same(reference, run(), positions)
-        pairs.append(SchedulePair("integer", f"chunks of {ENCODER_CHUNK}, {_threads(threads)}",
-                                  name, positions, 0.0 if same else 1.0, same))
+        pairs.append(SchedulePair("integer", reference_name, name, positions,
+                                  0.0 if same else 1.0, same))
     return tuple(pairs)
 
 
@@ -148,21 +173,39 @@ def _prefill(model: CausalLM, tokens: Sequence[int], threads: int, chunk: int | 
     return batch_row(cache, 0)
 
 
+# The float schedule a level's decoder rebuilds the KV on, by the level's ``LevelSpec.schedule``,
+# named as in ``float_schedules``: the encoder computed that KV over the whole text already.
+REBUILT_SCHEDULES = {"prefill": "the same prefill again", "token-by-token": "token steps, 1 thread"}
+
+
 def float_schedules(model: CausalLM, tokens: Sequence[int], prefill_kv: torch.Tensor,
-                    window: int = STEP_WINDOW) -> tuple[SchedulePair, ...]:
-    """The float model's KV on every schedule against one prefill (``prefill_kv``)."""
+                    window: int = STEP_WINDOW,
+                    rebuilt: tuple[str, torch.Tensor] | None = None
+                    ) -> tuple[SchedulePair, ...]:
+    """The float model's KV on every schedule against one prefill (``prefill_kv``): the repeat
+    and chunks on the whole text, the rest on windows (module docstring). ``rebuilt``: the
+    level's decode schedule (``REBUILT_SCHEDULES``) and the KV the encoder computed on it for
+    the whole text (what the decoder rebuilds), used for that schedule on the whole text instead
+    of running it again."""
     threads = schedule_threads("prefill")
     steps = min(window, len(tokens))
+    head = list(tokens[:CHUNK_WINDOW])
     runs: list[tuple[str, int, Callable[[], torch.Tensor]]] = [
         ("the same prefill again", len(tokens), lambda: _prefill(model, tokens, threads)),
         ("token steps, 1 thread", steps, lambda: model.stepped_kv(tokens[:steps])),
-        ("chunks of 16", len(tokens), lambda: _prefill(model, tokens, threads, chunk=16)),
-        ("batch of 2", len(tokens), lambda: _prefill(model, tokens, threads, batch=2)),
-        ("1 thread", len(tokens), lambda: _prefill(model, tokens, 1)),
+        # NOTE: 64-row chunks, not 16: each float32 forward streams the 540 MB of weights, 68 GB
+        # for 125 chunks of 16 over 1,987 tokens against 17 GB for 31 of 64; the float
+        # schedules were 39 of a 323 CPU s tokens-level check (benchmarks/check_cost.py)
+        ("chunks of 64", len(tokens), lambda: _prefill(model, tokens, threads, chunk=64)),
+        ("batch of 2", len(head), lambda: _prefill(model, head, threads, batch=2)),
+        ("1 thread", len(head), lambda: _prefill(model, head, 1)),
     ]
     pairs = []
     for name, positions, run in runs:
-        other = run()
+        if rebuilt is not None and rebuilt[0] == name:
+            positions, other = len(tokens), rebuilt[1]
+        else:
+            other = run()
         difference = float((other[:, :, :, :positions]
                             - prefill_kv[:, :, :, :positions]).abs().max())
         pairs.append(SchedulePair("float", f"one prefill, {threads} threads", name, positions,

@@ -14,7 +14,7 @@ What one run costs, and why (measured with its phases, ``CheckReport.phases``):
    then a full decode, which verifies the file's digests (the float path's Lemma 1 gate).
 3. Lemma 1 on the schedules that occur (``seqkv.checker.lemma1``): the integer predictor's KV
    planes, the float model's KV.
-4. The model's entropy rate: ``entropy_contexts`` contexts drawn from the data, 4 sampled
+4. The model's entropy rate: ``entropy_contexts`` contexts drawn from the data, 2 sampled
    continuations of 32 tokens each, the contexts advanced together in batched forwards over the
    shared prefill's KV (``seqkv.checker.sampling``).
 5. The per-vector figure: the entropy of 3-bit TurboQuant codes of the file's KV.
@@ -39,7 +39,7 @@ from seqkv.bench.figures import CommittedCodeBits, committed_code_bits
 from seqkv.bounds import Bound, code_within_table_cost
 from seqkv.checker.checks import Check, CheckInputs, CodeLengths, context_trend, evaluate
 from seqkv.checker.estimators import Interval, percentile_interval
-from seqkv.checker.lemma1 import Lemma1, float_schedules, integer_schedules
+from seqkv.checker.lemma1 import REBUILT_SCHEDULES, Lemma1, float_schedules, integer_schedules
 from seqkv.checker.per_vector import per_vector_entropy
 from seqkv.checker.sampling import EntropyRateEstimate, estimate_entropy_rate_from_data
 from seqkv.codec import (
@@ -70,7 +70,13 @@ class CheckOptions:
     """How much to measure; see the module docstring for what the defaults buy."""
 
     entropy_contexts: int = 16  # contexts drawn from the data for the model's entropy rate
-    entropy_sequences: int = 4  # sampled continuations per context
+    # NOTE: sampled continuations per context. Each step of a batch reads every row's whole
+    # context KV, so the estimate's cost is contexts x continuations x length x mean context:
+    # 4 continuations cost 39.5 CPU s of a 165.6 s check of 1,987 tokens (SmolLM2-135M, this
+    # 2-core CPU, benchmarks/check_cost.py), a check then over its budget of a verified
+    # compress + 8 prefills. The interval is over the contexts' means (``sampling``
+    # invariant 2), so 2 continuations keep it honest; they widen it.
+    entropy_sequences: int = 2
     entropy_length: int = 32  # tokens per continuation
     lemma1_window: int = 32  # positions the token-by-token schedules are compared on
     per_vector_bits: int = 3  # the per-vector quantizer the paper compares against
@@ -253,7 +259,11 @@ def check_text_tokens(
                           stats.residual_escapes)
     data = DataFingerprint(source, "text", _tokens_sha256(tokens), len(tokens))
     return _report(model, _Coded(tokens, result.trace, lengths, result.bounds,
-                                 result.session.level, decoded is not None, shared), data,
+                                 result.session.level, decoded is not None, shared,
+                                 encoder_digest=result.stats.predictor_digest,
+                                 decoder_digest=None if decoded is None
+                                 else decoded.stats.predictor_digest,
+                                 rebuilt=_rebuilt(level, result.kv)), data,
                    options, baselines, clock)
 
 
@@ -296,6 +306,20 @@ class _Coded:
     digest_restored: bool  # a decode reproduced the file's tokens and KV digests
     shared: _Shared
     has_prefix: bool = False
+    # the integer predictor's KV digests after the encode and the decode (portable levels;
+    # None where a side did not run here or ran no integer predictor)
+    encoder_digest: str | None = None
+    decoder_digest: str | None = None
+    # The level's decode schedule (``lemma1.REBUILT_SCHEDULES``) and the KV its encoder
+    # computed on it for the whole text (what the decoder rebuilds), where it has one
+    rebuilt: tuple[str, torch.Tensor] | None = None
+
+
+def _rebuilt(level: str, kv: torch.Tensor | None) -> tuple[str, torch.Tensor] | None:
+    """The encoder's KV named by the float schedule it was computed on, where Lemma 1 has one
+    (``lemma1.REBUILT_SCHEDULES``)."""
+    name = REBUILT_SCHEDULES.get(parse_level(level).spec.schedule)
+    return None if name is None or kv is None else (name, kv)
 
 
 def _tokens_sha256(tokens: list[int]) -> str:
@@ -306,9 +330,11 @@ def _report(model: CausalLM, coded: _Coded, data: DataFingerprint, options: Chec
             baselines: Path | None, clock: _Clock) -> CheckReport:
     tokens = coded.tokens
     with clock.phase("Lemma 1: integer predictor"):
-        integer = integer_schedules(model, tokens, options.lemma1_window)
+        integer = integer_schedules(model, tokens, coded.encoder_digest, coded.decoder_digest,
+                                    options.lemma1_window)
     with clock.phase("Lemma 1: float model"):
-        floats = float_schedules(model, tokens, coded.shared.kv, options.lemma1_window)
+        floats = float_schedules(model, tokens, coded.shared.kv, options.lemma1_window,
+                                 rebuilt=coded.rebuilt)
     lemma1 = Lemma1(integer, floats, coded.lengths.residual_bits / coded.lengths.tokens,
                     coded.digest_restored)
     with clock.phase("entropy rate"):

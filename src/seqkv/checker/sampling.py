@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from scipy import stats
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from seqkv.checker.estimators import FloatArray, Interval
 from seqkv.errors import InsufficientSamplesError
@@ -125,6 +126,41 @@ def _t_interval(values: FloatArray, confidence: float, what: str) -> Interval:
                     f"{what}: mean over {values.size} independent units, t-interval")
 
 
+class _ReservedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
+    """A cache layer whose keys and values live in buffers reserved for ``capacity`` positions:
+    a step writes its row in place. ``DynamicLayer`` concatenates, copying the whole cache at
+    every step: for padded contexts (up to ``BATCH_CACHE_BYTES``) that copy, not the forward,
+    was most of an entropy-rate estimate (measured: ``benchmarks/check_cost.py``)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """``keys`` and ``values`` ``[B, H, capacity, D]``: buffers whose first ``length``
+        positions are filled (the layer writes into them; it does not copy them)."""
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._keys = keys
+        self._values = values
+        self._length = length
+        self.device = keys.device
+        self.is_initialized = True
+        self._expose()
+
+    def _expose(self) -> None:
+        self.keys = self._keys[:, :, : self._length]
+        self.values = self._values[:, :, : self._length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._length + key_states.shape[-2]
+        if end > self._keys.shape[-2]:
+            raise InsufficientSamplesError(  # a programming error: the capacity is the length
+                f"the reserved cache holds {self._keys.shape[-2]} positions, not {end}")
+        self._keys[:, :, self._length : end] = key_states
+        self._values[:, :, self._length : end] = value_states
+        self._length = end
+        self._expose()
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
+
 class PaddedContexts:
     """Several contexts of one text as one ``SequenceSource``: their KV slices left-padded into
     one batched cache, ``per_context`` rows each, advanced together (one forward per step for
@@ -133,14 +169,15 @@ class PaddedContexts:
     Monte-Carlo estimate, not a coder)."""
 
     def __init__(self, model: CausalLM, kv: torch.Tensor, logits: torch.Tensor,
-                 ends: Sequence[int], per_context: int) -> None:
+                 ends: Sequence[int], per_context: int, steps: int) -> None:
         self._model = model
         self.vocab_size = model.vocab_size
         self._kv = kv  # [L, 2, H, T, D]: the whole text's, contexts are its first ``end`` rows
         self._logits = logits  # [T, V]: row i follows the first i + 1 positions
         self._ends = list(ends)
         self._per = per_context
-        self._cache = DynamicCache()
+        self._steps = steps  # positions each row grows by: the reserved capacity
+        self._cache: Cache = DynamicCache()
         self._mask = torch.zeros(0)
         self._positions = torch.zeros(0)
 
@@ -149,17 +186,19 @@ class PaddedContexts:
         longest = max(self._ends)
         layers, _, heads, _, dim = self._kv.shape
         device, dtype = self._model.device, self._model.dtype
-        padded = torch.zeros(layers, 2, batch, heads, longest, dim, dtype=dtype, device=device)
+        # [L, 2, B, H, longest + steps, D]: each row's context right-aligned at ``longest``,
+        # then room for the sampled steps (``_ReservedLayer``)
+        padded = torch.zeros(layers, 2, batch, heads, longest + self._steps, dim, dtype=dtype,
+                             device=device)
         mask = torch.zeros(batch, longest, dtype=torch.long, device=device)
         for index, end in enumerate(self._ends):
             rows = slice(index * self._per, (index + 1) * self._per)
             # [L, 2, H, end, D] -> the rows' right-aligned slots
-            padded[:, :, rows, :, longest - end :] = self._kv[:, :, None, :, :end].to(
+            padded[:, :, rows, :, longest - end : longest] = self._kv[:, :, None, :, :end].to(
                 device, dtype)
             mask[rows, longest - end :] = 1
-        self._cache = DynamicCache()
-        for layer in range(layers):
-            self._cache.update(padded[layer, 0], padded[layer, 1], layer)
+        self._cache = Cache(layers=[_ReservedLayer(padded[layer, 0], padded[layer, 1], longest)
+                                    for layer in range(layers)])
         self._mask = mask
         self._positions = torch.tensor([end for end in self._ends for _ in range(self._per)],
                                        device=device)[:, None]  # [B, 1]
@@ -211,7 +250,7 @@ def estimate_entropy_rate_from_data(
                                 <= BATCH_CACHE_BYTES):
             group.append(end)
             continue
-        source = PaddedContexts(model, kv, logits, group, sequences)
+        source = PaddedContexts(model, kv, logits, group, sequences, length)
         run = estimate_entropy_rate(source, len(group) * sequences, length, seed + len(runs),
                                     confidence)
         for index in range(len(group)):
