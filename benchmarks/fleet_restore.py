@@ -154,16 +154,19 @@ def main() -> None:
     args = parser.parse_args()
     model = load_default_model()
     before = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    with tempfile.TemporaryDirectory() as scratch:
-        runs = [run(model, count, args.tokens, args.level, args.repeats, Path(scratch))
-                for count in args.sessions]
-    after = " ".join(f"{x:.2f}" for x in os.getloadavg())
     machine = (f"model {model.name}, level {args.level}; {os.cpu_count()} CPU cores "
                f"({platform.machine()}, {cpu_model()}, "
                f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
     command = (f"python benchmarks/fleet_restore.py --sessions "
                f"{' '.join(map(str, args.sessions))} --tokens {args.tokens} --level {args.level}")
-    args.markdown.write_text(render(runs, command, machine, (before, after)))
+    runs: list[FleetRun] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for count in args.sessions:
+            runs.append(run(model, count, args.tokens, args.level, args.repeats, Path(scratch)))
+            # NOTE: the report after every fleet: a 256-session fleet can take longer than a
+            # run is given, and the smaller fleets' rows should survive it
+            after = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            args.markdown.write_text(render(runs, command, machine, (before, after)))
     print(json.dumps([{**asdict(r), "get_many_ratio": r.get_many_ratio,
                        "decompress_batch_ratio": r.decompress_batch_ratio} for r in runs],
                      indent=1))
