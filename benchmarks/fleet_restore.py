@@ -24,21 +24,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
+from machine import describe_machine, load_average
 
 from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.codec import compress, decompress_batch
 from seqkv.errors import DecodeVerificationError
 from seqkv.models import CausalLM, load_default_model
-from seqkv.schedule import cpu_model
 from seqkv.store import SessionStore
 
 HELD_OUT = Path(__file__).resolve().parent / "texts" / "heldout"
@@ -153,10 +150,8 @@ def main() -> None:
     parser.add_argument("--markdown", type=Path, default=Path("reports/fleet_restore.md"))
     args = parser.parse_args()
     model = load_default_model()
-    before = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    machine = (f"model {model.name}, level {args.level}; {os.cpu_count()} CPU cores "
-               f"({platform.machine()}, {cpu_model()}, "
-               f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
+    before = load_average()
+    machine = f"model {model.name}, level {args.level}; {describe_machine()}"
     command = (f"python benchmarks/fleet_restore.py --sessions "
                f"{' '.join(map(str, args.sessions))} --tokens {args.tokens} --level {args.level}")
     runs: list[FleetRun] = []
@@ -165,7 +160,7 @@ def main() -> None:
             runs.append(run(model, count, args.tokens, args.level, args.repeats, Path(scratch)))
             # NOTE: the report after every fleet: a 256-session fleet can take longer than a
             # run is given, and the smaller fleets' rows should survive it
-            after = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            after = load_average()
             args.markdown.write_text(render(runs, command, machine, (before, after)))
     print(json.dumps([{**asdict(r), "get_many_ratio": r.get_many_ratio,
                        "decompress_batch_ratio": r.decompress_batch_ratio} for r in runs],

@@ -102,6 +102,19 @@ def test_recompute_equals_stepping(engine: RowForward) -> None:
     assert torch.equal(engine.recompute(TOKENS[20:], stepped[:, :, :, :20]), stepped)
 
 
+def test_recompute_runs_no_lm_head(engine: RowForward, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The KV is complete after the last block: a recompute never computes logits."""
+    expected = engine.recompute(TOKENS)
+
+    def no_head(hidden: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("a recompute ran the LM head")
+
+    monkeypatch.setattr(engine.backbone, "head", no_head)
+    assert torch.equal(engine.recompute(TOKENS), expected)
+    with pytest.raises(AssertionError, match="LM head"):
+        engine.forward([(engine.new_sequence(), TOKENS[:3])])
+
+
 def test_recompute_runs_in_chunks_of_the_encoders_rows(engine: RowForward) -> None:
     tokens = [3 + i % 500 for i in range(RECOMPUTE_CHUNK_ROWS + 5)]
     before = engine.forwards

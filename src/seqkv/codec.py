@@ -974,7 +974,16 @@ def _read_pending(model: CausalLM, data: bytes, prefixes: PrefixSource | None,
                   descriptions: DescriptionSource | None, require_exact_kv: bool,
                   limits: DecodeLimits, with_kv: bool = True) -> _Pending:
     """A file read, checked against this machine, then its prefix and dictionary resolved."""
-    read = read_skv(data, reader_side(model))
+    return _checked_pending(model, read_skv(data, reader_side(model)), prefixes, dictionaries,
+                            allow_environment_mismatch, descriptions, require_exact_kv, limits,
+                            with_kv)
+
+
+def _checked_pending(model: CausalLM, read: SkvRead, prefixes: PrefixSource | None,
+                     dictionaries: DictionarySource | None, allow_environment_mismatch: bool,
+                     descriptions: DescriptionSource | None, require_exact_kv: bool,
+                     limits: DecodeLimits, with_kv: bool) -> _Pending:
+    """``_read_pending`` of a file already read (its header parsed once)."""
     session = read.session
     checkable = check_decodable(model, session, allow_environment_mismatch,
                                 _FileDescriptions(read, descriptions), require_exact_kv)
@@ -1061,8 +1070,8 @@ def decompress_tokens(
         # rebuilds it was a third of a 200-token tokens decode, and it runs on the prefill
         # schedule's 2 threads, which stall beside a competing process
         # (benchmarks/decode_under_load.py)
-        pending = _read_pending(model, data, prefixes, None, False, None, False, limits,
-                                with_kv=False)
+        pending = _checked_pending(model, read, prefixes, None, False, None, False, limits,
+                                   with_kv=False)
         _decode_levels(model, [pending], with_kv=False)
     else:
         pending = _pending(DecodeItem(session, resolve_prefix(session, prefixes, with_kv=False)),
