@@ -89,6 +89,31 @@ def test_first_token_is_coded_under_the_start_context(tiny_model: CausalLM) -> N
     assert result.stats.code_bits <= result.stats.cross_entropy_bits + 2
 
 
+@pytest.mark.parametrize("rows", [1, 3, 256])
+def test_reference_surprisal_in_row_chunks_is_the_whole_matrix_pick(
+        tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Chunked float64 log-softmax (no [T, V] float64 matrix) picks the same bits as one over
+    the whole matrix, for a segment after a prefix and for segments of their own."""
+    monkeypatch.setattr("seqkv.bounds._SURPRISAL_ROWS", rows)
+    tokens = [(7 * i + 3) % VOCAB for i in range(23)]
+
+    def whole(ids: list[int]) -> np.ndarray:
+        with torch.inference_mode():
+            logits = tiny_model.model(input_ids=torch.tensor([ids])).logits[0]
+        return (torch.log_softmax(logits.double(), dim=-1) / np.log(2.0)).numpy()
+
+    after_prefix = reference_surprisal(tiny_model, [tokens[9:]], None, prefix=tokens[:9])
+    matrix = whole(tokens)
+    assert np.array_equal(after_prefix, -matrix[np.arange(8, 22), tokens[9:]])
+    own = reference_surprisal(tiny_model, [tokens[:9], tokens[9:]], 1)
+    start = whole([1])[0]
+    expected = []
+    for segment in (tokens[:9], tokens[9:]):
+        rows = whole(segment)
+        expected += [-start[segment[0]], *(-rows[np.arange(len(segment) - 1), segment[1:]])]
+    assert np.array_equal(own, np.array(expected))
+
+
 def test_empty_tokens(tiny_model: CausalLM) -> None:
     with pytest.raises(EmptyInputError, match="no tokens"):
         compress(tiny_model, [])
