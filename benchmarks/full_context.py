@@ -28,9 +28,11 @@ import hashlib
 import importlib.resources
 import json
 import shutil
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from long_checks import LONG_TEXTS, Run, cut_at_line_break, run_measured
 from machine import describe_machine, load_average
@@ -53,6 +55,7 @@ class Operation:
     verb: str
     run: Run
     output: str  # the last lines of stderr when it failed; else a figure from its --json
+    commit: str = ""  # the code it ran (``_commit``)
 
     @property
     def ok(self) -> bool:
@@ -114,23 +117,41 @@ def _measure(level: str, verb: str, line: list[str], work: Path) -> Operation:
     run = run_measured(line, out, err)
     if run.exit_code != 0:
         tail = err.read_text("utf-8", "replace").strip().splitlines()[-3:]
-        return Operation(level, verb, run, " / ".join(tail))
-    return Operation(level, verb, run, _figure(verb, out.read_text("utf-8", "replace")))
+        return Operation(level, verb, run, " / ".join(tail), _commit())
+    return Operation(level, verb, run, _figure(verb, out.read_text("utf-8", "replace")),
+                     _commit())
 
 
 def render(operations: list[Operation], header: list[str]) -> str:
     lines = [*header, "",
              "| level | operation | exit | wall (s) | CPU (s) | peak RSS (MiB) | load (1 min, "
-             "start/end) | output |",
-             "|---|---|---:|---:|---:|---:|---|---|"]
+             "start/end) | output | commit |",
+             "|---|---|---:|---:|---:|---:|---|---|---|"]
     for op in operations:
         r = op.run
         lines.append(f"| {op.level} | {op.verb} | {r.exit_code} | {r.wall_seconds:,.1f} | "
                      f"{r.cpu_seconds:,.1f} | {r.max_rss_mib:,.0f} | {r.load_before:.1f} / "
-                     f"{r.load_after:.1f} | {op.output.replace('|', '/')} |")
+                     f"{r.load_after:.1f} | {op.output.replace('|', '/')} | {op.commit} |")
     total = sum(op.run.wall_seconds for op in operations)
     lines += ["", f"All operations: {total / 60:,.1f} minutes of wall time."]
     return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    """The checkout's commit (with ``+`` when it has uncommitted changes), for each row."""
+    def git(*words: str) -> str:
+        return subprocess.run(["git", *words], capture_output=True, text=True,
+                              cwd=LONG_TEXTS.parent).stdout.strip()
+    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain",
+                                                             "--untracked-files=no") else "")
+
+
+def _plan(levels: list[str] | None, skip: list[str]) -> list[tuple[str, str]]:
+    """(level, verb) pairs: ``PLAN``'s, or its levels in the order ``levels`` names them."""
+    verbs = dict(PLAN)
+    order = levels or [level for level, _ in PLAN]
+    return [(level, verb) for level in order for verb in verbs[level]
+            if f"{level}:{verb}" not in skip]
 
 
 def main() -> None:
@@ -139,12 +160,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("full-context-run"))
     parser.add_argument("--markdown", type=Path, default=Path("reports/full_context.md"))
     parser.add_argument("--skip", nargs="*", default=[], metavar="LEVEL:VERB")
-    parser.add_argument("--levels", nargs="*", default=None, help="only these levels")
+    parser.add_argument("--levels", nargs="*", default=None,
+                        help="only these levels, in this order")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep --out's finished operations and run only the others")
     args = parser.parse_args()
     model = load_default_model()
     work = args.out / f"tokens-{args.tokens}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    if not args.resume:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
     source = LONG_TEXTS / "prose.txt"
     text = cut_at_line_break(source.read_text("utf-8"), args.tokens,
                              lambda t: len(model.encode_text(t)))
@@ -164,32 +189,45 @@ def main() -> None:
         f"at a line break, {tokens:,} tokens, {len(text.encode()):,} bytes, sha256 "
         f"{hashlib.sha256(text.encode()).hexdigest()[:16]}. Each operation is one `seqkv` "
         "process (wall time includes its model load: see the `load model` row); peak RSS and "
-        "CPU seconds are that process's own (`os.wait4`). `portable+mix` uses a dictionary "
-        "built from the four shipped texts.",
+        "CPU seconds are that process's own (`os.wait4`); `commit` is the code it ran. "
+        "`portable+mix` uses a dictionary built from the four shipped texts.",
     ]
-    operations: list[Operation] = []
-    build = [*_seqkv(), "dict", "build", "-o", str(dictionary), "--namespace", "default",
-             *shipped]
-    setup = run_measured(build, work / "dict.out", work / "dict.err")
-    if setup.exit_code != 0:
-        raise SystemExit((work / "dict.err").read_text())
-    load = [sys.executable, "-c", "from seqkv.models import load_default_model as m; m()"]
-    operations.append(Operation("-", "load model", run_measured(
-        load, work / "load.out", work / "load.err"), "the model load alone"))
-    for level, verbs in PLAN:
-        if args.levels and level not in args.levels:
+    journal = work / "operations.jsonl"
+    operations = [_operation(json.loads(line)) for line in journal.read_text().splitlines()
+                  ] if args.resume and journal.exists() else []
+    done = {(op.level, op.verb) for op in operations if op.ok}
+    operations = [op for op in operations if op.ok]
+
+    def record(operation: Operation) -> None:
+        operations.append(operation)
+        with journal.open("a" if args.resume or len(operations) > 1 else "w") as out:
+            out.write(json.dumps(asdict(operation)) + "\n")
+        args.markdown.write_text(render(operations, header))
+        print(json.dumps(asdict(operation)), flush=True)
+
+    if not dictionary.exists():
+        build = [*_seqkv(), "dict", "build", "-o", str(dictionary), "--namespace", "default",
+                 *shipped]
+        if run_measured(build, work / "dict.out", work / "dict.err").exit_code != 0:
+            raise SystemExit((work / "dict.err").read_text())
+    if ("-", "load model") not in done:
+        load = [sys.executable, "-c", "from seqkv.models import load_default_model as m; m()"]
+        record(Operation("-", "load model", run_measured(load, work / "load.out",
+                                                         work / "load.err"),
+                         "the model load alone", _commit()))
+    for level, verb in _plan(args.levels, args.skip):
+        if (level, verb) in done:
             continue
-        for verb in verbs:
-            if f"{level}:{verb}" in args.skip:
-                continue
-            if level == "portable+mix" and verb == "store put":
-                store = f"dir:{work / f'store-{_safe(level)}'}"
-                run_measured([*_seqkv(), "store", "dict-put", str(dictionary), "--store",
-                              store], work / "dict-put.out", work / "dict-put.err")
-            operations.append(_measure(level, verb, command(level, verb, text_path, work,
-                                                            dictionary), work))
-            args.markdown.write_text(render(operations, header))
-            print(json.dumps(asdict(operations[-1])), flush=True)
+        if level == "portable+mix" and verb == "store put":
+            store = f"dir:{work / f'store-{_safe(level)}'}"
+            run_measured([*_seqkv(), "store", "dict-put", str(dictionary), "--store", store],
+                         work / "dict-put.out", work / "dict-put.err")
+        record(_measure(level, verb, command(level, verb, text_path, work, dictionary), work))
+
+
+def _operation(row: dict[str, Any]) -> Operation:
+    return Operation(row["level"], row["verb"], Run(**row["run"]), row["output"],
+                     row.get("commit", ""))
 
 
 if __name__ == "__main__":
