@@ -601,15 +601,17 @@ static void common_exponent(int64_t *out, const int64_t *running, int64_t n, int
 }
 
 /* One query head of one row of attend_direct (see there) over keys 0 .. end - 1: out [d] before
- * the row's common exponent, and the head's own exponent (`running`). key_high and key_low:
- * the head's key planes as int16 [tokens, d]; z and weight: scratch of `end` int64 each.
+ * the row's common exponent, and the head's own exponent (`running`). keys: the pool's int8 key
+ * planes as they lie (token t's high plane of group g at t * token_stride + g * d, its low
+ * plane kv_heads * d further), widened to int16 as they are read; z and weight: scratch of
+ * `end` int64 each.
  * Sums of plane products run in int32: |q| < 2**14 times a key plane (|.| <= 128) over d <= 1024
  * terms stays below 2**31 (and so does any part of such a sum); a weight (< 2**14) times a value
  * plane, below 2**21, is summed in int32 for at most 512 keys at a time (2**30) and then added
  * into int64. */
 static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_t h, int64_t g,
-                           int64_t kv_heads, int64_t d, int64_t end, const int16_t *key_high,
-                           const int16_t *key_low, const int8_t *values, int64_t token_stride,
+                           int64_t kv_heads, int64_t d, int64_t end, const int8_t *keys,
+                           const int8_t *values, int64_t token_stride,
                            const int8_t *key_shift, const int8_t *value_shift,
                            int64_t shift_stride, int64_t score_scale, int64_t score_shift,
                            const int64_t *softmax, int64_t softmax_size, int64_t *z,
@@ -623,14 +625,16 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
 #endif
     int64_t top = MASKED, running = 0;
     for (int64_t t = 0; t < end; ++t) {
-        const int16_t *kh = key_high + t * d, *kl = key_low + t * d;
+        const int8_t *kh = keys + t * token_stride + g * d, *kl = kh + kv_heads * d;
         int32_t dot_high = 0, dot_low = 0;
 #ifdef SEQKV_VNNI
         __m512i acc_high = _mm512_setzero_si512(), acc_low = _mm512_setzero_si512();
         for (int64_t i = 0; i < wide; i += 32) {
             __m512i q = _mm512_loadu_si512(qv + i);
-            acc_high = _mm512_dpwssd_epi32(acc_high, q, _mm512_loadu_si512(kh + i));
-            acc_low = _mm512_dpwssd_epi32(acc_low, q, _mm512_loadu_si512(kl + i));
+            acc_high = _mm512_dpwssd_epi32(acc_high, q, _mm512_cvtepi8_epi16(
+                _mm256_loadu_si256((const void *)(kh + i))));
+            acc_low = _mm512_dpwssd_epi32(acc_low, q, _mm512_cvtepi8_epi16(
+                _mm256_loadu_si256((const void *)(kl + i))));
         }
         dot_high = _mm512_reduce_add_epi32(acc_high);
         dot_low = _mm512_reduce_add_epi32(acc_low);
@@ -718,10 +722,13 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
     return running;
 }
 
-/* seqkv_attend for a few rows: each (row, head) reads the keys as they lie (widened to int16
- * once per call) and interleaves each key pair's values itself.
- * The keys are widened to int16 once per call, for every row and head; threads share the
- * (row, head) pairs, so a one-row step's heads run in parallel too. */
+/* seqkv_attend for a few rows: each (row, head) reads the keys and values as they lie in the
+ * pool, widening each key to int16 as it reads it, and interleaves each key pair's values
+ * itself; threads share the (row, head) pairs, so a one-row step's heads run in parallel too.
+ * NOTE: the keys were once widened into an int16 copy of the whole pool per call: at 8,192
+ * tokens of context that was 6.3 MB written and read again per layer and step (more than the
+ * step's weights over 30 layers); reading the int8 planes directly costs one vpmovsxbw per 32
+ * components of each of a group's query heads instead. */
 static int64_t attend_direct(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
                      int64_t n, int64_t position, int64_t heads, int64_t kv_heads, int64_t d,
                      const int8_t *keys, const int8_t *values, int64_t token_stride,
@@ -729,22 +736,9 @@ static int64_t attend_direct(const int8_t *q_planes, const int64_t *q_shift, int
                      int64_t score_scale, int64_t score_shift, const int64_t *softmax,
                      int64_t softmax_size, int64_t *out, int64_t *exponent, int64_t threads) {
     int64_t tokens = position + n, group = heads / kv_heads, pairs = n * heads;
-    int16_t *widened = malloc(sizeof(int16_t) * (size_t)(2 * kv_heads * tokens * d));
     int64_t *running = malloc(sizeof(int64_t) * (size_t)pairs);
-    const int64_t allocated = widened && running;
+    const int64_t allocated = running != NULL;
     int64_t failed = !allocated;
-    /* widened [kv_heads, 2, tokens, d]: each group's key planes */
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads((int)threads) \
-    if (allocated && threads > 1 && tokens >= 64)
-#endif
-    for (int64_t t = 0; t < (allocated ? tokens : 0); ++t)
-        for (int64_t g = 0; g < kv_heads; ++g)
-            for (int64_t plane = 0; plane < 2; ++plane) {
-                int16_t *to = widened + ((g * 2 + plane) * tokens + t) * d;
-                const int8_t *from = keys + t * token_stride + (plane * kv_heads + g) * d;
-                for (int64_t i = 0; i < d; ++i) to[i] = from[i];
-            }
     /* (row, head) pairs are independent: threads share them (results do not depend on the
      * split) */
 #ifdef _OPENMP
@@ -764,17 +758,15 @@ static int64_t attend_direct(const int8_t *q_planes, const int64_t *q_shift, int
         for (int64_t pair = 0; pair < pairs; ++pair) {
             if (!scratch) continue;
             int64_t r = pair / heads, h = pair % heads, g = h / group;
-            const int16_t *key_high = widened + g * 2 * tokens * d;
             running[pair] = attend_head_direct(
                 q_planes + (r * q_vectors + h) * 2 * d, q_shift[r * q_vectors + h], h, g,
-                kv_heads, d, position + r + 1, key_high, key_high + tokens * d, values,
+                kv_heads, d, position + r + 1, keys, values,
                 token_stride, key_shift, value_shift, shift_stride, score_scale, score_shift,
                 softmax, softmax_size, scratch, scratch + tokens, out + pair * d);
         }
         free(scratch);
     }
     if (!failed) common_exponent(out, running, n, heads, d, exponent);
-    free(widened);
     free(running);
     return failed ? -1 : 0;
 }
