@@ -18,7 +18,8 @@ so what finished is kept when a run is stopped. ``--skip LEVEL:VERB`` leaves one
 check measured elsewhere).
 
 Usage: ``PYTHONPATH=src python benchmarks/full_context.py [--tokens 8192] [--out DIR]
-[--markdown reports/full_context.md] [--skip portable:check]``.
+[--markdown reports/full_context.md] [--skip portable:check] [--levels L ...] [--resume]
+[--render-only]``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from long_checks import LONG_TEXTS, Run, cut_at_line_break, run_measured
-from machine import describe_machine, load_average
+from machine import describe_machine
 
 from seqkv.bench.texts import TEXT_FILES
 from seqkv.models import load_default_model
@@ -164,10 +165,12 @@ def main() -> None:
                         help="only these levels, in this order")
     parser.add_argument("--resume", action="store_true",
                         help="keep --out's finished operations and run only the others")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite --markdown from --out's finished operations, run nothing")
     args = parser.parse_args()
     model = load_default_model()
     work = args.out / f"tokens-{args.tokens}"
-    if not args.resume:
+    if not (args.resume or args.render_only):
         shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     source = LONG_TEXTS / "prose.txt"
@@ -183,18 +186,19 @@ def main() -> None:
         "# Every operation at the model's full context",
         "",
         f"Measured by `python benchmarks/full_context.py --tokens {args.tokens}`: the "
-        f"embedded model (SmolLM2-135M-Instruct, context 8,192); {describe_machine()}; load "
-        f"average {load_average()} at the start. Text: "
+        f"embedded model (SmolLM2-135M-Instruct, context 8,192); {describe_machine()}; the "
+        "1-minute load average at each operation's start and end is in its row. Text: "
         f"`{source.relative_to(LONG_TEXTS.parent.parent)}` cut "
         f"at a line break, {tokens:,} tokens, {len(text.encode()):,} bytes, sha256 "
         f"{hashlib.sha256(text.encode()).hexdigest()[:16]}. Each operation is one `seqkv` "
         "process (wall time includes its model load: see the `load model` row); peak RSS and "
-        "CPU seconds are that process's own (`os.wait4`); `commit` is the code it ran. "
+        "CPU seconds are that process's own (`os.wait4`); `commit` is the code it ran (rows "
+        "of runs resumed with `--resume`, each with its `--levels`, keep their own). "
         "`portable+mix` uses a dictionary built from the four shipped texts.",
     ]
     journal = work / "operations.jsonl"
     operations = [_operation(json.loads(line)) for line in journal.read_text().splitlines()
-                  ] if args.resume and journal.exists() else []
+                  ] if (args.resume or args.render_only) and journal.exists() else []
     done = {(op.level, op.verb) for op in operations if op.ok}
     operations = [op for op in operations if op.ok]
 
@@ -205,6 +209,9 @@ def main() -> None:
         args.markdown.write_text(render(operations, header))
         print(json.dumps(asdict(operation)), flush=True)
 
+    if args.render_only:
+        args.markdown.write_text(render(operations, header))
+        return
     if not dictionary.exists():
         build = [*_seqkv(), "dict", "build", "-o", str(dictionary), "--namespace", "default",
                  *shipped]
