@@ -204,7 +204,7 @@ def main() -> None:
 
     def record(operation: Operation) -> None:
         operations.append(operation)
-        with journal.open("a" if args.resume or len(operations) > 1 else "w") as out:
+        with journal.open("a") as out:  # a fresh run starts in an emptied folder
             out.write(json.dumps(asdict(operation)) + "\n")
         args.markdown.write_text(render(operations, header))
         print(json.dumps(asdict(operation)), flush=True)

@@ -291,31 +291,28 @@ class RowForward:
         for start in range(0, len(tokens), RECOMPUTE_CHUNK_ROWS):
             # NOTE: no LM head: the KV is complete after the last block, and the head's
             # 49,152 outputs per row were 15% of a 600-token recompute (0.45 of 2.9 s here)
-            self.forwards += 1
-            with _threads(ROW_THREADS), torch.inference_mode():
-                self._forward([(sequence, tokens[start : start + RECOMPUTE_CHUNK_ROWS])],
-                              logits=False)
+            self.forward([(sequence, tokens[start : start + RECOMPUTE_CHUNK_ROWS])],
+                         logits=False)
         return sequence.kv().to("cpu", torch.float32)
 
     @torch.inference_mode()
     def forward(
-        self, calls: Sequence[tuple[RowSequence, Sequence[int]]]
+        self, calls: Sequence[tuple[RowSequence, Sequence[int]]], logits: bool = True
     ) -> list[npt.NDArray[np.float32]]:
         """Append each sequence's ids in one forward; return their logit rows ``[len(ids), V]``.
 
         A sequence may appear once per call. Row ``j`` of a sequence is its next-token
         distribution after ``ids[j]``, bit-identical to what any other grouping computes. The
-        forward runs on ``ROW_THREADS`` threads whatever the caller's setting.
+        forward runs on ``ROW_THREADS`` threads whatever the caller's setting. With ``logits``
+        False the LM head is skipped (the KV is written all the same) and every row is empty.
         """
         self.forwards += 1
         with _threads(ROW_THREADS):
-            return self._forward(calls)
+            return self._forward(calls, logits)
 
     def _forward(
         self, calls: Sequence[tuple[RowSequence, Sequence[int]]], logits: bool = True
     ) -> list[npt.NDArray[np.float32]]:
-        """``forward``'s work; with ``logits`` False the head is skipped (the KV is written all
-        the same) and every row is empty."""
         spans: list[_Span] = []
         ids: list[int] = []
         positions_list: list[int] = []
