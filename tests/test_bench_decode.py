@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from seqkv import cli
 from seqkv.bench import decode as bench
 from seqkv.models import CausalLM
 
@@ -18,8 +20,9 @@ def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
 
     monkeypatch.setattr(bench, "kind_tokens", byte_tokens)
     levels = ("tokens", "rows", "segments:3", "ngram", "plain", "portable")
+    texts = {kind: byte_tokens(tiny_model, kind, 30) for kind in bench.TEXT_FILES}
     result = bench.run_decode_bench(tiny_model, tokens_per_text=30, sessions=4, levels=levels,
-                                    more_sessions=(5,))
+                                    more_sessions=(5,), texts=texts)
     figures = json.loads(json.dumps(result.to_json_dict()))
     for key in ("prefill_tokens_per_second", "token_by_token_tokens_per_second",
                 "batched_sessions", "batched_tokens_per_second", "levels"):
@@ -45,3 +48,34 @@ def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
                   for level in figures["levels"]}
     assert without_kv.pop("portable") > 0 and set(without_kv.values()) == {None}
     assert "Encode at portable against one prefill" in table
+
+
+def test_a_text_shorter_than_the_token_count_is_refused_by_name(
+        use_tiny: CausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bench used to measure a shorter text whole under the count it reported."""
+    short = tmp_path / "short.txt"
+    short.write_text("only five words in here")
+    report = tmp_path / "r.md"
+    status = cli.main(["bench", "decode", "--tokens", "10", "--texts", str(short), "--sessions",
+                       "0", "--levels", "plain", "--report", str(report)])
+    err = capsys.readouterr().err
+    assert status != 0 and "the short text has 5 tokens, fewer than --tokens 10" in err, err
+    assert not report.exists()
+
+
+def test_given_texts_and_levels_without_a_batched_run(
+        use_tiny: CausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "long.txt"
+    text.write_text(" ".join(f"word{i}" for i in range(40)))
+    report = tmp_path / "r.md"
+    assert cli.main(["bench", "decode", "--tokens", "24", "--texts", str(text), "--sessions",
+                     "0", "--levels", "plain", "ngram", "--report", str(report), "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert [t["kind"] for t in figures["texts"]] == ["long"]
+    assert figures["texts"][0]["tokens"] == 24
+    assert [level["name"] for level in figures["levels"]] == ["plain", "ngram"]
+    assert figures["batched_sessions"] == 0 and figures["batched_tokens_per_second"] is None
+    table = report.read_text()
+    assert f"texts: {text}, first 24 tokens each" in table
+    assert "Batched: not run (`--sessions 0`)." in table
+    assert f"--texts {text} --levels plain ngram" in table

@@ -1,11 +1,14 @@
 """``seqkv bench decode``: bits per token and decode speed of every coding level, per text kind.
 
-For each text kind (prose, code, legal, technical; shipped under ``seqkv/data``) the same tokens
-are coded at every level of ``seqkv.levels`` and decoded, and the two plain baselines of the same
-model on the same tokens are timed: one prefill, and token-by-token generation steps (transformers'
-forward, no coding, on whichever of 1 or 2 threads is faster: the baseline is never handicapped).
+For each text kind (prose, code, legal, technical; shipped under ``seqkv/data``; or the texts
+``--texts`` names, each needing at least ``--tokens`` tokens: a shorter one is refused, never
+measured whole under a count it does not have) the same tokens are coded at every level of
+``seqkv.levels`` and decoded, and the two plain baselines of the same model on the same tokens
+are timed: one prefill, and token-by-token generation steps (transformers' forward, no coding,
+on whichever of 1 or 2 threads is faster: the baseline is never handicapped).
 Then ``batched_sessions`` sessions coded at the ``rows`` level decode together through
-``seqkv.decompress_batch``; their aggregate tokens/s is compared with the same baseline. When the
+``seqkv.decompress_batch`` (``--sessions 0``: none); their aggregate tokens/s is compared with
+the same baseline. When the
 levels include ``portable``, the same sessions coded at ``portable`` are decoded together too
 (``batched_by_level``): its batches need no canonical shape.
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -28,6 +31,7 @@ from transformers import DynamicCache
 
 from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress, decompress_batch
+from seqkv.errors import UsageError
 from seqkv.formats.skv import read_skv
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models.adapter import CausalLM, Stepper
@@ -43,6 +47,7 @@ DEFAULT_LEVELS = ("tokens", "rows", "segments:4", "segments:8", "segments:16", "
 # compare the machine's moods, not the two computations. The float levels' encodes (up to
 # tens of seconds) run once.
 ENCODE_REPEATS = 5
+SHIPPED_TEXTS = "the shipped prose, code, legal and technical samples"
 
 
 @dataclass(frozen=True)
@@ -110,11 +115,11 @@ class DecodeBench:
     tolerance: float
     prefill_tokens_per_second: float
     token_by_token_tokens_per_second: float
-    batched_sessions: int
+    batched_sessions: int  # 0: no batched run (``--sessions 0``); the three below are then None
     batched_tokens_per_session: int
-    batched_tokens_per_second: float
-    batched_speedup_vs_token_by_token: float
-    batched_exact: bool
+    batched_tokens_per_second: float | None
+    batched_speedup_vs_token_by_token: float | None
+    batched_exact: bool | None
     levels: list[LevelSummary]
     batched_more_sessions: list[BatchRun]  # the same measurement at other batch sizes
     segment_text_tokens: int  # the whole prose sample, for the segment costs
@@ -123,14 +128,35 @@ class DecodeBench:
     texts: list[TextRun] = field(default_factory=list)
     # the batched measurement at other levels than rows (``portable``), same sessions
     batched_by_level: list[BatchRun] = field(default_factory=list)
+    text_source: str = SHIPPED_TEXTS  # what the texts are, for the report
 
     def to_json_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
 def kind_tokens(model: CausalLM, kind: str, count: int) -> list[int]:
+    """At most ``count`` tokens of the shipped ``kind`` text (all of it when it is shorter)."""
     text = shipped_text(kind)
     return model.encode_text(text)[:count]
+
+
+def texts_tokens(model: CausalLM, texts: Mapping[str, str], count: int) -> dict[str, list[int]]:
+    """The first ``count`` tokens of each named text; a text with fewer is refused by name
+    (the bench never measures a shorter text than the count it reports)."""
+    out = {}
+    for name, text in texts.items():
+        tokens = model.encode_text(text)
+        if len(tokens) < count:
+            raise UsageError(
+                f"the {name} text has {len(tokens):,} tokens, fewer than --tokens {count:,}: "
+                "lower --tokens, or pass --texts with texts of at least that many tokens")
+        out[name] = tokens[:count]
+    return out
+
+
+def shipped_texts() -> dict[str, str]:
+    """The four shipped texts by kind, the bench's default texts."""
+    return {kind: shipped_text(kind) for kind in TEXT_FILES}
 
 
 def time_token_by_token(model: CausalLM, tokens: Sequence[int]) -> float:
@@ -253,9 +279,8 @@ def run_level(model: CausalLM, tokens: list[int], kv: DynamicCache, level: str,
                     encode_seconds, seconds, len(tokens) / seconds, without_kv)
 
 
-def run_text(model: CausalLM, kind: str, count: int, levels: Sequence[str], tolerance: float,
-             log: Callable[[str], None] | None = None) -> TextRun:
-    tokens = kind_tokens(model, kind, count)
+def run_text(model: CausalLM, kind: str, tokens: list[int], levels: Sequence[str],
+             tolerance: float, log: Callable[[str], None] | None = None) -> TextRun:
     kv = model.prefill(tokens)
     for level in levels:  # warm-up: a level's first use builds its per-model state (the
         compress(model, tokens[:8], level=level)  # integer weights), counted no more than a load
@@ -317,36 +342,51 @@ def segment_costs(model: CausalLM, counts: Sequence[int] = (2, 4, 8, 16, 32)
 def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int = 16,
                      levels: Sequence[str] = DEFAULT_LEVELS, tolerance: float = DEFAULT_TOLERANCE,
                      log: Callable[[str], None] | None = None,
-                     more_sessions: Sequence[int] = (4, 32)) -> DecodeBench:
-    texts = [run_text(model, kind, tokens_per_text, levels, tolerance, log)
-             for kind in TEXT_FILES]
-    total = sum(t.tokens for t in texts)
-    prefill = total / sum(t.tokens / t.prefill_tokens_per_second for t in texts)
-    baseline = total / sum(t.tokens / t.token_by_token_tokens_per_second for t in texts)
+                     more_sessions: Sequence[int] = (4, 32),
+                     texts: Mapping[str, list[int]] | None = None,
+                     text_source: str = SHIPPED_TEXTS) -> DecodeBench:
+    """Every level on each text's first ``tokens_per_text`` tokens (``texts``: tokens by name,
+    default the shipped texts, ``texts_tokens``), then ``sessions`` sessions decoded as one
+    batch (none when 0) and the segment costs."""
+    if texts is None:
+        texts = texts_tokens(model, shipped_texts(), tokens_per_text)
+    if any(len(tokens) != tokens_per_text for tokens in texts.values()):
+        raise UsageError(f"every text must hold exactly {tokens_per_text} tokens")
+    texts_run = [run_text(model, kind, tokens, levels, tolerance, log)
+                 for kind, tokens in texts.items()]
+    total = sum(t.tokens for t in texts_run)
+    prefill = total / sum(t.tokens / t.prefill_tokens_per_second for t in texts_run)
+    baseline = total / sum(t.tokens / t.token_by_token_tokens_per_second for t in texts_run)
     summaries = []
     for index, level in enumerate(levels):
-        runs = [t.levels[index] for t in texts]
+        runs = [t.levels[index] for t in texts_run]
         speed = total / sum(r.decode_seconds for r in runs)
         summaries.append(LevelSummary(
             level, all(r.exact for r in runs),
-            sum(r.bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True)) / total,
-            sum(r.payload_bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True))
+            sum(r.bits_per_token * t.tokens for r, t in zip(runs, texts_run, strict=True))
             / total,
-            sum(r.file_bits_per_token * t.tokens for r, t in zip(runs, texts, strict=True))
+            sum(r.payload_bits_per_token * t.tokens
+                for r, t in zip(runs, texts_run, strict=True)) / total,
+            sum(r.file_bits_per_token * t.tokens for r, t in zip(runs, texts_run, strict=True))
             / total, total / sum(r.encode_seconds for r in runs), speed, speed / baseline,
             None if any(r.encode_seconds_without_kv is None for r in runs) else
             total / sum(r.encode_seconds_without_kv or 0.0 for r in runs)))
-    batched, batched_exact, batched_baseline = run_batched(model, sessions, tokens_per_text,
-                                                           tolerance)
-    if log is not None:
-        log(f"batched {sessions} sessions: {batched:.1f} tokens/s exact={batched_exact}")
+    batched: float | None = None
+    batched_exact: bool | None = None
+    batched_speedup: float | None = None
     more = []
-    for count in more_sessions:
-        speed, exact, reference = run_batched(model, count, tokens_per_text, tolerance)
-        more.append(BatchRun(count, speed, speed / reference, exact))
-        batched_exact = batched_exact and exact
     by_level = []
-    if "portable" in levels:  # the same sessions, so the same token-by-token baseline
+    if sessions > 0:
+        batched, batched_exact, batched_baseline = run_batched(model, sessions,
+                                                               tokens_per_text, tolerance)
+        batched_speedup = batched / batched_baseline
+        if log is not None:
+            log(f"batched {sessions} sessions: {batched:.1f} tokens/s exact={batched_exact}")
+        for count in more_sessions:
+            speed, exact, reference = run_batched(model, count, tokens_per_text, tolerance)
+            more.append(BatchRun(count, speed, speed / reference, exact))
+            batched_exact = batched_exact and exact
+    if sessions > 0 and "portable" in levels:  # the same sessions: the same baseline
         speed, exact, _ = run_batched(model, sessions, tokens_per_text, tolerance, "portable",
                                       batched_baseline)
         if log is not None:
@@ -356,9 +396,23 @@ def run_decode_bench(model: CausalLM, tokens_per_text: int = 200, sessions: int 
     machine = (f"{os.cpu_count()} CPU cores ({platform.machine()}, "
                f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}")
     return DecodeBench(model.name, machine, tokens_per_text, tolerance, prefill, baseline,
-                       sessions, tokens_per_text, batched, batched / batched_baseline,
-                       batched_exact, summaries, more, segment_tokens, segment_base, costs,
-                       texts, by_level)
+                       sessions, tokens_per_text, batched, batched_speedup, batched_exact,
+                       summaries, more, segment_tokens, segment_base, costs, texts_run,
+                       by_level, text_source)
+
+
+def _batched_line(bench: DecodeBench) -> str:
+    if (bench.batched_tokens_per_second is None
+            or bench.batched_speedup_vs_token_by_token is None):
+        return "Batched: not run (`--sessions 0`)."
+    return (
+        f"Batched: {bench.batched_sessions} sessions of {bench.batched_tokens_per_session} tokens "
+        f"at the rows level decoded together: {bench.batched_tokens_per_second:.1f} tokens/s in "
+        f"all, {bench.batched_speedup_vs_token_by_token:.2f}x token-by-token generation of the "
+        f"same sessions; exact: {'yes' if bench.batched_exact else 'NO'}. Other batch sizes: "
+        + ", ".join(f"{m.sessions} sessions {m.tokens_per_second:.1f} tokens/s "
+                    f"({m.speedup_vs_token_by_token:.2f}x)" for m in bench.batched_more_sessions)
+        + ".")
 
 
 def render_markdown(bench: DecodeBench, command: str) -> str:
@@ -366,8 +420,8 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
     lines = [
         "# Decoding levels: bits per token vs decode speed",
         "",
-        f"Measured by `{command}`: model {bench.model}; texts: the shipped prose, code, legal "
-        f"and technical samples, first {bench.tokens_per_text} tokens each; {bench.machine}; "
+        f"Measured by `{command}`: model {bench.model}; texts: {bench.text_source}, first "
+        f"{bench.tokens_per_text} tokens each; {bench.machine}; "
         f"KV residual tolerance {bench.tolerance:g}.",
         "",
         f"Baselines on the same tokens: one prefill {bench.prefill_tokens_per_second:.0f} "
@@ -404,13 +458,7 @@ def render_markdown(bench: DecodeBench, command: str) -> str:
         "portable, a float reference forward for the code-length bound) are not in them, at any "
         "level.",
         "",
-        f"Batched: {bench.batched_sessions} sessions of {bench.batched_tokens_per_session} tokens "
-        f"at the rows level decoded together: {bench.batched_tokens_per_second:.1f} tokens/s in "
-        f"all, {bench.batched_speedup_vs_token_by_token:.2f}x token-by-token generation of the "
-        f"same sessions; exact: {'yes' if bench.batched_exact else 'NO'}. Other batch sizes: "
-        + ", ".join(f"{m.sessions} sessions {m.tokens_per_second:.1f} tokens/s "
-                    f"({m.speedup_vs_token_by_token:.2f}x)" for m in bench.batched_more_sessions)
-        + ".",
+        _batched_line(bench),
         *(f"\nThe same {m.sessions} sessions at the {m.level} level decoded together: "
           f"{m.tokens_per_second:.1f} tokens/s in all, {m.speedup_vs_token_by_token:.2f}x "
           f"token-by-token generation; exact: {'yes' if m.exact else 'NO'}."

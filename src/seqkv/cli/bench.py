@@ -9,8 +9,17 @@ from pathlib import Path
 
 from rich.console import Console
 
-from seqkv.bench.decode import forward_costs, render_markdown, run_decode_bench
+from seqkv.bench.decode import (
+    DEFAULT_LEVELS,
+    SHIPPED_TEXTS,
+    forward_costs,
+    render_markdown,
+    run_decode_bench,
+    shipped_texts,
+    texts_tokens,
+)
 from seqkv.cli import common
+from seqkv.errors import UsageError
 
 
 def _cmd_bench_trie(args: argparse.Namespace) -> int:
@@ -47,8 +56,20 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
         common.print_figures(costs, args.json, "seqkv bench decode --forwards-only")
         return 0
     log = None if args.json else print
-    bench = run_decode_bench(model, args.tokens, args.sessions, log=log)
     command = f"seqkv bench decode --tokens {args.tokens} --sessions {args.sessions}"
+    texts, source = shipped_texts(), SHIPPED_TEXTS
+    if args.texts:
+        texts = {Path(path).stem: common.read_text(path) for path in args.texts}
+        if len(texts) != len(args.texts):
+            raise UsageError("two --texts files have the same name: the report names texts by "
+                             "file name")
+        source = ", ".join(args.texts)
+        command += " --texts " + " ".join(args.texts)
+    levels = tuple(args.levels) if args.levels else DEFAULT_LEVELS
+    if args.levels:
+        command += " --levels " + " ".join(levels)
+    bench = run_decode_bench(model, args.tokens, args.sessions, levels=levels, log=log,
+                             texts=texts_tokens(model, texts, args.tokens), text_source=source)
     return _report(args, render_markdown(bench, command), bench.to_json_dict(), "decode levels")
 
 
@@ -180,8 +201,13 @@ def add_bench(commands: common.Subparsers) -> None:
     common.model_option(bd)
     bd.add_argument("--tokens", type=common.int_in(2, 100_000), default=200,
                     help="tokens per text")
-    bd.add_argument("--sessions", type=common.int_in(1, 4096), default=16,
-                    help="sessions decoded as one batch")
+    bd.add_argument("--sessions", type=common.int_in(0, 4096), default=16,
+                    help="sessions decoded as one batch (0: no batched run)")
+    bd.add_argument("--texts", nargs="+", metavar="FILE", type=common.input_file_no_stdin,
+                    help="texts to measure, named by file name (default: the shipped prose, "
+                         "code, legal and technical texts); each needs --tokens tokens")
+    bd.add_argument("--levels", nargs="+", metavar="LEVEL", type=common.level_name,
+                    help="levels to measure, in this order (default: every level)")
     bd.add_argument("--report", default="reports/decode_levels.md", metavar="PATH",
                     type=common.output_file_in_new_folder,
                     help="markdown Pareto table (default reports/decode_levels.md)")
