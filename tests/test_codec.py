@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from seqkv import compress, decompress
+from seqkv import bounds, compress, decompress
 from seqkv.bounds import reference_surprisal
 from seqkv.codec import CompressResult
 from seqkv.descriptions import Descriptions
@@ -112,6 +112,67 @@ def test_reference_surprisal_in_row_chunks_is_the_whole_matrix_pick(
         rows = whole(segment)
         expected += [-start[segment[0]], *(-rows[np.arange(len(segment) - 1), segment[1:]])]
     assert np.array_equal(own, np.array(expected))
+
+
+def _whole_surprisal(model: CausalLM, ids: list[int]) -> np.ndarray:
+    """-log2 p(ids[i + 1]) from the network's whole [T, V] logits."""
+    with torch.inference_mode():
+        logits = model.model(input_ids=torch.tensor([ids])).logits[0]
+    log2p = (torch.log_softmax(logits.double(), dim=-1) / np.log(2.0)).numpy()
+    return -log2p[np.arange(len(ids) - 1), ids[1:]]
+
+
+def test_the_output_layer_runs_on_blocks_of_rows_that_cover_the_whole(
+        tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of at least ``_HEAD_ROWS`` rows, contiguous, the remainder in the last: no [T, V]
+    matrix, and the network's logits (to float32 rounding: a block is another product's)."""
+    monkeypatch.setattr("seqkv.bounds._HEAD_ROWS", 4)
+    ids = [(5 * i + 1) % VOCAB for i in range(23)]
+    with torch.inference_mode():
+        logits = tiny_model.model(input_ids=torch.tensor([ids])).logits[0]
+        blocks = list(bounds._logit_blocks(tiny_model.model, ids, slice(2, 22)))
+    assert [(offset, len(block)) for offset, block in blocks] == [
+        (0, 4), (4, 4), (8, 4), (12, 4), (16, 4)]
+    assert torch.allclose(torch.cat([b for _, b in blocks]), logits[2:22], atol=1e-5)
+    with torch.inference_mode():  # the remainder (3 rows) joins the last block
+        blocks = list(bounds._logit_blocks(tiny_model.model, ids, slice(0, 19)))
+    assert [(offset, len(block)) for offset, block in blocks] == [(0, 4), (4, 4), (8, 4),
+                                                                  (12, 7)]
+    assert np.allclose(reference_surprisal(tiny_model, [ids], None)[1:],
+                       _whole_surprisal(tiny_model, ids), atol=1e-4)
+
+
+def test_a_network_whose_logits_are_not_its_head_of_the_last_state_runs_whole(
+        tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An architecture that scales its logits after the output layer: the blocks would miss
+    the scale, so the reference falls back to the network's own [T, V] logits."""
+    monkeypatch.setattr("seqkv.bounds._HEAD_ROWS", 4)
+    ids = [(3 * i + 2) % VOCAB for i in range(20)]
+
+    def scaled(module: torch.nn.Module, args: object, output: object) -> object:
+        output.logits = output.logits * 2.0  # type: ignore[attr-defined]
+        return output
+
+    hook = tiny_model.model.register_forward_hook(scaled)
+    try:
+        found = reference_surprisal(tiny_model, [ids], None)[1:]
+        expected = _whole_surprisal(tiny_model, ids)
+    finally:
+        hook.remove()
+    assert np.array_equal(found, expected)
+
+
+@pytest.mark.real_model
+def test_the_reference_on_blocks_is_the_whole_matrix_reference_on_smollm2(
+        real_model: CausalLM) -> None:
+    """600 tokens: two blocks of the output layer (256 and 343 rows) against the network's own
+    [600, V] logits. Equal bits here (torch 2.13 CPU); another CPU's product may round
+    otherwise, so the test allows float32 rounding."""
+    from seqkv.bench.texts import shipped_text
+
+    ids = real_model.encode_text(shipped_text("legal"))[:600]
+    found = reference_surprisal(real_model, [ids], None)[1:]
+    assert np.allclose(found, _whole_surprisal(real_model, ids), rtol=0, atol=1e-4)
 
 
 def test_empty_tokens(tiny_model: CausalLM) -> None:

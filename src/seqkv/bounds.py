@@ -30,8 +30,9 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -151,6 +152,57 @@ def raise_unless_all_hold(bounds: Sequence[Bound]) -> None:
 # NOTE: rows of float64 log-softmax at a time in ``reference_surprisal``: 256 x 49,152 x 8 bytes
 # = 100 MB for SmolLM2.
 _SURPRISAL_ROWS = 256
+# NOTE: rows of the output layer at a time (``_logit_blocks``): blocks are never smaller than this
+# (the remainder joins the last one), and a forward over fewer than twice this many tokens runs the
+# output layer once over all of them, the product the network itself computes. Measured here
+# (SmolLM2, torch 2.13 CPU), the output layer on blocks of 4, 8, 16 or 256 to 511 rows gives the
+# bits of the whole-matrix product, on blocks of 1, 2, 3, 5 or 7 rows other bits (a
+# matrix-vector kernel); 511 x 49,152 float32 logits are 100 MB.
+_HEAD_ROWS = 256
+
+
+def _logit_blocks(network: Any, ids: list[int], wanted: slice
+                  ) -> Iterator[tuple[int, torch.Tensor]]:
+    """The logit rows ``wanted`` of one forward over ``ids``, as (offset into ``wanted``,
+    ``[rows, V]``) blocks of ``_HEAD_ROWS`` to ``2 * _HEAD_ROWS - 1`` rows.
+
+    The backbone runs once, its last hidden state caught by a hook on ``base_model`` while the
+    network computes the last position's logits only (``logits_to_keep=1``); the output layer
+    (``get_output_embeddings``) then runs on each block. That is the network's own head only
+    when the network's logits are the output layer of the base model's last hidden state: the
+    last row is compared with the network's own (to 1e-4 relative: the one-row product is
+    another kernel's, see above), and a network that scales or caps its logits (another
+    architecture) falls back to its whole ``[T, V]`` logits."""
+    start, stop = wanted.indices(len(ids))[:2]
+    caught: list[torch.Tensor] = []
+    head = network.get_output_embeddings()
+    base = getattr(network, "base_model", None)
+    hook = None if head is None or base is None or base is network else \
+        base.register_forward_hook(lambda module, args, output: caught.append(output[0]))
+    tensor = torch.tensor([ids], device=network.device)
+    try:
+        if hook is None:
+            raise LookupError
+        last = network(input_ids=tensor, logits_to_keep=1).logits[0, -1]
+    except (LookupError, TypeError):  # no base model or head, or no logits_to_keep
+        caught.clear()
+    finally:
+        if hook is not None:
+            hook.remove()
+    hidden = caught[0][0] if len(caught) == 1 and caught[0].dim() == 3 else None
+    if hidden is None or not torch.allclose(head(hidden[-1:])[0], last, rtol=1e-4, atol=1e-4):
+        logits = network(input_ids=tensor).logits[0]
+        yield 0, logits[start:stop]
+        return
+    if len(ids) < 2 * _HEAD_ROWS:  # one block, the product the network computes
+        yield 0, head(hidden)[start:stop]
+        return
+    cuts = list(range(start, stop, _HEAD_ROWS))
+    if len(cuts) > 1 and stop - cuts[-1] < _HEAD_ROWS:
+        cuts.pop()  # the remainder joins the last block
+    for index, cut in enumerate(cuts):
+        end = cuts[index + 1] if index + 1 < len(cuts) else stop
+        yield cut - start, head(hidden[cut:end])
 
 
 @torch.inference_mode()
@@ -166,22 +218,23 @@ def reference_surprisal(model: CausalLM, segments: Sequence[Sequence[int]],
     schedule than any coder's, so its result is an independent reference.
     """
     network = model.model if dtype is None else model.twin(dtype)
-    device = model.device
 
     def surprisal(ids: Sequence[int], first_row: int, targets: torch.Tensor
                   ) -> npt.NDArray[np.float64]:
         """``-log2 p(targets[j])`` under logit row ``first_row + j`` of a forward over ``ids``.
 
-        The float64 log-softmax runs on ``_SURPRISAL_ROWS`` rows at a time: a row's result
-        does not depend on the others, and the whole ``[T, V]`` float64 matrix was 3.2 GB at
-        the model's 8,192 tokens."""
-        logits = network(input_ids=torch.tensor([list(ids)], device=device)).logits[0]
+        The output layer and the float64 log-softmax run on blocks of rows (``_head_blocks``):
+        a row's result does not depend on the others, and the whole ``[T, V]`` matrices were
+        1.6 GB (float32 logits) and 3.2 GB (float64) at the model's 8,192 tokens."""
         out = np.empty(len(targets))
-        for start in range(0, len(targets), _SURPRISAL_ROWS):
-            picked = targets[start : start + _SURPRISAL_ROWS]
-            rows = logits[first_row + start : first_row + start + len(picked)]
-            log2p = torch.log_softmax(rows.double().cpu(), dim=-1) / np.log(2.0)  # [rows, V]
-            out[start : start + len(picked)] = -log2p[torch.arange(len(picked)), picked].numpy()
+        wanted = slice(first_row, first_row + len(targets))
+        for offset, block in _logit_blocks(network, list(ids), wanted):
+            for within in range(0, len(block), _SURPRISAL_ROWS):
+                rows = block[within : within + _SURPRISAL_ROWS].double().cpu()
+                start = offset + within
+                picked = targets[start : start + len(rows)]
+                log2p = torch.log_softmax(rows, dim=-1) / np.log(2.0)  # [rows, V]
+                out[start : start + len(rows)] = -log2p[torch.arange(len(rows)), picked].numpy()
         return out
 
     out: list[npt.NDArray[np.float64]] = []
