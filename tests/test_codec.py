@@ -130,12 +130,12 @@ def test_the_output_layer_runs_on_blocks_of_rows_that_cover_the_whole(
     ids = [(5 * i + 1) % VOCAB for i in range(23)]
     with torch.inference_mode():
         logits = tiny_model.model(input_ids=torch.tensor([ids])).logits[0]
-        blocks = list(bounds._logit_blocks(tiny_model.model, ids, slice(2, 22)))
+        blocks = list(bounds.logit_blocks(tiny_model.model, ids, slice(2, 22)))
     assert [(offset, len(block)) for offset, block in blocks] == [
         (0, 4), (4, 4), (8, 4), (12, 4), (16, 4)]
     assert torch.allclose(torch.cat([b for _, b in blocks]), logits[2:22], atol=1e-5)
     with torch.inference_mode():  # the remainder (3 rows) joins the last block
-        blocks = list(bounds._logit_blocks(tiny_model.model, ids, slice(0, 19)))
+        blocks = list(bounds.logit_blocks(tiny_model.model, ids, slice(0, 19)))
     assert [(offset, len(block)) for offset, block in blocks] == [(0, 4), (4, 4), (8, 4),
                                                                   (12, 7)]
     assert np.allclose(reference_surprisal(tiny_model, [ids], None)[1:],

@@ -152,7 +152,7 @@ def raise_unless_all_hold(bounds: Sequence[Bound]) -> None:
 # NOTE: rows of float64 log-softmax at a time in ``reference_surprisal``: 256 x 49,152 x 8 bytes
 # = 100 MB for SmolLM2.
 _SURPRISAL_ROWS = 256
-# NOTE: rows of the output layer at a time (``_logit_blocks``): blocks are never smaller than this
+# NOTE: rows of the output layer at a time (``logit_blocks``): blocks are never smaller than this
 # (the remainder joins the last one), and a forward over fewer than twice this many tokens runs the
 # output layer once over all of them, the product the network itself computes. Measured here
 # (SmolLM2, torch 2.13 CPU), the output layer on blocks of 4, 8, 16 or 256 to 511 rows gives the
@@ -161,38 +161,40 @@ _SURPRISAL_ROWS = 256
 _HEAD_ROWS = 256
 
 
-def _logit_blocks(network: Any, ids: list[int], wanted: slice
-                  ) -> Iterator[tuple[int, torch.Tensor]]:
-    """The logit rows ``wanted`` of one forward over ``ids``, as (offset into ``wanted``,
-    ``[rows, V]``) blocks of ``_HEAD_ROWS`` to ``2 * _HEAD_ROWS - 1`` rows.
+def logit_blocks(network: Any, ids: list[int], wanted: slice, cache: Any | None = None
+                 ) -> Iterator[tuple[int, torch.Tensor]]:
+    """The logit rows ``wanted`` of one forward over ``ids`` (filling ``cache`` when given), as
+    (offset into ``wanted``, ``[rows, V]``) blocks of ``_HEAD_ROWS`` to ``2 * _HEAD_ROWS - 1``
+    rows.
 
     The backbone runs once, its last hidden state caught by a hook on ``base_model`` while the
     network computes the last position's logits only (``logits_to_keep=1``); the output layer
     (``get_output_embeddings``) then runs on each block. That is the network's own head only
     when the network's logits are the output layer of the base model's last hidden state: the
-    last row is compared with the network's own (to 1e-4 relative: the one-row product is
-    another kernel's, see above), and a network that scales or caps its logits (another
+    last row is compared with the network's own (to 1e-4: the one-row product is another
+    kernel's, see ``_HEAD_ROWS``), and a network that scales or caps its logits (another
     architecture) falls back to its whole ``[T, V]`` logits."""
     start, stop = wanted.indices(len(ids))[:2]
-    caught: list[torch.Tensor] = []
+    tensor = torch.tensor([ids], device=network.device)
+    fill: dict[str, Any] = {} if cache is None else {"cache": cache, "use_cache": True}
     head = network.get_output_embeddings()
     base = getattr(network, "base_model", None)
-    hook = None if head is None or base is None or base is network else \
-        base.register_forward_hook(lambda module, args, output: caught.append(output[0]))
-    tensor = torch.tensor([ids], device=network.device)
-    try:
-        if hook is None:
-            raise LookupError
-        last = network(input_ids=tensor, logits_to_keep=1).logits[0, -1]
-    except (LookupError, TypeError):  # no base model or head, or no logits_to_keep
-        caught.clear()
-    finally:
-        if hook is not None:
+    hidden = None
+    if head is not None and base is not None and base is not network:
+        caught: list[torch.Tensor] = []
+        hook = base.register_forward_hook(lambda module, args, output: caught.append(output[0]))
+        try:
+            last = network(input_ids=tensor, logits_to_keep=1, **fill).logits[0, -1]
+            fill = {}  # the cache holds the text now: a fallback forward runs without it
+        except TypeError:  # a network without logits_to_keep: nothing ran
+            last = None
+        finally:
             hook.remove()
-    hidden = caught[0][0] if len(caught) == 1 and caught[0].dim() == 3 else None
-    if hidden is None or not torch.allclose(head(hidden[-1:])[0], last, rtol=1e-4, atol=1e-4):
-        logits = network(input_ids=tensor).logits[0]
-        yield 0, logits[start:stop]
+        if (last is not None and len(caught) == 1 and caught[0].dim() == 3
+                and torch.allclose(head(caught[0][0, -1:])[0], last, rtol=1e-4, atol=1e-4)):
+            hidden = caught[0][0]
+    if hidden is None:
+        yield 0, network(input_ids=tensor, **fill).logits[0, start:stop]
         return
     if len(ids) < 2 * _HEAD_ROWS:  # one block, the product the network computes
         yield 0, head(hidden)[start:stop]
@@ -228,7 +230,7 @@ def reference_surprisal(model: CausalLM, segments: Sequence[Sequence[int]],
         1.6 GB (float32 logits) and 3.2 GB (float64) at the model's 8,192 tokens."""
         out = np.empty(len(targets))
         wanted = slice(first_row, first_row + len(targets))
-        for offset, block in _logit_blocks(network, list(ids), wanted):
+        for offset, block in logit_blocks(network, list(ids), wanted):
             for within in range(0, len(block), _SURPRISAL_ROWS):
                 rows = block[within : within + _SURPRISAL_ROWS].double().cpu()
                 start = offset + within

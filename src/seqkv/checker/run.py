@@ -5,10 +5,11 @@ imports it.
 
 What one run costs, and why (measured with its phases, ``CheckReport.phases``):
 
-1. One prefill over the text, with every position's logits, shared by: the caller's KV the file
-   codes a residual against (as ``seqkv compress`` does; the logits do not change the KV), the
-   reference cross-entropy bound, Lemma 1's float reference, and the entropy-rate contexts
-   (slices of its KV, its next-token rows). Plus one row after the start token alone (the first
+1. One prefill over the text, its output layer on blocks of rows (no ``[T, V]`` matrix: 1.6 GB
+   of float32 at 8,192 tokens), shared by: the caller's KV the file codes a residual against
+   (as ``seqkv compress`` does; the logits do not change the KV), the reference cross-entropy
+   bound, Lemma 1's float reference, and the entropy-rate contexts (slices of its KV, their
+   next-token rows, the only rows kept). Plus one row after the start token alone (the first
    token's distribution, as the coders have it).
 2. ``compress`` at the level (its Theorem 1 gap comes with its trace: no forward per position),
    then a full decode, which verifies the file's digests (the float path's Lemma 1 gate).
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,12 +37,16 @@ import torch
 from transformers import DynamicCache
 
 from seqkv.bench.figures import CommittedCodeBits, committed_code_bits
-from seqkv.bounds import Bound, code_within_table_cost
+from seqkv.bounds import Bound, code_within_table_cost, logit_blocks
 from seqkv.checker.checks import Check, CheckInputs, CodeLengths, context_trend, evaluate
 from seqkv.checker.estimators import Interval, percentile_interval
 from seqkv.checker.lemma1 import REBUILT_SCHEDULES, Lemma1, float_schedules, integer_schedules
 from seqkv.checker.per_vector import per_vector_entropy
-from seqkv.checker.sampling import EntropyRateEstimate, estimate_entropy_rate_from_data
+from seqkv.checker.sampling import (
+    EntropyRateEstimate,
+    context_ends,
+    estimate_entropy_rate_from_data,
+)
 from seqkv.codec import (
     DEFAULT_TOLERANCE,
     CodingTrace,
@@ -50,7 +55,7 @@ from seqkv.codec import (
     compress,
     decompress,
 )
-from seqkv.errors import DecodeVerificationError
+from seqkv.errors import DecodeVerificationError, InsufficientSamplesError
 from seqkv.levels import DEFAULT_LEVEL, parse_level
 from seqkv.models.adapter import CausalLM
 from seqkv.models.collisions import CollisionClasses, collision_classes
@@ -185,43 +190,56 @@ class CheckReport:
 
 @dataclass(frozen=True)
 class _Shared:
-    """The one prefill a check shares: over the text (the caller's KV, every position's logits),
-    plus the start token's row (the first token's distribution, as the coders have it)."""
+    """The one prefill a check shares: over the text (the caller's KV, the reference code
+    lengths, the next-token rows the entropy-rate contexts start from), plus the start token's
+    row (the first token's distribution, as the coders have it). No ``[T, V]`` matrix is kept:
+    the output layer runs on blocks of rows (``seqkv.bounds.logit_blocks``)."""
 
-    logits: torch.Tensor  # [T, V] float32: row i follows the first i + 1 tokens
-    first: torch.Tensor | None  # [V] float32 after the start token alone; None: uniform
+    reference: npt.NDArray[np.float64]  # [T] -log2 p(t_i | t_<i), as seqkv.bounds computes it
+    rows: dict[int, torch.Tensor]  # position -> [V] float32 logits after the first i + 1 tokens
     kv: torch.Tensor  # [L, 2, H, T, D]
-
-    def reference(self, tokens: list[int], vocab: int) -> npt.NDArray[np.float64]:
-        """``-log2 p(t_i | t_<i)`` of every token under the shared prefill (the first token
-        after the start token alone, or uniform without one), as ``seqkv.bounds`` computes
-        it."""
-        out = np.empty(len(tokens))
-        if self.first is None:
-            out[0] = np.log2(vocab)
-        else:
-            out[0] = -float(torch.log_softmax(self.first.double(), dim=-1)[tokens[0]]) / np.log(2)
-        ids = torch.tensor(tokens)
-        for start in range(1, len(tokens), _REFERENCE_CHUNK):
-            stop = min(start + _REFERENCE_CHUNK, len(tokens))
-            rows = self.logits[start - 1 : stop - 1].double()
-            picked = torch.log_softmax(rows, dim=-1).gather(1, ids[start:stop, None])[:, 0]
-            out[start:stop] = (-picked / np.log(2.0)).numpy()
-        return out
 
 
 @torch.inference_mode()
-def _shared_prefill(model: CausalLM, tokens: list[int]) -> _Shared:
-    """One prefill over the text (the ``prefill`` schedule's KV, bit for bit: the logits of
-    every position do not change it), and the start token's row."""
+def _shared_prefill(model: CausalLM, tokens: list[int], keep: Sequence[int]) -> _Shared:
+    """One prefill over the text (the ``prefill`` schedule's KV, bit for bit: the logits do not
+    change it), its reference code lengths and its logit rows ``keep``, and the start token's
+    row."""
     cache = DynamicCache()
     start = model.start_token_id
+    reference = np.empty(len(tokens))
+    rows: dict[int, torch.Tensor] = {}
+    wanted = set(keep)
+    ids = torch.tensor(tokens)
     with pinned_threads(schedule_threads("prefill")):
-        logits = model.model(input_ids=torch.tensor([tokens], device=model.device),
-                             cache=cache, use_cache=True).logits[0].float().cpu()  # [T, V]
-        first = None if start is None else model.model(
-            input_ids=torch.tensor([[start]], device=model.device)).logits[0, 0].float().cpu()
-    return _Shared(logits, first, model.kv_tensor(cache))
+        for offset, block in logit_blocks(model.model, tokens, slice(0, len(tokens)), cache):
+            for row in sorted(wanted.intersection(range(offset, offset + len(block)))):
+                rows[row] = block[row - offset].float().cpu().clone()
+            # row i codes token i + 1: the last row codes nothing
+            last = min(offset + len(block), len(tokens) - 1)
+            for first in range(offset, last, _REFERENCE_CHUNK):
+                stop = min(first + _REFERENCE_CHUNK, last)
+                logits = block[first - offset : stop - offset].double().cpu()
+                picked = torch.log_softmax(logits, dim=-1).gather(1, ids[first + 1 : stop + 1,
+                                                                         None])[:, 0]
+                reference[first + 1 : stop + 1] = (-picked / np.log(2.0)).numpy()
+        if start is None:
+            reference[0] = np.log2(model.vocab_size)
+        else:
+            row = model.model(input_ids=torch.tensor([[start]], device=model.device)
+                              ).logits[0, 0].double().cpu()
+            reference[0] = -float(torch.log_softmax(row, dim=-1)[tokens[0]]) / np.log(2)
+    return _Shared(reference, rows, model.kv_tensor(cache))
+
+
+def _keep(tokens: list[int], options: CheckOptions) -> list[int]:
+    """The logit rows the entropy-rate contexts start from (``context_ends``), when the text
+    has enough positions to draw them."""
+    try:
+        ends = context_ends(len(tokens), options.entropy_contexts, options.seed)
+    except InsufficientSamplesError:
+        return []
+    return [end - 1 for end in ends]
 
 
 def _decoded(model: CausalLM, data: bytes, progress: ProgressSink | None
@@ -244,10 +262,10 @@ def check_text_tokens(
     options = options or CheckOptions()
     clock = _Clock()
     with clock.phase("shared prefill"):
-        shared = _shared_prefill(model, tokens)
+        shared = _shared_prefill(model, tokens, _keep(tokens, options))
         # the segments levels restart their context per segment: their reference is their own
         single = not parse_level(level).spec.name.startswith("segments")
-        reference = shared.reference(tokens, model.vocab_size) if single else None
+        reference = shared.reference if single else None
     with clock.phase("compress"):
         result = compress(model, tokens, kv=shared.kv, tolerance=tolerance,
                           progress=progress, level=level, on_violation="return",
@@ -281,7 +299,7 @@ def check_skv(
                              max_memory_bytes=max_memory_bytes)
     session = decoded.session
     with clock.phase("shared prefill"):
-        shared = _shared_prefill(model, decoded.tokens)
+        shared = _shared_prefill(model, decoded.tokens, _keep(decoded.tokens, options))
     residual = session.residual
     lengths = CodeLengths(session.count, session.token_code.num_bits,
                           0 if residual is None else residual.num_bits,
@@ -339,7 +357,7 @@ def _report(model: CausalLM, coded: _Coded, data: DataFingerprint, options: Chec
                     coded.digest_restored)
     with clock.phase("entropy rate"):
         entropy_rate = estimate_entropy_rate_from_data(
-            model, coded.shared.kv, coded.shared.logits, options.entropy_contexts,
+            model, coded.shared.kv, coded.shared.rows, options.entropy_contexts,
             options.entropy_sequences, options.entropy_length, options.seed)
     with clock.phase("per-vector figure"):
         per_vector = per_vector_entropy(coded.shared.kv, options.per_vector_bits,

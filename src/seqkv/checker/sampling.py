@@ -22,7 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +35,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 from seqkv.checker.estimators import FloatArray, Interval
 from seqkv.errors import InsufficientSamplesError
 from seqkv.models.adapter import CausalLM
+
+# The next-token logits of a text's positions: its whole ``[T, V]`` matrix, or the rows one
+# estimate needs, by position (``int`` -> ``[V]``).
+LogitRows = torch.Tensor | Mapping[int, torch.Tensor]
 
 
 class SequenceSource(Protocol):
@@ -168,12 +172,12 @@ class PaddedContexts:
     row computes what its context alone would, up to float noise of the batch shape (this is a
     Monte-Carlo estimate, not a coder)."""
 
-    def __init__(self, model: CausalLM, kv: torch.Tensor, logits: torch.Tensor,
+    def __init__(self, model: CausalLM, kv: torch.Tensor, logits: LogitRows,
                  ends: Sequence[int], per_context: int, steps: int) -> None:
         self._model = model
         self.vocab_size = model.vocab_size
         self._kv = kv  # [L, 2, H, T, D]: the whole text's, contexts are its first ``end`` rows
-        self._logits = logits  # [T, V]: row i follows the first i + 1 positions
+        self._logits = logits  # row i ([V]) follows the first i + 1 positions
         self._ends = list(ends)
         self._per = per_context
         self._steps = steps  # positions each row grows by: the reserved capacity
@@ -223,25 +227,32 @@ BATCH_CACHE_BYTES = 1_600_000_000
 
 
 @torch.inference_mode()
+def context_ends(positions: int, contexts: int, seed: int) -> list[int]:
+    """The context lengths ``estimate_entropy_rate_from_data`` draws from a text of
+    ``positions`` tokens (seeded; each context's next-token row is logit row ``end - 1``)."""
+    if contexts < 2 or positions < 2:
+        raise InsufficientSamplesError("need at least 2 contexts and 2 tokens")
+    rng = np.random.default_rng(seed)
+    count = min(contexts, positions)
+    return sorted(int(i) for i in rng.choice(np.arange(1, positions + 1), size=count,
+                                             replace=False))
+
+
 def estimate_entropy_rate_from_data(
-    model: CausalLM, kv: torch.Tensor, logits: torch.Tensor, contexts: int,
+    model: CausalLM, kv: torch.Tensor, logits: LogitRows, contexts: int,
     sequences: int, length: int, seed: int, confidence: float = 0.95,
 ) -> EntropyRateEstimate:
     """The model's entropy rate after ``contexts`` prefixes drawn from a text (seeded):
     ``sequences`` continuations of ``length`` tokens each; the interval is over the contexts.
 
-    ``kv`` ``[L, 2, H, T, D]`` and ``logits`` ``[T, V]`` are of one prefill of the text, shared
-    with the rest of the check: a context is the first ``end`` positions.
+    ``kv`` ``[L, 2, H, T, D]`` and ``logits`` (``[T, V]``, or the rows ``end - 1`` of the
+    ``context_ends`` alone, by index) are of one prefill of the text, shared with the rest of
+    the check: a context is the first ``end`` positions.
     Contexts of similar lengths are advanced together, in batches bounded by
     ``BATCH_CACHE_BYTES``.
     """
     positions = kv.shape[3]
-    if contexts < 2 or positions < 2:
-        raise InsufficientSamplesError("need at least 2 contexts and 2 tokens")
-    rng = np.random.default_rng(seed)
-    count = min(contexts, positions)
-    ends = sorted(int(i) for i in rng.choice(np.arange(1, positions + 1), size=count,
-                                             replace=False))
+    ends = context_ends(positions, contexts, seed)
     per_row = kv[:, :, :, :1].numel() * kv.element_size()
     runs: list[EntropyRateEstimate] = []
     group: list[int] = []
