@@ -147,6 +147,26 @@ def test_native_heads_of_any_width_equal_torch_past_a_value_flush(head_dim: int)
         assert np.array_equal(_rows(fast, tokens, [1, 257, 511, 513, 599]), expected)
 
 
+@needs_native
+@pytest.mark.parametrize("head_dim", [64, 96])
+def test_native_one_row_steps_equal_torch_across_key_blocks(head_dim: int) -> None:
+    """A step of one or two rows reads the pool's keys directly, summing the dot products of 16
+    keys at a time when the head's width is a multiple of 32 (SmolLM2's 64): steps from 20 to
+    70 keys cross whole blocks of 16 and every remainder."""
+    config = LlamaConfig(vocab_size=512, hidden_size=96, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=1,
+                         head_dim=head_dim, max_position_embeddings=1024)
+    torch.manual_seed(5)
+    model = CausalLM(LlamaForCausalLM(config), None, f"tiny-llama-steps{head_dim}")
+    reference = IntegerForward(model, backend="torch")
+    fast = IntegerForward(reference.weights, backend="native")
+    tokens = [int(t) for t in np.random.default_rng(8).integers(0, 512, 70)]
+    expected = _rows(reference, tokens, [])
+    for threads in (1, 2):
+        with pinned_threads(threads):
+            assert np.array_equal(_rows(fast, tokens, [20, *range(21, 70, 1), 69]), expected)
+
+
 @pytest.mark.parametrize("dtype, rows", [(np.int32, 40), (np.int64, 39)])
 def test_both_paths_refuse_an_out_buffer_of_another_dtype_or_too_few_rows(
         engines: tuple[IntegerForward, IntegerForward], dtype: type, rows: int) -> None:

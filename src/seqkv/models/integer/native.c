@@ -600,6 +600,56 @@ static void common_exponent(int64_t *out, const int64_t *running, int64_t n, int
     }
 }
 
+#define KEY_SUMS 16  /* keys whose dot products attend_head_direct sums as one block */
+#ifdef SEQKV_VNNI
+/* Lane k of the result: the sum of the 16 lanes of v[k] (16 horizontal sums at once: pairs of
+ * vectors interleaved and added, then 128-bit lanes, in 15 additions instead of 16 reductions
+ * of 4 steps each). Integer addition is associative, so each lane is exactly
+ * _mm512_reduce_add_epi32(v[k]); every partial sum is part of a key's sum, which stays in
+ * int32 (attend_head_direct). */
+static inline __m512i sum_lanes_16(const __m512i v[KEY_SUMS]) {
+    __m512i quad[4];
+    for (int j = 0; j < 4; ++j) {  /* 128-bit lane L of quad[j]: v[4j..4j+3]'s lane-L sums */
+        const __m512i *w = v + 4 * j;
+        __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(w[0], w[1]),
+                                     _mm512_unpackhi_epi32(w[0], w[1]));
+        __m512i b = _mm512_add_epi32(_mm512_unpacklo_epi32(w[2], w[3]),
+                                     _mm512_unpackhi_epi32(w[2], w[3]));
+        quad[j] = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    }
+    /* 128-bit lanes: (0 + 1, 2 + 3) of two quads side by side, then again */
+    __m512i x = _mm512_add_epi32(_mm512_shuffle_i32x4(quad[0], quad[1], 0x88),
+                                 _mm512_shuffle_i32x4(quad[0], quad[1], 0xdd));
+    __m512i y = _mm512_add_epi32(_mm512_shuffle_i32x4(quad[2], quad[3], 0x88),
+                                 _mm512_shuffle_i32x4(quad[2], quad[3], 0xdd));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xdd));
+}
+
+/* The high- and low-plane dot products of the query qv [d] (d a multiple of 32) with 16
+ * consecutive keys (key k's high plane at kh + k * token_stride, its low plane `low` further):
+ * high[k], low[k]. Each key's products are summed as attend_head_direct's per-key loop sums
+ * them, then reduced 16 keys at a time (sum_lanes_16). */
+static void key_block_sums(const int16_t *qv, int64_t d, const int8_t *kh, int64_t token_stride,
+                           int64_t low_offset, int32_t high[KEY_SUMS], int32_t low[KEY_SUMS]) {
+    __m512i acc_high[KEY_SUMS], acc_low[KEY_SUMS];
+    for (int k = 0; k < KEY_SUMS; ++k) {
+        const int8_t *h = kh + k * token_stride, *l = h + low_offset;
+        __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
+        for (int64_t i = 0; i < d; i += 32) {
+            __m512i q = _mm512_loadu_si512(qv + i);
+            ah = _mm512_dpwssd_epi32(ah, q, _mm512_cvtepi8_epi16(
+                _mm256_loadu_si256((const void *)(h + i))));
+            al = _mm512_dpwssd_epi32(al, q, _mm512_cvtepi8_epi16(
+                _mm256_loadu_si256((const void *)(l + i))));
+        }
+        acc_high[k] = ah;
+        acc_low[k] = al;
+    }
+    _mm512_storeu_si512(high, sum_lanes_16(acc_high));
+    _mm512_storeu_si512(low, sum_lanes_16(acc_low));
+}
+#endif
+
 /* One query head of one row of attend_direct (see there) over keys 0 .. end - 1: out [d] before
  * the row's common exponent, and the head's own exponent (`running`). keys: the pool's int8 key
  * planes as they lie (token t's high plane of group g at t * token_stride + g * d, its low
@@ -624,20 +674,34 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
     wide = d - d % 32;
 #endif
     int64_t top = MASKED, running = 0;
+    int32_t block_high[KEY_SUMS], block_low[KEY_SUMS];  /* a block's dot products, by key */
+    int64_t blocked = 0;  /* keys before this one have their sums in block_* (from `first`) */
+    int64_t first = 0;
     for (int64_t t = 0; t < end; ++t) {
         const int8_t *kh = keys + t * token_stride + g * d, *kl = kh + kv_heads * d;
         int32_t dot_high = 0, dot_low = 0;
 #ifdef SEQKV_VNNI
-        __m512i acc_high = _mm512_setzero_si512(), acc_low = _mm512_setzero_si512();
-        for (int64_t i = 0; i < wide; i += 32) {
-            __m512i q = _mm512_loadu_si512(qv + i);
-            acc_high = _mm512_dpwssd_epi32(acc_high, q, _mm512_cvtepi8_epi16(
-                _mm256_loadu_si256((const void *)(kh + i))));
-            acc_low = _mm512_dpwssd_epi32(acc_low, q, _mm512_cvtepi8_epi16(
-                _mm256_loadu_si256((const void *)(kl + i))));
+        if (wide == d && t >= blocked && t + KEY_SUMS <= end) {  /* the next 16 keys at once */
+            key_block_sums(qv, d, keys + t * token_stride + g * d, token_stride, kv_heads * d,
+                           block_high, block_low);
+            first = t;
+            blocked = t + KEY_SUMS;
         }
-        dot_high = _mm512_reduce_add_epi32(acc_high);
-        dot_low = _mm512_reduce_add_epi32(acc_low);
+        if (t < blocked) {
+            dot_high = block_high[t - first];
+            dot_low = block_low[t - first];
+        } else {
+            __m512i acc_high = _mm512_setzero_si512(), acc_low = _mm512_setzero_si512();
+            for (int64_t i = 0; i < wide; i += 32) {
+                __m512i q = _mm512_loadu_si512(qv + i);
+                acc_high = _mm512_dpwssd_epi32(acc_high, q, _mm512_cvtepi8_epi16(
+                    _mm256_loadu_si256((const void *)(kh + i))));
+                acc_low = _mm512_dpwssd_epi32(acc_low, q, _mm512_cvtepi8_epi16(
+                    _mm256_loadu_si256((const void *)(kl + i))));
+            }
+            dot_high = _mm512_reduce_add_epi32(acc_high);
+            dot_low = _mm512_reduce_add_epi32(acc_low);
+        }
 #endif
         for (int64_t i = wide; i < d; ++i) {
             dot_high += (int32_t)qv[i] * (int32_t)kh[i];
