@@ -125,6 +125,19 @@ def test_native_rows_equal_torch_for_each_weight_precision(weight_planes: int) -
     assert np.array_equal(_rows(fast, TOKENS, [7, 8, 30]), _rows(reference, TOKENS, []))
 
 
+def _one_layer_engines(head_dim: int, heads: int, seed: int
+                       ) -> tuple[IntegerForward, IntegerForward]:
+    """A one-layer random Llama with one KV head of ``head_dim``: its torch and native
+    integer forwards over the same weights."""
+    config = LlamaConfig(vocab_size=512, hidden_size=96, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=1,
+                         head_dim=head_dim, max_position_embeddings=1024)
+    torch.manual_seed(seed)
+    model = CausalLM(LlamaForCausalLM(config), None, f"tiny-llama-{heads}x{head_dim}")
+    reference = IntegerForward(model, backend="torch")
+    return reference, IntegerForward(reference.weights, backend="native")
+
+
 @needs_native
 @pytest.mark.parametrize("head_dim", [48, 18, 136])
 def test_native_heads_of_any_width_equal_torch_past_a_value_flush(head_dim: int) -> None:
@@ -133,13 +146,7 @@ def test_native_heads_of_any_width_equal_torch_past_a_value_flush(head_dim: int)
     number of pairs and a partial chunk; 136 two blocks of 64 in the keys' transpose and a
     partial third. 600 tokens
     in uneven chunks cross the 512-key flush of the value sums with odd key counts."""
-    config = LlamaConfig(vocab_size=512, hidden_size=96, intermediate_size=128,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         head_dim=head_dim, max_position_embeddings=1024)
-    torch.manual_seed(3)
-    model = CausalLM(LlamaForCausalLM(config), None, f"tiny-llama-head{head_dim}")
-    reference = IntegerForward(model, backend="torch")
-    fast = IntegerForward(reference.weights, backend="native")
+    reference, fast = _one_layer_engines(head_dim, heads=2, seed=3)
     assert fast.backend == "native"
     tokens = [int(t) for t in np.random.default_rng(6).integers(0, 512, 600)]
     expected = _rows(reference, tokens, [300])
@@ -153,13 +160,7 @@ def test_native_one_row_steps_equal_torch_across_key_blocks(head_dim: int) -> No
     """A step of one or two rows reads the pool's keys directly, summing the dot products of 16
     keys at a time when the head's width is a multiple of 32 (SmolLM2's 64): steps from 20 to
     70 keys cross whole blocks of 16 and every remainder."""
-    config = LlamaConfig(vocab_size=512, hidden_size=96, intermediate_size=128,
-                         num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=1,
-                         head_dim=head_dim, max_position_embeddings=1024)
-    torch.manual_seed(5)
-    model = CausalLM(LlamaForCausalLM(config), None, f"tiny-llama-steps{head_dim}")
-    reference = IntegerForward(model, backend="torch")
-    fast = IntegerForward(reference.weights, backend="native")
+    reference, fast = _one_layer_engines(head_dim, heads=3, seed=5)
     tokens = [int(t) for t in np.random.default_rng(8).integers(0, 512, 70)]
     expected = _rows(reference, tokens, [])
     for threads in (1, 2):

@@ -625,6 +625,22 @@ static inline __m512i sum_lanes_16(const __m512i v[KEY_SUMS]) {
     return _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xdd));
 }
 
+/* One key's products with the query qv, 32 components per vpdpwssd (the first `wide`, a
+ * multiple of 32): 16 int32 partial sums for its high plane kh and its low plane kl. */
+static inline void key_products(const int16_t *qv, int64_t wide, const int8_t *kh,
+                                const int8_t *kl, __m512i *high, __m512i *low) {
+    __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
+    for (int64_t i = 0; i < wide; i += 32) {
+        __m512i q = _mm512_loadu_si512(qv + i);
+        ah = _mm512_dpwssd_epi32(ah, q, _mm512_cvtepi8_epi16(
+            _mm256_loadu_si256((const void *)(kh + i))));
+        al = _mm512_dpwssd_epi32(al, q, _mm512_cvtepi8_epi16(
+            _mm256_loadu_si256((const void *)(kl + i))));
+    }
+    *high = ah;
+    *low = al;
+}
+
 /* The high- and low-plane dot products of the query qv [d] (d a multiple of 32) with 16
  * consecutive keys (key k's high plane at kh + k * token_stride, its low plane `low` further):
  * high[k], low[k]. Each key's products are summed as attend_head_direct's per-key loop sums
@@ -633,17 +649,8 @@ static void key_block_sums(const int16_t *qv, int64_t d, const int8_t *kh, int64
                            int64_t low_offset, int32_t high[KEY_SUMS], int32_t low[KEY_SUMS]) {
     __m512i acc_high[KEY_SUMS], acc_low[KEY_SUMS];
     for (int k = 0; k < KEY_SUMS; ++k) {
-        const int8_t *h = kh + k * token_stride, *l = h + low_offset;
-        __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
-        for (int64_t i = 0; i < d; i += 32) {
-            __m512i q = _mm512_loadu_si512(qv + i);
-            ah = _mm512_dpwssd_epi32(ah, q, _mm512_cvtepi8_epi16(
-                _mm256_loadu_si256((const void *)(h + i))));
-            al = _mm512_dpwssd_epi32(al, q, _mm512_cvtepi8_epi16(
-                _mm256_loadu_si256((const void *)(l + i))));
-        }
-        acc_high[k] = ah;
-        acc_low[k] = al;
+        const int8_t *h = kh + k * token_stride;
+        key_products(qv, d, h, h + low_offset, &acc_high[k], &acc_low[k]);
     }
     _mm512_storeu_si512(high, sum_lanes_16(acc_high));
     _mm512_storeu_si512(low, sum_lanes_16(acc_low));
@@ -691,14 +698,8 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
             dot_high = block_high[t - first];
             dot_low = block_low[t - first];
         } else {
-            __m512i acc_high = _mm512_setzero_si512(), acc_low = _mm512_setzero_si512();
-            for (int64_t i = 0; i < wide; i += 32) {
-                __m512i q = _mm512_loadu_si512(qv + i);
-                acc_high = _mm512_dpwssd_epi32(acc_high, q, _mm512_cvtepi8_epi16(
-                    _mm256_loadu_si256((const void *)(kh + i))));
-                acc_low = _mm512_dpwssd_epi32(acc_low, q, _mm512_cvtepi8_epi16(
-                    _mm256_loadu_si256((const void *)(kl + i))));
-            }
+            __m512i acc_high, acc_low;
+            key_products(qv, wide, kh, kl, &acc_high, &acc_low);
             dot_high = _mm512_reduce_add_epi32(acc_high);
             dot_low = _mm512_reduce_add_epi32(acc_low);
         }
