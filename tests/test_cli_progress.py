@@ -44,3 +44,27 @@ def test_the_reporter_throttles_lines_but_keeps_the_last(monkeypatch: pytest.Mon
     assert len(lines) == 2 and lines[-1].startswith("seqkv: decoding 100/100 tok (100%)")
     off = common.Reporter(common.ProgressMode.OFF, stream)
     assert off.sink is None and reporter.sink is reporter
+
+
+def test_the_command_process_freezes_its_loaded_model_out_of_the_collector(
+        use_tiny: CausalLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``seqkv`` itself (main() reading sys.argv) freezes what the load left; a caller of
+    main([...]) keeps its collector untouched."""
+    import gc
+    import sys
+
+    source = tmp_path / "in.txt"
+    source.write_text("a b c d e f")
+    assert gc.get_freeze_count() == 0
+    assert cli.main(["compress", str(source), "-o", str(tmp_path / "a.skv"), "--level",
+                     "ngram"]) == 0
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(sys, "argv", ["seqkv", "compress", str(source), "-o",
+                                      str(tmp_path / "b.skv"), "--level", "ngram"])
+    try:
+        assert cli.main() == 0
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    capsys.readouterr()

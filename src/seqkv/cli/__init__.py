@@ -60,6 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        # the command's own process (``seqkv``, ``python -m seqkv``) freezes its loaded model out
+        # of the collector; a caller of main([...]) (a test, a script) keeps its collector as is
+        args.freeze_after_load = argv is None
     except SystemExit as done:  # --help (0), or a usage error already printed as one line (2)
         return done.code if isinstance(done.code, int) else 0 if done.code is None else 2
     complete = getattr(args, "complete", None)

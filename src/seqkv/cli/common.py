@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import math
@@ -90,11 +91,22 @@ def _quiet() -> Iterator[None]:
 
 def load_for(args: argparse.Namespace) -> CausalLM:
     """``load`` for a verb: quiet unless ``--progress`` was given, so that a failure prints only
-    its one ``seqkv: error:`` line."""
+    its one ``seqkv: error:`` line. In the command's own process, what the load left (the model,
+    its tokenizer: about 400,000 objects) is then frozen out of the garbage collector's
+    passes."""
     if getattr(args, "progress", False):
-        return load(args.model)
-    with _quiet():
-        return load(args.model)
+        model = load(args.model)
+    else:
+        with _quiet():
+            model = load(args.model)
+    # NOTE: a verb keeps its model to the end, and each full collection walked all of it:
+    # profiled here, 5-9% of a one-row integer step at 4,096 tokens of context was the
+    # collector's; a 400-token portable decode ran 1-4% faster frozen (3 alternations, loaded
+    # machine).
+    if getattr(args, "freeze_after_load", False):
+        gc.collect()
+        gc.freeze()
+    return model
 
 
 
