@@ -41,9 +41,26 @@ def fuzz_model() -> CausalLM:
     return tiny_random_llama(seed=0, context=FUZZ_CONTEXT)
 
 
+# NOTE: the tests' processes (and the ``seqkv`` processes they start) keep converted models in a
+# cache of this session (``seqkv.models.gguf_cache``), never in the user's home; the session's
+# model itself is converted from the GGUF file directly (the cache off), so that the cache's
+# tests compare a cached load with the conversion, not with another cached load.
+if "SEQKV_MODEL_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _MODEL_CACHE = tempfile.mkdtemp(prefix="seqkv-test-models-")
+    os.environ["SEQKV_MODEL_CACHE"] = _MODEL_CACHE
+    atexit.register(shutil.rmtree, _MODEL_CACHE, True)
+
+
 @pytest.fixture(scope="session")
 def real_model() -> CausalLM:
-    """The embedded SmolLM2-135M-Instruct, loaded once for the whole test session."""
+    """The embedded SmolLM2-135M-Instruct, converted from its GGUF file once for the whole test
+    session (the model cache off)."""
     from seqkv.models import load_default_model
 
-    return load_default_model()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEQKV_MODEL_CACHE", "off")
+        return load_default_model()

@@ -79,3 +79,14 @@ def test_given_texts_and_levels_without_a_batched_run(
     assert f"texts: {text}, first 24 tokens each" in table
     assert "Batched: not run (`--sessions 0`)." in table
     assert f"--texts {text} --levels plain ngram" in table
+
+
+def test_given_texts_with_a_batched_run_are_refused(
+        use_tiny: CausalLM, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The batched run cuts its sessions from the shipped texts: with --texts it would report
+    other tokens than the texts named."""
+    text = tmp_path / "long.txt"
+    text.write_text(" ".join(f"word{i}" for i in range(40)))
+    status = cli.main(["bench", "decode", "--tokens", "24", "--texts", str(text), "--sessions",
+                       "4", "--report", str(tmp_path / "r.md")])
+    assert status != 0 and "pass --sessions 0 with --texts" in capsys.readouterr().err

@@ -140,6 +140,16 @@ def test_the_output_layer_runs_on_blocks_of_rows_that_cover_the_whole(
                                                                   (12, 7)]
     assert np.allclose(reference_surprisal(tiny_model, [ids], None)[1:],
                        _whole_surprisal(tiny_model, ids), atol=1e-4)
+    with torch.inference_mode():  # fewer rows than a block: cut from a window of 4
+        blocks = list(bounds.logit_blocks(tiny_model.model, ids, slice(20, 22)))
+        assert [(offset, len(block)) for offset, block in blocks] == [(0, 2)]
+        assert torch.allclose(blocks[0][1], logits[20:22], atol=1e-5)
+        # a cache is filled once, from empty; one that holds positions is refused
+        cache = DynamicCache()
+        list(bounds.logit_blocks(tiny_model.model, ids, slice(0, 23), cache))
+        assert cache.get_seq_length() == len(ids)
+        with pytest.raises(ValueError, match="empty cache"):
+            list(bounds.logit_blocks(tiny_model.model, ids, slice(0, 23), cache))
 
 
 def test_a_network_whose_logits_are_not_its_head_of_the_last_state_runs_whole(

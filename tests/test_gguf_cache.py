@@ -1,8 +1,9 @@
 """The model cache (``seqkv.models.gguf_cache``): a cached load is the GGUF's model bit for bit,
-and a damaged, edited or unwritable cache costs time, never a different model.
+and a damaged, edited or unwritable cache costs time, never a different model or a failed load.
 
-The GGUF conversion itself is the session's embedded model (``real_model``): these tests stand a
-small file in for the GGUF (the cache keys on its bytes) and count how often the conversion ran.
+The GGUF conversion itself is the session's embedded model (``real_model``, converted with the
+cache off): these tests stand a small file in for the GGUF (the cache keys on its bytes and
+name) and count how often the conversion ran.
 """
 
 from __future__ import annotations
@@ -113,15 +114,88 @@ def test_a_damaged_or_edited_folder_is_replaced_from_the_gguf(
     assert again.calls == 0 and reloaded.identity == real_model.identity
 
 
-def test_another_gguf_file_or_library_version_gets_its_own_folder(
+def test_another_gguf_file_name_or_library_version_gets_its_own_folder(
         cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gguf = cache / "model.gguf"
     key = cache_key(gguf)
     other = cache / "other.gguf"
     other.write_bytes(b"GGUF stand-In")
     assert cache_key(other) != key
-    monkeypatch.setattr(gguf_cache, "_version", lambda name: "9.9" if name == "gguf" else "1")
-    assert cache_key(gguf) != key
+    renamed = cache / "renamed.gguf"  # the same bytes: the config records the file's name
+    renamed.write_bytes(gguf.read_bytes())
+    assert cache_key(renamed) != key
+    for library in ("gguf", "numpy", "kernels", "transformers", "seqkv"):
+        monkeypatch.setattr(gguf_cache, "_version",
+                            lambda name, changed=library: "9.9" if name == changed else "1")
+        assert cache_key(gguf) not in {key, cache_key(renamed)}
+
+
+def test_a_cache_that_fails_anywhere_never_fails_the_load(
+        tmp_path: Path, real_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No home folder (RuntimeError from Path.home), a cache folder that cannot be entered, a
+    save that raises something else than OSError: the GGUF is loaded."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    monkeypatch.setenv("SEQKV_MODEL_CACHE", str(tmp_path / "cache"))
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    for name, failure in (("cache_root", no_home),
+                          ("save_model", lambda *args, **kwargs: 1 / 0)):
+        with monkeypatch.context() as patch:
+            patch.setattr(gguf_cache, name, failure)
+            conversions = Conversions(real_model)
+            assert load_through_cache(gguf, real_model.name, conversions) is real_model
+            assert conversions.calls == 1
+    assert not (tmp_path / "cache" / cache_key(gguf)).exists()
+    (tmp_path / "cache" / cache_key(gguf)).mkdir(parents=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "is_dir", lambda self: (_ for _ in ()).throw(PermissionError(13, "x")))
+        conversions = Conversions(real_model)
+        assert load_through_cache(gguf, real_model.name, conversions) is real_model
+
+
+def test_a_model_that_does_not_round_trip_is_not_cached_again(
+        tmp_path: Path, real_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    monkeypatch.setenv("SEQKV_MODEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_cache, "_read", lambda folder, name: None)
+    written: list[Path] = []
+    real_write = gguf_cache._write
+    monkeypatch.setattr(gguf_cache, "_write",
+                        lambda folder, model: written.append(folder) or real_write(folder, model))
+    for _ in range(2):
+        assert load_through_cache(gguf, real_model.name, Conversions(real_model)) is real_model
+    assert len(written) == 1  # written once, read back unequal, marked
+    folder = tmp_path / "cache" / cache_key(gguf)
+    assert not folder.exists() and folder.with_suffix(".uncacheable").exists()
+
+
+def test_folders_take_the_umask_and_stale_partial_writes_go(
+        tmp_path: Path, real_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SEQKV_MODEL_CACHE", str(root))
+    stale, fresh = root / ".partial-killed", root / ".partial-running"
+    for partial in (stale, fresh):
+        partial.mkdir(parents=True)
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    previous = os.umask(0o022)
+    try:
+        load_through_cache(gguf, real_model.name, Conversions(real_model))
+    finally:
+        os.umask(previous)
+    folder = root / cache_key(gguf)
+    assert folder.stat().st_mode & 0o777 == 0o755
+    assert (folder / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert not stale.exists() and fresh.exists()
 
 
 def test_turned_off_it_reads_and_writes_nothing(

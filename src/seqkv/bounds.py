@@ -30,6 +30,7 @@ Invariants:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,34 +164,35 @@ _HEAD_ROWS = 256
 
 def logit_blocks(network: Any, ids: list[int], wanted: slice, cache: Any | None = None
                  ) -> Iterator[tuple[int, torch.Tensor]]:
-    """The logit rows ``wanted`` of one forward over ``ids`` (filling ``cache`` when given), as
-    (offset into ``wanted``, ``[rows, V]``) blocks of ``_HEAD_ROWS`` to ``2 * _HEAD_ROWS - 1``
-    rows.
+    """The logit rows ``wanted`` of one forward over ``ids`` (filling ``cache``, which must be
+    empty, when given), as (offset into ``wanted``, ``[rows, V]``) blocks, each the output layer
+    over at least ``_HEAD_ROWS`` rows (a shorter ``wanted`` is cut from a window of that many).
 
     The backbone runs once, its last hidden state caught by a hook on ``base_model`` while the
     network computes the last position's logits only (``logits_to_keep=1``); the output layer
     (``get_output_embeddings``) then runs on each block. That is the network's own head only
     when the network's logits are the output layer of the base model's last hidden state: the
-    last row is compared with the network's own (to 1e-4: the one-row product is another
-    kernel's, see ``_HEAD_ROWS``), and a network that scales or caps its logits (another
-    architecture) falls back to its whole ``[T, V]`` logits."""
+    head of the caught last row is compared with the network's own last row (the same one-row
+    product: equal, compared to 1e-4), and a network that scales or caps its logits (another
+    architecture), or has no ``logits_to_keep``, runs its whole ``[T, V]`` forward instead."""
     start, stop = wanted.indices(len(ids))[:2]
+    if cache is not None and cache.get_seq_length() != 0:
+        raise ValueError("logit_blocks fills an empty cache: this one holds positions already")
     tensor = torch.tensor([ids], device=network.device)
     fill: dict[str, Any] = {} if cache is None else {"cache": cache, "use_cache": True}
     head = network.get_output_embeddings()
     base = getattr(network, "base_model", None)
     hidden = None
-    if head is not None and base is not None and base is not network:
+    if (head is not None and base is not None and base is not network
+            and "logits_to_keep" in inspect.signature(network.forward).parameters):
         caught: list[torch.Tensor] = []
         hook = base.register_forward_hook(lambda module, args, output: caught.append(output[0]))
         try:
             last = network(input_ids=tensor, logits_to_keep=1, **fill).logits[0, -1]
-            fill = {}  # the cache holds the text now: a fallback forward runs without it
-        except TypeError:  # a network without logits_to_keep: nothing ran
-            last = None
         finally:
             hook.remove()
-        if (last is not None and len(caught) == 1 and caught[0].dim() == 3
+        fill = {}  # the cache holds the text now: a fallback forward runs without it
+        if (len(caught) == 1 and caught[0].dim() == 3
                 and torch.allclose(head(caught[0][0, -1:])[0], last, rtol=1e-4, atol=1e-4)):
             hidden = caught[0][0]
     if hidden is None:
@@ -199,8 +201,13 @@ def logit_blocks(network: Any, ids: list[int], wanted: slice, cache: Any | None 
     if len(ids) < 2 * _HEAD_ROWS:  # one block, the product the network computes
         yield 0, head(hidden)[start:stop]
         return
+    if stop - start < _HEAD_ROWS:  # a window of _HEAD_ROWS rows around them (len(ids) >= 512)
+        low = max(0, min(start, stop - _HEAD_ROWS))
+        high = max(stop, low + _HEAD_ROWS)
+        yield 0, head(hidden[low:high])[start - low : stop - low]
+        return
     cuts = list(range(start, stop, _HEAD_ROWS))
-    if len(cuts) > 1 and stop - cuts[-1] < _HEAD_ROWS:
+    if stop - cuts[-1] < _HEAD_ROWS:
         cuts.pop()  # the remainder joins the last block
     for index, cut in enumerate(cuts):
         end = cuts[index + 1] if index + 1 < len(cuts) else stop
@@ -225,7 +232,7 @@ def reference_surprisal(model: CausalLM, segments: Sequence[Sequence[int]],
                   ) -> npt.NDArray[np.float64]:
         """``-log2 p(targets[j])`` under logit row ``first_row + j`` of a forward over ``ids``.
 
-        The output layer and the float64 log-softmax run on blocks of rows (``_head_blocks``):
+        The output layer and the float64 log-softmax run on blocks of rows (``logit_blocks``):
         a row's result does not depend on the others, and the whole ``[T, V]`` matrices were
         1.6 GB (float32 logits) and 3.2 GB (float64) at the model's 8,192 tokens."""
         out = np.empty(len(targets))

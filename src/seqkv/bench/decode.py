@@ -312,6 +312,9 @@ def run_batched(model: CausalLM, sessions: int, count: int, tolerance: float,
         pool += kind_tokens(model, kind, 10_000)
     stride = max(1, (len(pool) - count) // max(1, sessions - 1))
     chunks = [pool[i * stride : i * stride + count] for i in range(sessions)]
+    if any(len(chunk) != count for chunk in chunks):
+        raise UsageError(f"the shipped texts hold {len(pool):,} tokens: too few for "
+                         f"{sessions} sessions of {count:,} (lower --tokens or --sessions)")
     originals = [tensor_from_cache(model.prefill(c)) for c in chunks]
     files = [compress(model, c, kv, tolerance=tolerance, level=level)
              for c, kv in zip(chunks, originals, strict=True)]

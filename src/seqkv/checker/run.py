@@ -195,16 +195,18 @@ class _Shared:
     row (the first token's distribution, as the coders have it). No ``[T, V]`` matrix is kept:
     the output layer runs on blocks of rows (``seqkv.bounds.logit_blocks``)."""
 
-    reference: npt.NDArray[np.float64]  # [T] -log2 p(t_i | t_<i), as seqkv.bounds computes it
+    # [T] -log2 p(t_i | t_<i), as seqkv.bounds computes it; None where the check needs none
+    reference: npt.NDArray[np.float64] | None
     rows: dict[int, torch.Tensor]  # position -> [V] float32 logits after the first i + 1 tokens
     kv: torch.Tensor  # [L, 2, H, T, D]
 
 
 @torch.inference_mode()
-def _shared_prefill(model: CausalLM, tokens: list[int], keep: Sequence[int]) -> _Shared:
+def _shared_prefill(model: CausalLM, tokens: list[int], keep: Sequence[int],
+                    with_reference: bool) -> _Shared:
     """One prefill over the text (the ``prefill`` schedule's KV, bit for bit: the logits do not
-    change it), its reference code lengths and its logit rows ``keep``, and the start token's
-    row."""
+    change it), its logit rows ``keep`` and, ``with_reference``, its reference code lengths
+    (the start token's row gives the first)."""
     cache = DynamicCache()
     start = model.start_token_id
     reference = np.empty(len(tokens))
@@ -216,20 +218,20 @@ def _shared_prefill(model: CausalLM, tokens: list[int], keep: Sequence[int]) -> 
             for row in sorted(wanted.intersection(range(offset, offset + len(block)))):
                 rows[row] = block[row - offset].float().cpu().clone()
             # row i codes token i + 1: the last row codes nothing
-            last = min(offset + len(block), len(tokens) - 1)
+            last = min(offset + len(block), len(tokens) - 1) if with_reference else offset
             for first in range(offset, last, _REFERENCE_CHUNK):
                 stop = min(first + _REFERENCE_CHUNK, last)
                 logits = block[first - offset : stop - offset].double().cpu()
                 picked = torch.log_softmax(logits, dim=-1).gather(1, ids[first + 1 : stop + 1,
                                                                          None])[:, 0]
                 reference[first + 1 : stop + 1] = (-picked / np.log(2.0)).numpy()
-        if start is None:
+        if with_reference and start is None:
             reference[0] = np.log2(model.vocab_size)
-        else:
+        elif with_reference:
             row = model.model(input_ids=torch.tensor([[start]], device=model.device)
                               ).logits[0, 0].double().cpu()
             reference[0] = -float(torch.log_softmax(row, dim=-1)[tokens[0]]) / np.log(2)
-    return _Shared(reference, rows, model.kv_tensor(cache))
+    return _Shared(reference if with_reference else None, rows, model.kv_tensor(cache))
 
 
 def _keep(tokens: list[int], options: CheckOptions) -> list[int]:
@@ -262,14 +264,13 @@ def check_text_tokens(
     options = options or CheckOptions()
     clock = _Clock()
     with clock.phase("shared prefill"):
-        shared = _shared_prefill(model, tokens, _keep(tokens, options))
         # the segments levels restart their context per segment: their reference is their own
         single = not parse_level(level).spec.name.startswith("segments")
-        reference = shared.reference if single else None
+        shared = _shared_prefill(model, tokens, _keep(tokens, options), with_reference=single)
     with clock.phase("compress"):
         result = compress(model, tokens, kv=shared.kv, tolerance=tolerance,
                           progress=progress, level=level, on_violation="return",
-                          reference=reference)
+                          reference=shared.reference)
     with clock.phase("decode and verify"):
         decoded = _decoded(model, result.data, progress)
     stats = result.stats
@@ -299,7 +300,8 @@ def check_skv(
                              max_memory_bytes=max_memory_bytes)
     session = decoded.session
     with clock.phase("shared prefill"):
-        shared = _shared_prefill(model, decoded.tokens, _keep(decoded.tokens, options))
+        shared = _shared_prefill(model, decoded.tokens, _keep(decoded.tokens, options),
+                                 with_reference=False)
     residual = session.residual
     lengths = CodeLengths(session.count, session.token_code.num_bits,
                           0 if residual is None else residual.num_bits,

@@ -226,7 +226,6 @@ class PaddedContexts:
 BATCH_CACHE_BYTES = 1_600_000_000
 
 
-@torch.inference_mode()
 def context_ends(positions: int, contexts: int, seed: int) -> list[int]:
     """The context lengths ``estimate_entropy_rate_from_data`` draws from a text of
     ``positions`` tokens (seeded; each context's next-token row is logit row ``end - 1``)."""
@@ -238,6 +237,7 @@ def context_ends(positions: int, contexts: int, seed: int) -> list[int]:
                                              replace=False))
 
 
+@torch.inference_mode()
 def estimate_entropy_rate_from_data(
     model: CausalLM, kv: torch.Tensor, logits: LogitRows, contexts: int,
     sequences: int, length: int, seed: int, confidence: float = 0.95,

@@ -59,6 +59,9 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
     command = f"seqkv bench decode --tokens {args.tokens} --sessions {args.sessions}"
     texts, source = shipped_texts(), SHIPPED_TEXTS
     if args.texts:
+        if args.sessions:
+            raise UsageError("the batched run cuts its sessions from the shipped texts, not from "
+                             "--texts: pass --sessions 0 with --texts")
         texts = {Path(path).stem: common.read_text(path) for path in args.texts}
         if len(texts) != len(args.texts):
             raise UsageError("two --texts files have the same name: the report names texts by "
@@ -205,7 +208,8 @@ def add_bench(commands: common.Subparsers) -> None:
                     help="sessions decoded as one batch (0: no batched run)")
     bd.add_argument("--texts", nargs="+", metavar="FILE", type=common.input_file_no_stdin,
                     help="texts to measure, named by file name (default: the shipped prose, "
-                         "code, legal and technical texts); each needs --tokens tokens")
+                         "code, legal and technical texts); each needs --tokens tokens; "
+                         "with --sessions 0")
     bd.add_argument("--levels", nargs="+", metavar="LEVEL", type=common.level_name,
                     help="levels to measure, in this order (default: every level)")
     bd.add_argument("--report", default="reports/decode_levels.md", metavar="PATH",

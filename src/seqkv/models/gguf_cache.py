@@ -1,17 +1,20 @@
-"""A converted copy of each GGUF model, so that a process loads it in half a second, not ~16.
+"""A converted copy of each GGUF model, so that a process loads it in 1.5 s instead of 17.
 
 transformers reads a GGUF file's metadata one field at a time and rebuilds its tensor-name map
 once per tensor: measured here (SmolLM2-135M-Instruct, transformers 5.24, 2 cores), 3.7 s for
 the tokenizer and 12.4 s for the model, of which 1.5 s is the dequantization itself. Every
 ``seqkv`` process paid that. The first load of a GGUF file now writes what transformers made of
 it (the float32 weights as safetensors, the config, the tokenizer) into a folder of the model
-cache, and later loads read that folder (0.4 s, plus 0.55 s to check it).
+cache, and later loads read that folder (0.4 s, plus 0.55 s to check it; 1.5 s in all in a
+fresh process).
 
 The cache lives in ``$SEQKV_MODEL_CACHE`` (default ``$XDG_CACHE_HOME/seqkv/models`` or
 ``~/.cache/seqkv/models``; ``SEQKV_MODEL_CACHE=off`` turns it off), one folder per GGUF file
-named by the SHA-256 of the file's bytes and of the versions of the libraries that converted it
-(a new transformers or gguf may dequantize differently: it gets its own folder). About 540 MB
-for the embedded model. Folders of other versions are not removed.
+named by the SHA-256 of the file's bytes, its name (the config records it) and the versions of
+seqkv and of the libraries that convert it (a new transformers, gguf or numpy may dequantize
+otherwise; ``kernels``, when installed, makes transformers keep GGUF blocks: each gets its own
+folder). About 540 MB for the embedded model. Folders of other versions are not removed; a
+``.partial-*`` folder an interrupted write left is removed by the next write after an hour.
 
 Invariants:
 1. A model loaded from the cache has the identity of the model the GGUF file loads to (its
@@ -22,12 +25,16 @@ Invariants:
    never a different model (enforced, ``tests/test_gguf_cache.py``).
 2. A folder appears whole or not at all: it is written beside its place and renamed into it;
    of two processes writing the same folder, the first rename wins.
-3. The cache only saves time: when it cannot be written (read-only or full disk) or is turned
-   off, the model loads from the GGUF as before.
+3. The cache only saves time: whatever fails in it (a folder that cannot be read or written, a
+   full disk, no home folder) or when it is off, the model loads from the GGUF as before. A key
+   whose folder fails its check right after it was written (a model whose conversion does not
+   round-trip) is marked and not cached again.
+4. Folders are written with the process's umask (a shared cache stays readable by its users).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -35,6 +42,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,13 +57,16 @@ from seqkv.models.adapter import CausalLM
 _LOG = logging.getLogger(__name__)
 _LAYOUT = 1  # what a folder holds; a change here names new folders
 _MANIFEST = "seqkv-model.json"
+_UNCACHEABLE = ".uncacheable"  # beside a folder name: that key is never cached
 # Tokenized on every cached load and compared with the ids the GGUF's tokenizer gave: the
 # identity hashes the vocabulary, not the pre-tokenizer or normalizer that choose among it.
 PROBE_TEXT = (
     "Hello, wörld! 你好 — naïve café\n\tdef f(x):  return x ** 2  # ok\r\n"
     "<|im_start|>user 12,345.67 e^{iπ}+1=0 \u00a0 tabs\t\tand  spaces</s>"
 )
-_LIBRARIES = ("transformers", "gguf", "torch", "tokenizers", "safetensors")
+_LIBRARIES = ("seqkv", "transformers", "gguf", "numpy", "kernels", "torch", "tokenizers",
+              "safetensors")
+_STALE_SECONDS = 3600  # a .partial-* folder this old belongs to no running write
 
 
 def cache_root() -> Path | None:
@@ -70,30 +81,41 @@ def cache_root() -> Path | None:
 
 
 def cache_key(file: Path) -> str:
-    """The folder name of ``file``'s converted copy: its bytes and the converting libraries."""
+    """The folder name of ``file``'s converted copy: its bytes, its name and the converting
+    libraries' versions."""
     digest = hashlib.sha256()
     with file.open("rb") as stream:
         for block in iter(lambda: stream.read(1 << 22), b""):
             digest.update(block)
     versions = {name: _version(name) for name in _LIBRARIES}
-    digest.update(json.dumps([_LAYOUT, versions], sort_keys=True).encode())
+    digest.update(json.dumps([_LAYOUT, file.name, versions], sort_keys=True).encode())
     return digest.hexdigest()[:32]
 
 
 def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM]) -> CausalLM:
     """The model of the GGUF ``file``: from its converted copy when one passes its check, else
-    from ``load_gguf()``, whose result is then written to the cache for the next process."""
-    root = cache_root()
-    if root is None:
-        return load_gguf()
-    folder = root / cache_key(file)
-    if folder.is_dir():
-        cached = _read(folder, name)
-        if cached is not None:
-            return cached
-        shutil.rmtree(folder, ignore_errors=True)
+    from ``load_gguf()``, whose result is then written to the cache for the next process.
+    Only ``load_gguf`` raises: a cache that fails in any way is passed by."""
+    try:
+        root = cache_root()
+        folder = None if root is None else root / cache_key(file)
+        if folder is not None and folder.with_suffix(_UNCACHEABLE).exists():
+            folder = None
+        if folder is not None and folder.is_dir():
+            cached = _read(folder, name)
+            if cached is not None:
+                return cached
+            shutil.rmtree(folder, ignore_errors=True)
+    # NOTE: broad on purpose (invariant 3): no home folder (RuntimeError), a cache folder that
+    # cannot be entered (PermissionError), an unreadable file (left to load_gguf to name).
+    except Exception as error:
+        _LOG.warning("the model cache is passed by (%s): loading the GGUF file", error)
+        folder = None
     model = load_gguf()
-    _write(folder, model)
+    if folder is not None and _write(folder, model) and _read(folder, name) is None:
+        shutil.rmtree(folder, ignore_errors=True)  # it does not round-trip: never again
+        with contextlib.suppress(OSError):
+            folder.with_suffix(_UNCACHEABLE).touch()
     return model
 
 
@@ -111,33 +133,36 @@ def _read(folder: Path, name: str) -> CausalLM | None:
                 key: value for key, value in quantization.items() if key != "quant_method"})
         loaded = CausalLM(model, tokenizer, name)
         identity = loaded.identity
-        recorded = manifest["identity"]
+        found = {"config": identity.config_sha256, "weights": identity.weights_sha256,
+                 "tokenizer": identity.tokenizer_sha256}
         probe = tokenizer(PROBE_TEXT, add_special_tokens=False).input_ids
+        same = (found == manifest["identity"] and probe == manifest["probe_ids"]
+                and loaded.decode_tokens(probe) == manifest["probe_decoded"])
     # NOTE: broad on purpose: whatever a damaged folder makes transformers, safetensors or json
     # raise, the answer is the same (load the GGUF), and invariant 1 is checked below.
     except Exception as error:
         _LOG.warning("the model cache folder %s cannot be read (%s): loading the GGUF file",
                      folder, error)
         return None
-    found = {"config": identity.config_sha256, "weights": identity.weights_sha256,
-             "tokenizer": identity.tokenizer_sha256}
-    if found != recorded or probe != manifest["probe_ids"]:
+    if not same:
         _LOG.warning("the model cache folder %s holds another model than its GGUF file: "
                      "loading the GGUF file", folder)
         return None
     return loaded
 
 
-def _write(folder: Path, model: CausalLM) -> None:
-    """Write ``model`` (just loaded from its GGUF) as ``folder``; on any OSError, leave it."""
+def _write(folder: Path, model: CausalLM) -> bool:
+    """Write ``model`` (just loaded from its GGUF) as ``folder``; whether this call wrote it
+    (on any failure, nothing is left)."""
     if model.tokenizer is None:
-        return
+        return False
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(folder.parent)
         partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
     except OSError as error:
         _LOG.info("the model cache %s cannot be written (%s)", folder.parent, error)
-        return
+        return False
     try:
         save_model(model.model, str(partial / "model.safetensors"), metadata={"format": "pt"})
         config = model.config.to_dict()
@@ -145,22 +170,47 @@ def _write(folder: Path, model: CausalLM) -> None:
         (partial / "config.json").write_text(json.dumps(config, default=str), "utf-8")
         model.tokenizer.save_pretrained(partial)
         identity = model.identity
+        probe = model.tokenizer(PROBE_TEXT, add_special_tokens=False).input_ids
         manifest: dict[str, Any] = {
             "layout": _LAYOUT,
             "identity": {"config": identity.config_sha256, "weights": identity.weights_sha256,
                          "tokenizer": identity.tokenizer_sha256},
-            "probe_ids": model.tokenizer(PROBE_TEXT, add_special_tokens=False).input_ids,
+            "probe_ids": probe,
+            "probe_decoded": model.decode_tokens(probe),
             "quantization_config": (None if quantization is None
                                     else json.loads(json.dumps(quantization, default=_plain))),
             "versions": {name: _version(name) for name in _LIBRARIES},
         }
         (partial / _MANIFEST).write_text(json.dumps(manifest, indent=1), "utf-8")
+        _umask_modes(partial)
         os.rename(partial, folder)
-    except OSError as error:  # a full disk, or another process renamed its copy first
+        return True
+    # NOTE: broad on purpose (invariant 3): a full disk, another process's rename first, or
+    # whatever saving an unusual model raises leaves the load as it was
+    except Exception as error:
         _LOG.info("the model cache folder %s was not written (%s)", folder, error)
+        return False
     finally:
         if partial.exists():
             shutil.rmtree(partial, ignore_errors=True)
+
+
+def _umask_modes(folder: Path) -> None:
+    """``folder`` and its files with the modes the umask gives new ones (mkdtemp made it 0700)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~mask)
+
+
+def _remove_stale(root: Path) -> None:
+    """``.partial-*`` folders older than ``_STALE_SECONDS``: writes that were killed."""
+    now = time.time()
+    for partial in root.glob(".partial-*"):
+        with contextlib.suppress(OSError):
+            if now - partial.stat().st_mtime > _STALE_SECONDS:
+                shutil.rmtree(partial, ignore_errors=True)
 
 
 def _plain(value: object) -> object:
