@@ -214,6 +214,18 @@ def logit_blocks(network: Any, ids: list[int], wanted: slice, cache: Any | None 
         yield cut - start, head(hidden[cut:end])
 
 
+def block_surprisal(logits: torch.Tensor, targets: torch.Tensor) -> npt.NDArray[np.float64]:
+    """``-log2 p(targets[j])`` under logit row ``j`` (``[rows, V]``), by a float64 log-softmax
+    over ``_SURPRISAL_ROWS`` rows at a time (a row's result does not depend on the others)."""
+    out = np.empty(len(targets))
+    for start in range(0, len(targets), _SURPRISAL_ROWS):
+        rows = logits[start : start + _SURPRISAL_ROWS].double().cpu()
+        picked = targets[start : start + len(rows)]
+        log2p = torch.log_softmax(rows, dim=-1) / np.log(2.0)  # [rows, V]
+        out[start : start + len(rows)] = -log2p[torch.arange(len(rows)), picked].numpy()
+    return out
+
+
 @torch.inference_mode()
 def reference_surprisal(model: CausalLM, segments: Sequence[Sequence[int]],
                         context: int | None, prefix: Sequence[int] = (),
@@ -238,12 +250,8 @@ def reference_surprisal(model: CausalLM, segments: Sequence[Sequence[int]],
         out = np.empty(len(targets))
         wanted = slice(first_row, first_row + len(targets))
         for offset, block in logit_blocks(network, list(ids), wanted):
-            for within in range(0, len(block), _SURPRISAL_ROWS):
-                rows = block[within : within + _SURPRISAL_ROWS].double().cpu()
-                start = offset + within
-                picked = targets[start : start + len(rows)]
-                log2p = torch.log_softmax(rows, dim=-1) / np.log(2.0)  # [rows, V]
-                out[start : start + len(rows)] = -log2p[torch.arange(len(rows)), picked].numpy()
+            out[offset : offset + len(block)] = block_surprisal(
+                block, targets[offset : offset + len(block)])
         return out
 
     out: list[npt.NDArray[np.float64]] = []

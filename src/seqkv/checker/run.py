@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache
 
 from seqkv.bench.figures import CommittedCodeBits, committed_code_bits
-from seqkv.bounds import Bound, code_within_table_cost, logit_blocks
+from seqkv.bounds import Bound, block_surprisal, code_within_table_cost, logit_blocks
 from seqkv.checker.checks import Check, CheckInputs, CodeLengths, context_trend, evaluate
 from seqkv.checker.estimators import Interval, percentile_interval
 from seqkv.checker.lemma1 import REBUILT_SCHEDULES, Lemma1, float_schedules, integer_schedules
@@ -64,10 +64,6 @@ from seqkv.proofs.claims import Claim, Measurements, paper_claims
 from seqkv.proofs.ratios import per_vector_bits_per_token, per_vector_over_sequential
 from seqkv.schedule import pinned_threads, schedule_threads
 from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity
-
-# NOTE: rows of the shared prefill's logits turned into log-probabilities at a time: [512, V]
-# float64 is 200 MB for SmolLM2-135M, where the whole [T, V] at 8,192 tokens would be 3.2 GB.
-_REFERENCE_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -218,13 +214,9 @@ def _shared_prefill(model: CausalLM, tokens: list[int], keep: Sequence[int],
             for row in sorted(wanted.intersection(range(offset, offset + len(block)))):
                 rows[row] = block[row - offset].float().cpu().clone()
             # row i codes token i + 1: the last row codes nothing
-            last = min(offset + len(block), len(tokens) - 1) if with_reference else offset
-            for first in range(offset, last, _REFERENCE_CHUNK):
-                stop = min(first + _REFERENCE_CHUNK, last)
-                logits = block[first - offset : stop - offset].double().cpu()
-                picked = torch.log_softmax(logits, dim=-1).gather(1, ids[first + 1 : stop + 1,
-                                                                         None])[:, 0]
-                reference[first + 1 : stop + 1] = (-picked / np.log(2.0)).numpy()
+            coded = min(len(block), len(tokens) - 1 - offset) if with_reference else 0
+            reference[offset + 1 : offset + 1 + coded] = block_surprisal(
+                block[:coded], ids[offset + 1 : offset + 1 + coded])
         if with_reference and start is None:
             reference[0] = np.log2(model.vocab_size)
         elif with_reference:

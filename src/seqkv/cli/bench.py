@@ -50,15 +50,9 @@ def _cmd_bench_quant(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_decode(args: argparse.Namespace) -> int:
-    model = common.load_for(args)
-    if args.forwards_only:
-        costs = asdict(forward_costs(model)) | {"model": model.name}
-        common.print_figures(costs, args.json, "seqkv bench decode --forwards-only")
-        return 0
-    log = None if args.json else print
     command = f"seqkv bench decode --tokens {args.tokens} --sessions {args.sessions}"
     texts, source = shipped_texts(), SHIPPED_TEXTS
-    if args.texts:
+    if args.texts:  # refused before the model loads
         if args.sessions:
             raise UsageError("the batched run cuts its sessions from the shipped texts, not from "
                              "--texts: pass --sessions 0 with --texts")
@@ -68,6 +62,12 @@ def _cmd_bench_decode(args: argparse.Namespace) -> int:
                              "file name")
         source = ", ".join(args.texts)
         command += " --texts " + " ".join(args.texts)
+    model = common.load_for(args)
+    if args.forwards_only:
+        costs = asdict(forward_costs(model)) | {"model": model.name}
+        common.print_figures(costs, args.json, "seqkv bench decode --forwards-only")
+        return 0
+    log = None if args.json else print
     levels = tuple(args.levels) if args.levels else DEFAULT_LEVELS
     if args.levels:
         command += " --levels " + " ".join(levels)
