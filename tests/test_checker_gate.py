@@ -325,3 +325,25 @@ def test_golden_report_shows_failing_bounds_and_measured_verdicts() -> None:
     assert "holds" in theorem
     gap = next(line for line in text.splitlines() if line.startswith("| `theorem1_exact_gap` |"))
     assert gap.endswith("| figure (not a check) |")
+
+
+@pytest.mark.parametrize("count", [40, 600])
+def test_the_shared_prefill_gives_the_bounds_reference_and_the_kept_rows(
+        tiny_model: CausalLM, count: int) -> None:
+    """The check's one prefill stands in for ``seqkv.bounds.reference_surprisal`` (each token
+    under the row before it, the first under the start token's row) and for the logit rows the
+    entropy-rate contexts start from; 600 tokens run its output layer on blocks of rows."""
+    from seqkv.bounds import reference_surprisal
+    from seqkv.checker.run import _shared_prefill
+
+    tokens = [(11 * i + 5) % tiny_model.vocab_size for i in range(count)]
+    shared = _shared_prefill(tiny_model, tokens, [0, 17, count - 1], with_reference=True)
+    expected = reference_surprisal(tiny_model, [tokens], tiny_model.start_token_id)
+    assert shared.reference is not None
+    assert np.allclose(shared.reference, expected, rtol=0, atol=1e-4)
+    with torch.inference_mode():
+        logits = tiny_model.model(input_ids=torch.tensor([tokens])).logits[0]
+    assert sorted(shared.rows) == [0, 17, count - 1]
+    for row, kept in shared.rows.items():
+        assert torch.allclose(kept, logits[row], atol=1e-5)
+    assert _shared_prefill(tiny_model, tokens, [], with_reference=False).reference is None
