@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from seqkv.errors import UnsupportedModelError
 from seqkv.models import CausalLM, tiny_random_llama
+from seqkv.models import rows as rows_module
 from seqkv.models.rows import RowForward, row_forward
 from seqkv.schedule import pinned_threads
 
@@ -69,6 +72,62 @@ def test_rows_do_not_depend_on_the_thread_count(engine: RowForward) -> None:
         two, kv_two = _one_chunk(engine, TOKENS)
     assert np.array_equal(one, two)
     assert torch.equal(kv_one, kv_two)
+
+
+def _serial_and_shared(engine: RowForward, tokens: list[int], helper_threads: int,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """One forward with its per-row attention calls on one thread, then shared with the helper
+    thread left on ``helper_threads`` intra-op threads: the same rows and KV, bit for bit."""
+    monkeypatch.setattr(rows_module, "PARALLEL_ATTENTION_KEYS", 10**12)
+    serial, kv_serial = _one_chunk(engine, tokens)
+    monkeypatch.setattr(rows_module, "PARALLEL_ATTENTION_KEYS", 0)
+    rows_module._attention_helper().submit(torch.set_num_threads, helper_threads).result()
+    shared, kv_shared = _one_chunk(engine, tokens)
+    assert np.array_equal(shared, serial)
+    assert torch.equal(kv_shared, kv_serial)
+
+
+def test_sharing_attention_with_the_helper_thread_keeps_every_bit(
+    engine: RowForward, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = [int(t) for t in np.random.default_rng(1).integers(3, 512, 300)]
+    _serial_and_shared(engine, tokens, 1, monkeypatch)
+
+
+def _forward_in_child(engine: RowForward, tokens: list[int], done: Any) -> None:
+    done.put(_one_chunk(engine, tokens)[0].tobytes())
+
+
+def test_a_forked_process_gets_its_own_attention_helper(
+    engine: RowForward, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the parent's helper exists (and ran) before the fork; the child's forward must not wait on
+    # a thread that was not forked with it
+    tokens = [int(t) for t in np.random.default_rng(3).integers(3, 512, 200)]
+    monkeypatch.setattr(rows_module, "PARALLEL_ATTENTION_KEYS", 0)
+    expected = _one_chunk(engine, tokens)[0].tobytes()
+    context = multiprocessing.get_context("fork")
+    done = context.Queue()
+    child = context.Process(target=_forward_in_child, args=(engine, tokens, done))
+    child.start()
+    try:
+        rows = done.get(timeout=60)  # before join: a child exits once its queue is drained
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+    assert rows == expected
+    assert child.exitcode == 0
+
+
+@pytest.mark.real_model
+def test_real_model_attention_helper_runs_on_one_thread(
+    real_model: CausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # at the real geometry (3 KV heads x 64) torch's attention changes bits on 2 threads from a
+    # few hundred keys on: a helper that kept 2 intra-op threads would leak them into the rows
+    tokens = [int(t) for t in np.random.default_rng(2).integers(3, 49_000, 300)]
+    _serial_and_shared(row_forward(real_model), tokens, 2, monkeypatch)
 
 
 def test_crop_then_forward_equals_never_having_forwarded(engine: RowForward) -> None:
