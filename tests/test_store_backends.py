@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqkv.errors import EmptyInputError, InvalidKVError
-from seqkv.formats.span import Version1Layout
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.models import CausalLM
 from seqkv.session import Prefix
@@ -20,7 +19,7 @@ from seqkv.store.backends.base import CodecIdentity
 from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
-from seqkv.store.codec import DecodedSpan, EncodedSpan, SpanCodec, SpanItem
+from seqkv.store.codec import DecodedSpan, EncodedSpan, SpanCodec, SpanItem, StoredReader
 from seqkv.store.codecs import ModelCodec, TokensCodec
 from seqkv.store.errors import SessionExistsError, SessionNotFoundError
 from seqkv.store.hot import HotTier
@@ -241,8 +240,9 @@ class _CountingCodec:
     def identity(self) -> CodecIdentity:
         return self.inner.identity()
 
-    def reads(self, identity: CodecIdentity) -> Version1Layout | bool:
-        return self.inner.reads(identity)
+    def reader(self, identity: CodecIdentity) -> StoredReader | None:
+        found = self.inner.reader(identity)
+        return None if found is None else (self, found[1])
 
     @property
     def mixes(self) -> bool:

@@ -8,6 +8,8 @@ import doctest
 import importlib
 import json
 import shutil
+import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,9 +27,15 @@ from seqkv.formats.span import SpanRecord, read_frame, read_span, span_parts, wr
 from seqkv.models import CausalLM
 from seqkv.session import Prefix
 from seqkv.store import ModelCodec, SessionStore, TokensCodec
+from seqkv.store.backends.base import CodecIdentity
 from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.codec import EncodedSpan, SpanItem
-from seqkv.store.errors import CorruptRecordError, InvalidSessionIdError, StoreVerificationError
+from seqkv.store.errors import (
+    CodecMismatchError,
+    CorruptRecordError,
+    InvalidSessionIdError,
+    StoreVerificationError,
+)
 from seqkv.store.ids import check_namespace, check_session_id, namespace_key
 
 LEVELS = ["tokens", "rows", "segments:3", "ngram", "plain", "portable"]
@@ -101,8 +109,54 @@ def test_a_span_refuses_another_prefix(tiny_model: CausalLM) -> None:
 def test_identities_differ_by_level_and_read_their_own(tiny_model: CausalLM) -> None:
     rows, ngram = ModelCodec(tiny_model, "rows"), ModelCodec(tiny_model, "ngram")
     assert rows.identity() != ngram.identity()
-    assert rows.reads(rows.identity()) is True and rows.reads(ngram.identity()) is False
-    assert TokensCodec(512).reads(TokensCodec(512, "ngram").identity()) is False
+    assert rows.reader(rows.identity()) == (rows, None) and rows.reader(ngram.identity()) is None
+    assert TokensCodec(512).reader(TokensCodec(512, "ngram").identity()) is None
+
+
+def _as_if_coded_elsewhere(root: Path) -> None:
+    """Rewrite a directory store's codec identities as another CPU model would have stored them
+    (the only field that differs between two x86 machines of the same software)."""
+    db = sqlite3.connect(root / "store.sqlite3", isolation_level=None)
+    for index, text in db.execute("SELECT idx, description FROM codecs").fetchall():
+        description = json.loads(text)
+        description["profile"]["cpu_model"] = "ElsewhereCPU-99-1"
+        moved = CodecIdentity.of(description)
+        db.execute("UPDATE codecs SET digest = ?, description = ? WHERE idx = ?",
+                   (moved.digest, moved.description, index))
+    db.close()
+
+
+@pytest.mark.parametrize("level", ["portable", "ngram", "plain"])
+def test_a_store_coded_on_another_machine_reads_at_a_portable_level(
+        tiny_model: CausalLM, tmp_path: Path, level: str) -> None:
+    """Its tokens verify here and its KV is this worker's recomputation (not the encoder's, so
+    not exact); an append is coded under this worker's own identity and reads back."""
+    tokens = _tokens(24, 5)
+    SessionStore.directory(tmp_path, tiny_model).put(
+        "s", tokens, tiny_model.prefill(tokens), level=level, namespace="n")
+    _as_if_coded_elsewhere(tmp_path)
+    store = SessionStore.directory(tmp_path, tiny_model)
+    got = store.get("s", namespace="n")
+    assert got.tokens == tokens and not got.kv_exact and got.kv is not None
+    store.append("s", [7, 8, 9], namespace="n")
+    again = SessionStore.directory(tmp_path, tiny_model).get("s", namespace="n")
+    assert again.tokens == [*tokens, 7, 8, 9]
+    with pytest.raises(CodecMismatchError, match="another machine coded"):
+        ModelCodec(tiny_model, level, coded_on=replace(
+            tiny_model.profile("prefill"), cpu_model="x")).encode(tokens, None, None, None)
+
+
+@pytest.mark.parametrize("level", ["tokens", "rows"])
+def test_a_store_coded_on_another_machine_is_refused_at_a_float_level(
+        tiny_model: CausalLM, tmp_path: Path, level: str) -> None:
+    """A float level's probabilities depend on the CPU: such spans are refused by name, not
+    decoded (the checksums would catch a wrong token, but the store promises no such try)."""
+    tokens = _tokens(20, 6)
+    SessionStore.directory(tmp_path, tiny_model).put(
+        "s", tokens, tiny_model.prefill(tokens), level=level, namespace="n")
+    _as_if_coded_elsewhere(tmp_path)
+    with pytest.raises(CodecMismatchError, match=r"ElsewhereCPU-99-1.*same execution profile"):
+        SessionStore.directory(tmp_path, tiny_model).get("s", namespace="n")
 
 
 @pytest.mark.parametrize("level", ["plain", "ngram"])

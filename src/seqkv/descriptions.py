@@ -69,6 +69,12 @@ def _fields(raw: dict[str, Any], kind: type[ModelIdentity] | type[ExecutionProfi
     return raw
 
 
+def profile_of(raw: object) -> ExecutionProfile | None:
+    """The execution profile a JSON object describes field for field; None if it is not one."""
+    checked = _fields(raw, ExecutionProfile) if isinstance(raw, dict) else None
+    return None if checked is None else ExecutionProfile(**checked)
+
+
 def default_root() -> Path:
     home = os.environ.get("SEQKV_HOME")
     base = Path(home) if home else Path.home() / ".cache" / "seqkv"
@@ -105,9 +111,7 @@ class Descriptions:
         return identity if identity is not None and model_digest(identity) == digest else None
 
     def profile(self, digest: Digest) -> ExecutionProfile | None:
-        raw = self._read("profiles", digest)
-        checked = None if raw is None else _fields(raw, ExecutionProfile)
-        profile = None if checked is None else ExecutionProfile(**checked)
+        profile = profile_of(self._read("profiles", digest))
         return profile if profile is not None and profile_digest(profile) == digest else None
 
     def _path(self, kind: str, digest: Digest) -> Path:

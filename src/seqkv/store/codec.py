@@ -80,6 +80,10 @@ class DecodedSpan:
     kv_exact: bool = True
 
 
+StoredReader = tuple["SpanCodec", Version1Layout | None]
+"""A stored codec's reader here: the codec that decodes its spans, and their record layout."""
+
+
 class SpanCodec(Protocol):
     """Codes the tokens (and KV residual) of a span that continues a prefix."""
 
@@ -87,9 +91,12 @@ class SpanCodec(Protocol):
         """The codec's identity, stored once per store."""
         ...
 
-    def reads(self, identity: CodecIdentity) -> Version1Layout | bool:
-        """Whether this codec decodes spans stored under ``identity``: False, True (its own
-        records), or the layout of the version-1 records an earlier release of it wrote."""
+    def reader(self, identity: CodecIdentity) -> StoredReader | None:
+        """The codec that decodes spans stored under ``identity`` and the layout of their
+        records (None: the current records; else the version-1 layout an earlier release
+        wrote), or None when no codec of this worker reads them. The reader is this codec for
+        its own identity; at a portable level, spans another machine coded get a reader bound
+        to that machine's execution profile (its tokens verify here, its KV is recomputed)."""
         ...
 
     @property

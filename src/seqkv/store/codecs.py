@@ -17,13 +17,19 @@ Invariants:
 2. ``ModelCodec.encode`` reports as ``EncodedSpan.kv`` the KV a decoder rebuilds, which the
    encoder computed and digested (enforced), so the store never codes a child against KV a
    decoder would not rebuild.
-3. Each codec reads the version-1 records of its former release (``reads``): their identities
+3. Each codec reads the version-1 records of its former release (``reader``): their identities
    are rebuilt here field for field, so stores written before keep decoding (tested on a
    committed store).
+4. At a portable level (``plain``, ``ngram``, ``portable``, ``portable+mix``, ``portable4``)
+   a store written on another machine reads: its codec identity differs from this worker's in
+   the execution profile only, and ``reader`` gives a decode-only codec bound to that profile,
+   so the tokens verify and the KV is recomputed (``kv_exact`` False). Any other difference,
+   or another profile at a float level, is no reader (enforced; ``tests/test_store_codec.py``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, replace
@@ -46,6 +52,7 @@ from seqkv.codec import (
     verify,
 )
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder, BitStream
+from seqkv.descriptions import profile_of
 from seqkv.digests import NO_PROFILE, model_digest, profile_digest, tokens_digest
 from seqkv.errors import (
     DecodeLimitError,
@@ -53,7 +60,7 @@ from seqkv.errors import (
     InvalidTokensError,
     SeqKVError,
 )
-from seqkv.formats.span import SpanRecord, Version1Layout
+from seqkv.formats.span import SpanRecord
 from seqkv.levels import CodingLevel, parse_level
 from seqkv.levels.base import TraceColumns
 from seqkv.levels.model_free import ModelFreeLevel, code_tokens, decode_tokens
@@ -63,8 +70,9 @@ from seqkv.models.adapter import CausalLM
 from seqkv.models.profiles import execution_profile
 from seqkv.session import CodedSession, Prefix, split_lengths
 from seqkv.store.backends.base import CodecIdentity
-from seqkv.store.codec import DecodedSpan, EncodedSpan, SpanItem
-from seqkv.store.errors import CorruptRecordError, StoreVerificationError
+from seqkv.store.codec import DecodedSpan, EncodedSpan, SpanItem, StoredReader
+from seqkv.store.errors import CodecMismatchError, CorruptRecordError, StoreVerificationError
+from seqkv.types import ExecutionProfile
 
 DEFAULT_STORE_LEVEL = "portable"
 """The level a store codes at unless told otherwise: tokens that decode on any machine."""
@@ -84,15 +92,29 @@ def session_of(record: SpanRecord, level: CodingLevel, base: CodedSession) -> Co
                    residual=record.residual, kv_scope=record.kv_scope)
 
 
+def _recorded_profile(identity: CodecIdentity) -> ExecutionProfile | None:
+    """The execution profile a stored model codec's description names, if it names one."""
+    try:
+        description = json.loads(identity.description)
+    except ValueError:
+        return None
+    return profile_of(description.get("profile")) if isinstance(description, dict) else None
+
+
 class ModelCodec:
     """``SpanCodec`` over ``seqkv.codec``: one model, one level, one tolerance."""
 
     def __init__(self, model: CausalLM, level: CodingLevel | str = DEFAULT_STORE_LEVEL,
-                 tolerance: float = DEFAULT_TOLERANCE) -> None:
+                 tolerance: float = DEFAULT_TOLERANCE, *,
+                 coded_on: ExecutionProfile | None = None) -> None:
+        """``coded_on``: the execution profile of the machine that coded the spans this codec
+        will decode (another machine's; see ``reader``); such a codec only decodes."""
         self._model = model
         self._level = parse_level(level) if isinstance(level, str) else level
         self._tolerance = tolerance
-        self._profile = execution_profile(model, self._level.spec.schedule)
+        self._coded_on = coded_on
+        self._profile = (coded_on if coded_on is not None
+                         else execution_profile(model, self._level.spec.schedule))
         self._identity = CodecIdentity.of(self._description(legacy=False))
         self._legacy = CodecIdentity.of(self._description(legacy=True))
 
@@ -140,15 +162,25 @@ class ModelCodec:
     def identity(self) -> CodecIdentity:
         return self._identity
 
-    def reads(self, identity: CodecIdentity) -> Version1Layout | bool:
+    def reader(self, identity: CodecIdentity) -> StoredReader | None:
         if identity.digest == self._identity.digest:
-            return True
+            return self, None
         if identity.digest == self._legacy.digest:
-            return "skv+dictionary" if self.mixes else "skv"
-        return False
+            return self, "skv+dictionary" if self.mixes else "skv"
+        if self._coded_on is not None or not self._level.spec.portable:
+            return None
+        coded_on = _recorded_profile(identity)
+        if coded_on is None:
+            return None
+        return ModelCodec(self._model, self._level, self._tolerance,
+                          coded_on=coded_on).reader(identity)
 
     def encode(self, tokens: Sequence[int], kv: torch.Tensor | None, prefix: Prefix | None,
                dictionary: Dictionary | None) -> EncodedSpan:
+        if self._coded_on is not None:
+            raise CodecMismatchError(
+                "this codec decodes spans another machine coded; code new spans with this "
+                "worker's own codec for the level (CodecRegistry.for_level)")
         # a store's span always carries the KV digest (record_kv)
         encoded = encode(self._model, tokens, kv, tolerance=self._tolerance, prefix=prefix,
                          level=self._level, dictionary=dictionary, record_kv=True,
@@ -223,10 +255,10 @@ class TokensCodec:
     def identity(self) -> CodecIdentity:
         return self._identity
 
-    def reads(self, identity: CodecIdentity) -> Version1Layout | bool:
+    def reader(self, identity: CodecIdentity) -> StoredReader | None:
         if identity.digest == self._identity.digest:
-            return True
-        return "tokens" if identity.digest == self._legacy.digest else False
+            return self, None
+        return (self, "tokens") if identity.digest == self._legacy.digest else None
 
     def _bounds(self, code_bits: int, trace: TraceColumns, count: int) -> tuple[Bound, ...]:
         bounds = [code_within_table_cost(code_bits, float(sum(trace.cost)))]

@@ -2,12 +2,13 @@
 
 A store keeps each codec's identity once, under an index its span records name. A worker makes
 one codec per level (``CodecFactory``) and registers its identity before it codes; to decode a
-span it finds the codec whose ``reads`` accepts the identity the span's index names (its own, or
-an earlier release's whose records it still reads).
+span it asks the level's codec for a ``reader`` of the identity the span's index names (its own,
+an earlier release's whose records it still reads, or at a portable level another machine's).
 
 Invariants:
-1. A span is decoded only by a codec that accepts its stored identity; any other raises
-   ``CodecMismatchError`` naming both (enforced).
+1. A span is decoded only by the reader its stored identity gets; no reader raises
+   ``CodecMismatchError`` naming both identities (enforced). New spans are coded only by
+   ``for_level``'s codecs, this worker's own.
 2. ``for_index`` caches per index; ``for_level`` per level (both immutable once made).
 """
 
@@ -16,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from seqkv.codec import DEFAULT_TOLERANCE
-from seqkv.formats.span import Version1Layout
 from seqkv.models.adapter import CausalLM
 from seqkv.store.backends.base import StoreBackend
-from seqkv.store.codec import SpanCodec
+from seqkv.store.codec import SpanCodec, StoredReader
 from seqkv.store.codecs import ModelCodec
 from seqkv.store.errors import CodecMismatchError
 
@@ -46,7 +46,7 @@ class CodecRegistry:
         self._backend = backend
         self._factory = factory
         self._by_level: dict[str, tuple[SpanCodec, int]] = {}
-        self._by_index: dict[int, tuple[SpanCodec, Version1Layout | None]] = {}
+        self._by_index: dict[int, StoredReader] = {}
 
     def for_level(self, level: str) -> tuple[SpanCodec, int]:
         """The codec that codes ``level`` here, and its index in the store."""
@@ -57,17 +57,18 @@ class CodecRegistry:
             self._by_index[index] = (codec, None)
         return self._by_level[level]
 
-    def for_index(self, index: int) -> tuple[SpanCodec, Version1Layout | None]:
+    def for_index(self, index: int) -> StoredReader:
         """The codec that decodes spans of the stored codec ``index``, and the version-1
         record layout of those spans (None: they are the codec's current records)."""
         if index not in self._by_index:
             identity = self._backend.codec(index)
             codec = self._factory(identity.level)
-            verdict = codec.reads(identity)
-            if verdict is False:
+            found = codec.reader(identity)
+            if found is None:
                 raise CodecMismatchError(
                     f"a stored span was coded by {identity.description}; this worker's codec "
                     f"for level {identity.level!r} is {codec.identity().description}: decode on "
-                    "a worker with the same model, execution profile and tolerance")
-            self._by_index[index] = (codec, None if verdict is True else verdict)
+                    "a worker with the same model and tolerance (and, at a level that is not "
+                    "portable, the same execution profile)")
+            self._by_index[index] = found
         return self._by_index[index]

@@ -394,8 +394,10 @@ class SessionStore:
         self._limit(name, found, None)
         state = self._chains.states(tenant, [found.chain])[entry.span]
         self._check_row(tenant, name, found, state)
-        index = self._chains.record(found.chain[-1]).codec
-        codec, _ = self._registry.for_index(index)
+        # the new span is coded by this worker's codec for the chain's level (the chain's own
+        # may be an earlier release's, or another machine's at a portable level)
+        stored, _ = self._registry.for_index(self._chains.record(found.chain[-1]).codec)
+        codec, index = self._registry.for_level(stored.identity().level)
         tokens = list(state.tokens[: entry.length]) + added
         target = self._appended_kv(_kv_tensor(new_kv), state, entry.length, len(added),
                                    codec.max_prefix_error)
