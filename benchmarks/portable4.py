@@ -91,6 +91,22 @@ class Pair:
 
 
 @dataclass(frozen=True)
+class StepFit:
+    """Least squares over the one-row steps of both formats at 6, 18 and 30 layers:
+    ``ms = fixed_ms + layers * per_layer_ms + weight_mb / bandwidth_gb_s``. The work that does
+    not depend on the weights' format (attention over the KV, norms, requantization, the Python
+    step) is the same on both sides, so it has one coefficient, and so do the weights' bytes."""
+
+    fixed_ms: float  # embedding, final norm and the step's own overhead, besides the head's bytes
+    per_layer_ms: float  # a layer's work besides its weights' bytes
+    bandwidth_gb_s: float  # weight MB per ms
+    besides_weights_ms: float  # fixed_ms + all layers * per_layer_ms
+    ratio_fit: float  # the fit's 4-bit / int8 full step
+    # the most the work besides the weights may cost for a 0.7x step at this bandwidth
+    besides_limit_ms: float
+
+
+@dataclass(frozen=True)
 class Report:
     model: str
     machine: str
@@ -106,8 +122,8 @@ class Report:
     kv_mb_at_context: float  # integer KV one step reads at the context, both predictors
     bits: list[TextBits]
     pairs: list[Pair]
-    fixed_ms: dict[str, float]  # per format: the time a step costs besides its weights
-    bandwidth_gb_s: dict[str, float]  # per format: weight bytes over the time they add
+    steps: StepFit  # the one-row steps' time split into weights and the rest
+    read_gb_s: float  # the machine's one-thread read of a weight-sized array (numpy sum)
     held_out_bits_met: bool
     step_target_met: bool
 
@@ -190,14 +206,30 @@ def _prefill_run(engine: IntegerForward, tokens: list[int]) -> Callable[[], obje
     return lambda: engine.forward([(engine.new_sequence(), tokens)])
 
 
-def _line(pairs: list[Pair], form: str) -> tuple[float, float]:
-    """Least squares of one-row step time (ms, median) against weight MB over the layer counts:
-    (intercept ms, GB/s)."""
+def _step_fit(pairs: list[Pair], layers: int) -> StepFit:
     steps = [p for p in pairs if p.workload == "step"]
-    mb = np.array([getattr(p, f"{form}_weight_mb") for p in steps])
-    ms = np.array([getattr(p, form).median_ms for p in steps])
-    slope, intercept = np.polyfit(mb, ms, 1)
-    return float(intercept), float(1.0 / slope)  # MB per ms = GB/s
+    rows = [(p.layers, getattr(p, f"{form}_weight_mb"), getattr(p, form).median_ms)
+            for p in steps for form in FORMATS]
+    design = np.array([[1.0, layer_count, mb] for layer_count, mb, _ in rows])
+    fixed, per_layer, per_mb = np.linalg.lstsq(design, np.array([ms for *_, ms in rows]),
+                                               rcond=None)[0]
+    full = next(p for p in steps if p.layers == layers)
+    besides = fixed + layers * per_layer
+    ratio = (besides + full.q4_weight_mb * per_mb) / (besides + full.int8_weight_mb * per_mb)
+    limit = (STEP_TARGET * full.int8_weight_mb - full.q4_weight_mb) * per_mb / (1 - STEP_TARGET)
+    return StepFit(float(fixed), float(per_layer), float(1.0 / per_mb), float(besides),
+                   float(ratio), float(limit))
+
+
+def _read_bandwidth(megabytes: float, repeats: int = 9) -> float:
+    """GB/s of one thread summing a ``megabytes`` array of uint64 (median of ``repeats``)."""
+    array = np.ones(int(megabytes * 1e6) // 8, dtype=np.uint64)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        array.sum()
+        times.append(time.perf_counter() - start)
+    return array.nbytes / statistics.median(times) / 1e9
 
 
 def measure(args: argparse.Namespace) -> Report:
@@ -239,7 +271,7 @@ def measure(args: argparse.Namespace) -> Report:
         pairs.append(Pair(workload, int(layer_count), int(row_count), a, b, sizes[key],
                           sizes[other], b.median_ms / a.median_ms, b.min_ms / a.min_ms,
                           b.cpu_median_ms / a.cpu_median_ms))
-    lines = {form: _line(pairs, form) for form in FORMATS}
+    fit = _step_fit(pairs, model.num_layers)
     geometry = engines["int8"].geometry
     kv = (geometry.layers * 2 * args.context
           * (2 * geometry.kv_heads * geometry.head_dim + geometry.heads)) / 1e6
@@ -250,8 +282,7 @@ def measure(args: argparse.Namespace) -> Report:
         context=args.context, repeats=args.repeats, load_before=load_before,
         load_after=os.getloadavg(), int8_digest=engines["int8"].digest,
         q4_digest=engines["q4"].digest, kv_mb_at_context=kv, bits=bits, pairs=pairs,
-        fixed_ms={f: lines[f][0] for f in FORMATS},
-        bandwidth_gb_s={f: lines[f][1] for f in FORMATS},
+        steps=fit, read_gb_s=_read_bandwidth(full_step.int8_weight_mb),
         held_out_bits_met=all(b.q4_relative <= BITS_TARGET for b in bits
                               if b.source == "held-out"),
         step_target_met=full_step.ratio_median <= STEP_TARGET)
@@ -267,9 +298,8 @@ def render(report: Report) -> str:
         f"Measured by `python benchmarks/portable4.py --repeats {report.repeats} --threads "
         f"{report.threads} --context {report.context}`: model {report.model}; "
         f"{report.cpu_count} CPU cores ({report.machine}), torch {report.torch_version}; "
-        f"load average (1, 5, 15 min) {load} before and {after} after (a machine shared with "
-        "other work: every timing is an alternation of the two predictors in one loop, so both "
-        "meet the same load).",
+        f"load average (1, 5, 15 min) {load} before and {after} after (every timing is an "
+        "alternation of the two predictors in one loop, so both meet the same load).",
         "",
         f"Predictor digests: int8 `{report.int8_digest[:16]}`, 4-bit `{report.q4_digest[:16]}`.",
         "",
@@ -305,12 +335,27 @@ def render(report: Report) -> str:
             f"{p.q4.p25_ms:.2f} / {p.q4.min_ms:.2f} (cpu {p.q4.cpu_median_ms:.2f}) | "
             f"{p.ratio_median:.3f} | {p.ratio_min:.3f} | {p.ratio_cpu:.3f} |")
     met = "met" if report.step_target_met else "NOT met"
+    fit = report.steps
+    full = next(p for p in report.pairs if p.workload == "step" and p.layers == max(
+        q.layers for q in report.pairs))
     lines += [
         "", f"Target (a one-row step at most {STEP_TARGET}x the int8 step, medians): {met}.",
-        "", "A line through the one-row steps of 6, 18 and 30 layers (median time against weight "
-        "bytes): " + "; ".join(
-            f"{form} {report.fixed_ms[form]:.2f} ms besides the weights, weights at "
-            f"{report.bandwidth_gb_s[form]:.1f} GB/s" for form in FORMATS) + ".", ""]
+        "", "Where a step's time goes: a least-squares fit over the one-row steps of both "
+        "formats at 6, 18 and 30 layers, `ms = fixed + layers x per-layer + weight MB / "
+        "bandwidth`, with one coefficient each for both formats (the work besides the weights "
+        "is the same on both sides):", "",
+        f"- the weights stream at {fit.bandwidth_gb_s:.1f} GB/s (this machine reads "
+        f"{report.read_gb_s:.1f} GB/s on one thread: numpy's sum of a "
+        f"{full.int8_weight_mb:.0f} MB array);",
+        f"- the work besides the weights: {fit.per_layer_ms:.3f} ms a layer (attention over "
+        f"{report.context} tokens of KV, norms, requantization, RoPE) and {fit.fixed_ms:.2f} ms "
+        f"a step (embedding, final norm, the step's own overhead): {fit.besides_weights_ms:.2f}"
+        f" ms of the {full.layers}-layer step;",
+        f"- so the fit's 4-bit / int8 step is {fit.ratio_fit:.3f} (measured "
+        f"{full.ratio_median:.3f}); the weights' bytes alone give "
+        f"{full.q4_weight_mb / full.int8_weight_mb:.3f}, and a {STEP_TARGET}x step at this "
+        f"bandwidth would leave at most {max(fit.besides_limit_ms, 0.0):.2f} ms for everything "
+        "besides the weights.", ""]
     return "\n".join(lines)
 
 
