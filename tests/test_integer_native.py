@@ -168,6 +168,21 @@ def test_native_one_row_steps_equal_torch_across_key_blocks(head_dim: int) -> No
             assert np.array_equal(_rows(fast, tokens, [20, *range(21, 70, 1), 69]), expected)
 
 
+@needs_native
+@pytest.mark.parametrize("heads", [6, 2])
+def test_native_grouped_steps_equal_torch_past_a_value_flush(heads: int) -> None:
+    """Steps of one and two rows run a key head's query heads together, up to 4 in one pass
+    over the keys (6 query heads: a pass of 4 and one of 2; 2: one of 2); steps after 511 to
+    599 keys cross the 512-key flush of the value sums, with odd and even key counts."""
+    reference, fast = _one_layer_engines(64, heads=heads, seed=11)
+    tokens = [int(t) for t in np.random.default_rng(12).integers(0, 512, 600)]
+    expected = _rows(reference, tokens, [300])
+    cuts = [256, 509, *range(510, 530), 532, 534, *range(560, 600, 3)]
+    for threads in (1, 2):
+        with pinned_threads(threads):
+            assert np.array_equal(_rows(fast, tokens, cuts), expected)
+
+
 @pytest.mark.parametrize("dtype, rows", [(np.int32, 40), (np.int64, 39)])
 def test_both_paths_refuse_an_out_buffer_of_another_dtype_or_too_few_rows(
         engines: tuple[IntegerForward, IntegerForward], dtype: type, rows: int) -> None:

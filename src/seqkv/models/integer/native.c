@@ -787,9 +787,202 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
     return running;
 }
 
-/* seqkv_attend for a few rows: each (row, head) reads the keys and values as they lie in the
- * pool, widening each key to int16 as it reads it, and interleaves each key pair's values
- * itself; threads share the (row, head) pairs, so a one-row step's heads run in parallel too.
+#ifdef SEQKV_VNNI
+/* attend_head_direct for up to GROUP_HEADS query heads that share key/value group g, in one
+ * pass over the keys and values (d a multiple of 32): each key and value vector is loaded and
+ * widened once for all of them, not once per head. Every head's dot products, weights, value
+ * sums and output are the integers attend_head_direct computes: the same int32 products summed
+ * in another order (exact: each key's sum stays in int32 in any order, attend_head_direct),
+ * the same value sums per 512 keys, the same scalar steps per head.
+ * NOTE: measured on SmolLM2-135M (3 query heads per key head, d 64, AMD EPYC family 25), a
+ * one-row step after 4,000 tokens spent half its time in attend_head_direct, most of it
+ * waiting for keys that its three query heads each read again. Grouping alone measured no
+ * faster, nor did cache hints on the per-head loop alone; both together: 2 threads, 4,096
+ * tokens, 20.4-23.4 -> 15.4-18.1 ms a step (minima; benchmarks/long_context_costs.py step). */
+#define GROUP_HEADS 4
+#if defined(__GNUC__)
+#define ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE
+#endif
+#define PREFETCH_KEYS 16  /* keys ahead that the loops ask the cache for */
+static inline ALWAYS_INLINE void attend_group_body(const int8_t *q_planes,
+                                const int64_t *q_shift, int64_t h0, int64_t count,
+                                int64_t g, int64_t kv_heads, int64_t d, int64_t end,
+                                const int8_t *keys, const int8_t *values,
+                                int64_t token_stride, const int8_t *key_shift,
+                                const int8_t *value_shift, int64_t shift_stride,
+                                int64_t score_scale, int64_t score_shift,
+                                const int64_t *softmax, int64_t softmax_size, int64_t *scratch,
+                                int64_t *out, int64_t *running_out) {
+    int16_t qv[GROUP_HEADS][1024];  /* heads h0 .. h0 + count - 1, 14-bit queries */
+    int64_t top[GROUP_HEADS], running[GROUP_HEADS], total[GROUP_HEADS];
+    __m512i acc_high[GROUP_HEADS][KEY_SUMS], acc_low[GROUP_HEADS][KEY_SUMS];
+    int32_t dot_high[GROUP_HEADS][KEY_SUMS], dot_low[GROUP_HEADS][KEY_SUMS];
+    int64_t chunks = d / 32;
+    for (int64_t j = 0; j < count; ++j) {
+        const int8_t *q = q_planes + j * 2 * d;
+        for (int64_t i = 0; i < d; ++i) qv[j][i] = (int16_t)plane_value(q, i, d);
+        top[j] = MASKED;
+        running[j] = 0;
+        total[j] = 0;
+    }
+    for (int64_t t0 = 0; t0 < end; t0 += KEY_SUMS) {
+        int64_t keys_here = end - t0 < KEY_SUMS ? end - t0 : KEY_SUMS;
+        for (int64_t k = 0; k < keys_here; ++k) {
+            const int8_t *kh = keys + (t0 + k) * token_stride + g * d, *kl = kh + kv_heads * d;
+            if (t0 + k + PREFETCH_KEYS < end) {  /* no effect on results: a cache hint */
+                const char *ahead = (const char *)(kh + PREFETCH_KEYS * token_stride);
+                for (int64_t at = 0; at < d; at += 64) {
+                    _mm_prefetch(ahead + at, _MM_HINT_T0);
+                    _mm_prefetch(ahead + kv_heads * d + at, _MM_HINT_T0);
+                }
+            }
+            __m512i ah[GROUP_HEADS], al[GROUP_HEADS];
+            for (int64_t j = 0; j < count; ++j) ah[j] = al[j] = _mm512_setzero_si512();
+            for (int64_t c = 0; c < chunks; ++c) {
+                __m512i wh = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)(kh + 32 * c)));
+                __m512i wl = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)(kl + 32 * c)));
+                for (int64_t j = 0; j < count; ++j) {
+                    __m512i q = _mm512_loadu_si512(qv[j] + 32 * c);
+                    ah[j] = _mm512_dpwssd_epi32(ah[j], q, wh);
+                    al[j] = _mm512_dpwssd_epi32(al[j], q, wl);
+                }
+            }
+            for (int64_t j = 0; j < count; ++j) {
+                acc_high[j][k] = ah[j];
+                acc_low[j][k] = al[j];
+            }
+        }
+        for (int64_t j = 0; j < count; ++j) {
+            if (keys_here == KEY_SUMS) {
+                _mm512_storeu_si512(dot_high[j], sum_lanes_16(acc_high[j]));
+                _mm512_storeu_si512(dot_low[j], sum_lanes_16(acc_low[j]));
+            } else {
+                for (int64_t k = 0; k < keys_here; ++k) {
+                    dot_high[j][k] = _mm512_reduce_add_epi32(acc_high[j][k]);
+                    dot_low[j][k] = _mm512_reduce_add_epi32(acc_low[j][k]);
+                }
+            }
+            int64_t h = h0 + j, *z = scratch + 2 * j * end;
+            for (int64_t k = 0; k < keys_here; ++k) {
+                int64_t t = t0 + k;
+                int64_t dot = shl(dot_high[j][k], PLANE_BITS) + dot_low[j][k];  /* < d 2**28 */
+                int64_t amount = clamp(score_shift - q_shift[j] - key_shift[t * shift_stride + h],
+                                       0, 62);
+                z[t] = asr(dot * score_scale, amount);
+                top[j] = z[t] > top[j] ? z[t] : top[j];
+                int64_t vs = value_shift[t * shift_stride + h];
+                running[j] = (t == 0 || vs > running[j]) ? vs : running[j];
+            }
+        }
+    }
+    for (int64_t j = 0; j < count; ++j) {
+        int64_t h = h0 + j, *z = scratch + 2 * j * end, *weight = z + end;
+        for (int64_t t = 0; t < end; ++t) {
+            int64_t gap = top[j] - z[t];
+            int64_t w = softmax[gap < softmax_size - 1 ? gap : softmax_size - 1];
+            total[j] += w;
+            weight[t] = asr(w, clamp(running[j] - value_shift[t * shift_stride + h], 0, 62));
+        }
+        for (int64_t i = 0; i < d; ++i) out[j * d + i] = 0;
+    }
+    for (int64_t t0 = 0; t0 < end; t0 += 512) {
+        int64_t t1 = t0 + 512 < end ? t0 + 512 : end;
+        for (int64_t c = 0; c < d; c += 32) {
+            /* as in attend_head_direct: two keys' value planes interleaved as int16 pairs
+             * against each head's weight pair */
+            __m512i even_high[GROUP_HEADS], odd_high[GROUP_HEADS];
+            __m512i even_low[GROUP_HEADS], odd_low[GROUP_HEADS];
+            for (int64_t j = 0; j < count; ++j)
+                even_high[j] = odd_high[j] = even_low[j] = odd_low[j] = _mm512_setzero_si512();
+            for (int64_t t = t0; t < t1; t += 2) {
+                int64_t u = t + 1 < t1 ? t + 1 : t;  /* a last odd key pairs with weight 0 */
+                __m512i pair[GROUP_HEADS];
+                int any = 0;
+                for (int64_t j = 0; j < count; ++j) {
+                    const int64_t *weight = scratch + 2 * j * end + end;
+                    int32_t w0 = (int32_t)weight[t], w1 = u > t ? (int32_t)weight[u] : 0;
+                    any |= w0 | w1;
+                    pair[j] = _mm512_set1_epi32((int32_t)((uint32_t)(uint16_t)w0 |
+                                                          ((uint32_t)(uint16_t)w1 << 16)));
+                }
+                if (!any) continue;
+                const int8_t *v0 = values + t * token_stride + g * d + c;
+                const int8_t *v1 = values + u * token_stride + g * d + c;
+                if (c == 0 && t + PREFETCH_KEYS + 1 < t1)
+                    for (int64_t at = 0; at < d; at += 64)
+                        for (int64_t ahead = PREFETCH_KEYS; ahead <= PREFETCH_KEYS + 1; ++ahead) {
+                            const char *p = (const char *)(v0 + ahead * token_stride);
+                            _mm_prefetch(p + at, _MM_HINT_T0);
+                            _mm_prefetch(p + kv_heads * d + at, _MM_HINT_T0);
+                        }
+                __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)v0));
+                __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)v1));
+                __m512i lo_high = _mm512_unpacklo_epi16(a, b);
+                __m512i hi_high = _mm512_unpackhi_epi16(a, b);
+                a = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)(v0 + kv_heads * d)));
+                b = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)(v1 + kv_heads * d)));
+                __m512i lo_low = _mm512_unpacklo_epi16(a, b), hi_low = _mm512_unpackhi_epi16(a, b);
+                for (int64_t j = 0; j < count; ++j) {
+                    even_high[j] = _mm512_dpwssd_epi32(even_high[j], lo_high, pair[j]);
+                    odd_high[j] = _mm512_dpwssd_epi32(odd_high[j], hi_high, pair[j]);
+                    even_low[j] = _mm512_dpwssd_epi32(even_low[j], lo_low, pair[j]);
+                    odd_low[j] = _mm512_dpwssd_epi32(odd_low[j], hi_low, pair[j]);
+                }
+            }
+            for (int64_t j = 0; j < count; ++j) {
+                int32_t lanes[4][16];
+                _mm512_storeu_si512(lanes[0], even_high[j]);
+                _mm512_storeu_si512(lanes[1], odd_high[j]);
+                _mm512_storeu_si512(lanes[2], even_low[j]);
+                _mm512_storeu_si512(lanes[3], odd_low[j]);
+                int64_t *o = out + j * d + c;
+                for (int lane = 0; lane < 4; ++lane)
+                    for (int m = 0; m < 4; ++m) {
+                        o[8 * lane + m] += shl(lanes[0][4 * lane + m], PLANE_BITS)
+                                           + lanes[2][4 * lane + m];
+                        o[8 * lane + 4 + m] += shl(lanes[1][4 * lane + m], PLANE_BITS)
+                                               + lanes[3][4 * lane + m];
+                    }
+            }
+        }
+    }
+    for (int64_t j = 0; j < count; ++j) {
+        for (int64_t i = 0; i < d; ++i)
+            out[j * d + i] = floor_div(shl(out[j * d + i], SOFTMAX_BITS), total[j]);
+        running_out[j] = running[j];
+    }
+}
+
+/* attend_group_body with its head count a constant (1 to GROUP_HEADS), so that each head's
+ * accumulators stay in registers. */
+static void attend_group_direct(const int8_t *q_planes, const int64_t *q_shift, int64_t h0,
+                                int64_t count, int64_t g, int64_t kv_heads, int64_t d,
+                                int64_t end, const int8_t *keys, const int8_t *values,
+                                int64_t token_stride, const int8_t *key_shift,
+                                const int8_t *value_shift, int64_t shift_stride,
+                                int64_t score_scale, int64_t score_shift,
+                                const int64_t *softmax, int64_t softmax_size, int64_t *scratch,
+                                int64_t *out, int64_t *running_out) {
+#define GROUP_CASE(heads_here) case heads_here:                                              \
+        attend_group_body(q_planes, q_shift, h0, heads_here, g, kv_heads, d, end, keys,      \
+                          values, token_stride, key_shift, value_shift, shift_stride,        \
+                          score_scale, score_shift, softmax, softmax_size, scratch, out,     \
+                          running_out);                                                      \
+        break;
+    switch (count) {
+        GROUP_CASE(1) GROUP_CASE(2) GROUP_CASE(3) GROUP_CASE(4)
+        default: break;  /* attend_direct passes 1 .. GROUP_HEADS */
+    }
+#undef GROUP_CASE
+}
+#endif
+
+/* seqkv_attend for a few rows: each row's query heads read the keys and values as they lie in
+ * the pool (a key head's query heads together, attend_group_direct), widening each key to int16
+ * as they read it, and interleave each key pair's values themselves; threads share the work
+ * items, so a one-row step's heads run in parallel too.
  * NOTE: the keys were once widened into an int16 copy of the whole pool per call: at 8,192
  * tokens of context that was 6.3 MB written and read again per layer and step (more than the
  * step's weights over 30 layers); reading the int8 planes directly costs one vpmovsxbw per 32
@@ -800,17 +993,26 @@ static int64_t attend_direct(const int8_t *q_planes, const int64_t *q_shift, int
                      const int8_t *key_shift, const int8_t *value_shift, int64_t shift_stride,
                      int64_t score_scale, int64_t score_shift, const int64_t *softmax,
                      int64_t softmax_size, int64_t *out, int64_t *exponent, int64_t threads) {
-    int64_t tokens = position + n, group = heads / kv_heads, pairs = n * heads;
-    int64_t *running = malloc(sizeof(int64_t) * (size_t)pairs);
+    int64_t tokens = position + n, group = heads / kv_heads;
+    /* work items: (row, key head, part), a part holding up to per_item of the key head's query
+     * heads (attend_group_direct), or one (attend_head_direct where d is not a multiple of 32) */
+#ifdef SEQKV_VNNI
+    const int grouped = d % 32 == 0;
+#else
+    const int grouped = 0;
+#endif
+    int64_t per_item = grouped ? (group < GROUP_HEADS ? group : GROUP_HEADS) : 1;
+    int64_t parts = (group + per_item - 1) / per_item, items = n * kv_heads * parts;
+    int64_t *running = malloc(sizeof(int64_t) * (size_t)(n * heads));
     const int64_t allocated = running != NULL;
     int64_t failed = !allocated;
-    /* (row, head) pairs are independent: threads share them (results do not depend on the
-     * split) */
+    /* the items are independent: threads share them (results do not depend on the split) */
 #ifdef _OPENMP
-#pragma omp parallel num_threads((int)threads) if (allocated && threads > 1 && pairs > 1)
+#pragma omp parallel num_threads((int)threads) if (allocated && threads > 1 && items > 1)
 #endif
     {
-        int64_t *scratch = allocated ? malloc(sizeof(int64_t) * 2 * (size_t)tokens) : NULL;
+        int64_t *scratch = allocated
+            ? malloc(sizeof(int64_t) * 2 * (size_t)(tokens * per_item)) : NULL;
         if (!scratch) {
 #ifdef _OPENMP
 #pragma omp atomic write
@@ -820,14 +1022,27 @@ static int64_t attend_direct(const int8_t *q_planes, const int64_t *q_shift, int
 #ifdef _OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-        for (int64_t pair = 0; pair < pairs; ++pair) {
+        for (int64_t item = 0; item < items; ++item) {
             if (!scratch) continue;
-            int64_t r = pair / heads, h = pair % heads, g = h / group;
-            running[pair] = attend_head_direct(
-                q_planes + (r * q_vectors + h) * 2 * d, q_shift[r * q_vectors + h], h, g,
-                kv_heads, d, position + r + 1, keys, values,
-                token_stride, key_shift, value_shift, shift_stride, score_scale, score_shift,
-                softmax, softmax_size, scratch, scratch + tokens, out + pair * d);
+            int64_t r = item / (kv_heads * parts), g = item % (kv_heads * parts) / parts;
+            int64_t h0 = g * group + item % parts * per_item;
+            int64_t count = (g + 1) * group - h0 < per_item ? (g + 1) * group - h0 : per_item;
+            const int8_t *q = q_planes + (r * q_vectors + h0) * 2 * d;
+#ifdef SEQKV_VNNI
+            if (grouped) {
+                attend_group_direct(q, q_shift + r * q_vectors + h0, h0, count, g, kv_heads, d,
+                                    position + r + 1, keys, values, token_stride, key_shift,
+                                    value_shift, shift_stride, score_scale, score_shift,
+                                    softmax, softmax_size, scratch, out + (r * heads + h0) * d,
+                                    running + r * heads + h0);
+                continue;
+            }
+#endif
+            running[r * heads + h0] = attend_head_direct(
+                q, q_shift[r * q_vectors + h0], h0, g, kv_heads, d, position + r + 1, keys,
+                values, token_stride, key_shift, value_shift, shift_stride, score_scale,
+                score_shift, softmax, softmax_size, scratch, scratch + tokens,
+                out + (r * heads + h0) * d);
         }
         free(scratch);
     }
