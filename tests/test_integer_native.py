@@ -125,12 +125,13 @@ def test_native_rows_equal_torch_for_each_weight_precision(weight_planes: int) -
     assert np.array_equal(_rows(fast, TOKENS, [7, 8, 30]), _rows(reference, TOKENS, []))
 
 
-def _one_layer_engines(head_dim: int, heads: int, seed: int
+def _one_layer_engines(head_dim: int, heads: int, seed: int, kv_heads: int = 1
                        ) -> tuple[IntegerForward, IntegerForward]:
-    """A one-layer random Llama with one KV head of ``head_dim``: its torch and native
-    integer forwards over the same weights."""
+    """A one-layer random Llama with ``kv_heads`` KV heads of ``head_dim``: its torch and
+    native integer forwards over the same weights."""
     config = LlamaConfig(vocab_size=512, hidden_size=96, intermediate_size=128,
-                         num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=1,
+                         num_hidden_layers=1, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads,
                          head_dim=head_dim, max_position_embeddings=1024)
     torch.manual_seed(seed)
     model = CausalLM(LlamaForCausalLM(config), None, f"tiny-llama-{heads}x{head_dim}")
@@ -169,12 +170,13 @@ def test_native_one_row_steps_equal_torch_across_key_blocks(head_dim: int) -> No
 
 
 @needs_native
-@pytest.mark.parametrize("heads", [6, 2])
-def test_native_grouped_steps_equal_torch_past_a_value_flush(heads: int) -> None:
+@pytest.mark.parametrize("heads, kv_heads", [(6, 1), (2, 1), (12, 2)])
+def test_native_grouped_steps_equal_torch_past_a_value_flush(heads: int, kv_heads: int) -> None:
     """Steps of one and two rows run a key head's query heads together, up to 4 in one pass
-    over the keys (6 query heads: a pass of 4 and one of 2; 2: one of 2); steps after 511 to
-    599 keys cross the 512-key flush of the value sums, with odd and even key counts."""
-    reference, fast = _one_layer_engines(64, heads=heads, seed=11)
+    over the keys (6 query heads to a key head: a pass of 4 and one of 2; 2: one of 2; 12 over
+    2 key heads: two passes for each); steps after 511 to 599 keys cross the 512-key flush of
+    the value sums, with odd and even key counts."""
+    reference, fast = _one_layer_engines(64, heads=heads, seed=11, kv_heads=kv_heads)
     tokens = [int(t) for t in np.random.default_rng(12).integers(0, 512, 600)]
     expected = _rows(reference, tokens, [300])
     cuts = [256, 509, *range(510, 530), 532, 534, *range(560, 600, 3)]

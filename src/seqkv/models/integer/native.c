@@ -600,7 +600,7 @@ static void common_exponent(int64_t *out, const int64_t *running, int64_t n, int
     }
 }
 
-#define KEY_SUMS 16  /* keys whose dot products attend_head_direct sums as one block */
+#define KEY_SUMS 16  /* keys whose dot products attend_group_body sums as one block */
 #ifdef SEQKV_VNNI
 /* Lane k of the result: the sum of the 16 lanes of v[k] (16 horizontal sums at once: pairs of
  * vectors interleaved and added, then 128-bit lanes, in 15 additions instead of 16 reductions
@@ -641,23 +641,10 @@ static inline void key_products(const int16_t *qv, int64_t wide, const int8_t *k
     *low = al;
 }
 
-/* The high- and low-plane dot products of the query qv [d] (d a multiple of 32) with 16
- * consecutive keys (key k's high plane at kh + k * token_stride, its low plane `low` further):
- * high[k], low[k]. Each key's products are summed as attend_head_direct's per-key loop sums
- * them, then reduced 16 keys at a time (sum_lanes_16). */
-static void key_block_sums(const int16_t *qv, int64_t d, const int8_t *kh, int64_t token_stride,
-                           int64_t low_offset, int32_t high[KEY_SUMS], int32_t low[KEY_SUMS]) {
-    __m512i acc_high[KEY_SUMS], acc_low[KEY_SUMS];
-    for (int k = 0; k < KEY_SUMS; ++k) {
-        const int8_t *h = kh + k * token_stride;
-        key_products(qv, d, h, h + low_offset, &acc_high[k], &acc_low[k]);
-    }
-    _mm512_storeu_si512(high, sum_lanes_16(acc_high));
-    _mm512_storeu_si512(low, sum_lanes_16(acc_low));
-}
 #endif
 
-/* One query head of one row of attend_direct (see there) over keys 0 .. end - 1: out [d] before
+/* One query head of one row of attend_direct (see there; it serves the heads whose d is not a
+ * multiple of 32, attend_group_direct the others) over keys 0 .. end - 1: out [d] before
  * the row's common exponent, and the head's own exponent (`running`). keys: the pool's int8 key
  * planes as they lie (token t's high plane of group g at t * token_stride + g * d, its low
  * plane kv_heads * d further), widened to int16 as they are read; z and weight: scratch of
@@ -681,28 +668,14 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
     wide = d - d % 32;
 #endif
     int64_t top = MASKED, running = 0;
-    int32_t block_high[KEY_SUMS], block_low[KEY_SUMS];  /* a block's dot products, by key */
-    int64_t blocked = 0;  /* keys before this one have their sums in block_* (from `first`) */
-    int64_t first = 0;
     for (int64_t t = 0; t < end; ++t) {
         const int8_t *kh = keys + t * token_stride + g * d, *kl = kh + kv_heads * d;
         int32_t dot_high = 0, dot_low = 0;
 #ifdef SEQKV_VNNI
-        if (wide == d && t >= blocked && t + KEY_SUMS <= end) {  /* the next 16 keys at once */
-            key_block_sums(qv, d, keys + t * token_stride + g * d, token_stride, kv_heads * d,
-                           block_high, block_low);
-            first = t;
-            blocked = t + KEY_SUMS;
-        }
-        if (t < blocked) {
-            dot_high = block_high[t - first];
-            dot_low = block_low[t - first];
-        } else {
-            __m512i acc_high, acc_low;
-            key_products(qv, wide, kh, kl, &acc_high, &acc_low);
-            dot_high = _mm512_reduce_add_epi32(acc_high);
-            dot_low = _mm512_reduce_add_epi32(acc_low);
-        }
+        __m512i acc_high, acc_low;
+        key_products(qv, wide, kh, kl, &acc_high, &acc_low);
+        dot_high = _mm512_reduce_add_epi32(acc_high);
+        dot_low = _mm512_reduce_add_epi32(acc_low);
 #endif
         for (int64_t i = wide; i < d; ++i) {
             dot_high += (int32_t)qv[i] * (int32_t)kh[i];
