@@ -34,6 +34,7 @@ from seqkv.levels import (
     SegmentsLevel,
     TokensLevel,
     family,
+    model_free,
     parse_level,
     segment_order,
     split_lengths,
@@ -208,6 +209,43 @@ def test_portable_levels_decode_under_another_profile_with_an_inexact_kv(
     with pytest.raises(EnvironmentMismatchError, match="device_class"):
         decompress(tiny_model, moved, descriptions=descriptions, require_exact_kv=True)
     assert decompress_tokens(moved) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("level", ["ngram", "plain"])
+def test_model_free_levels_rebuild_the_kv_of_the_callers_prefill(tiny_model: CausalLM,
+                                                                 level: str) -> None:
+    """The ``prefill`` schedule: the KV a decoder rebuilds is, bit for bit, the one prefill a
+    caller computes (so the residual codes nothing), and longer than a row-forward chunk."""
+    tokens = [int(t) for t in np.random.default_rng(11).integers(0, VOCAB, 300)]
+    kv = tensor_from_cache(tiny_model.prefill(tokens))
+    result = compress(tiny_model, tokens, kv, level=level)
+    assert result.profile.schedule == "prefill" and result.stats.max_abs_kv_error == 0.0
+    decoded = decompress(tiny_model, result.data)
+    assert decoded.tokens == tokens and decoded.kv_exact and decoded.kv.equal(kv)
+
+
+@pytest.mark.parametrize("level", ["ngram", "plain"])
+def test_model_free_files_of_earlier_releases_rebuild_their_kv_on_the_rows_schedule(
+        tiny_model: CausalLM, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Earlier releases computed these levels' KV with the row-invariant forward; their files
+    name that schedule through their profile digest, and a decoder on the same machine rebuilds
+    it bit for bit (mutant: ``kv_schedule`` always the level's own schedule -> the KV is the
+    prefill's, reported inexact)."""
+    tokens = [int(t) for t in np.random.default_rng(12).integers(0, VOCAB, 300)]
+    kv = tensor_from_cache(tiny_model.prefill(tokens))
+    kind = type(parse_level(level))
+    spec = kind.spec.fget  # type: ignore[attr-defined]
+    monkeypatch.setattr(model_free, "KV_SCHEDULE", "rows")
+    monkeypatch.setattr(kind, "spec", property(lambda self: dataclasses.replace(
+        spec(self), schedule="rows", former_schedules=())))
+    former = compress(tiny_model, tokens, kv, level=level)
+    monkeypatch.undo()
+    assert former.profile.schedule == "rows" and former.profile.row_block > 0
+    current = compress(tiny_model, tokens, kv, level=level)
+    assert current.session.profile_digest != former.session.profile_digest
+    decoded = decompress(tiny_model, former.data, require_exact_kv=True)
+    assert decoded.tokens == tokens and decoded.kv_exact and decoded.stats.kv_verified
+    assert decoded.kv.equal(former.kv) and not decoded.kv.equal(current.kv)
 
 
 def test_a_portable_text_longer_than_an_encoder_chunk_round_trips(tiny_model: CausalLM) -> None:

@@ -24,6 +24,7 @@ from seqkv.digests import Digest
 from seqkv.errors import InvalidArgumentTypeError
 from seqkv.formats.skv import read_skv
 from seqkv.formats.span import SpanRecord, read_frame, read_span, span_parts, write_span
+from seqkv.levels import model_free, parse_level
 from seqkv.models import CausalLM
 from seqkv.session import Prefix
 from seqkv.store import ModelCodec, SessionStore, TokensCodec
@@ -144,6 +145,38 @@ def test_a_store_coded_on_another_machine_reads_at_a_portable_level(
     with pytest.raises(CodecMismatchError, match="another machine coded"):
         ModelCodec(tiny_model, level, coded_on=replace(
             tiny_model.profile("prefill"), cpu_model="x")).encode(tokens, None, None, None)
+
+
+@pytest.mark.parametrize("level", ["ngram", "plain"])
+def test_a_model_free_store_of_an_earlier_release_rebuilds_its_kv_on_its_schedule(
+        tiny_model: CausalLM, tmp_path: Path, level: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Earlier releases computed these levels' KV with the row-invariant forward (the ``rows``
+    schedule in the codec's profile): this worker rebuilds such a span's KV on that schedule,
+    bit for bit what its encoder rebuilt (mutant: always the level's own schedule -> the
+    prefill's KV), and codes a session extending it on its own schedule. A new span's KV is the
+    caller's prefill, bit for bit (``kv_exact``); the old one's never was."""
+    tokens = _tokens(24, 7)
+    kv = tiny_model.prefill(tokens)
+    kind = type(parse_level(level))
+    spec = kind.spec.fget  # type: ignore[attr-defined]
+    monkeypatch.setattr(model_free, "KV_SCHEDULE", "rows")
+    monkeypatch.setattr(kind, "spec", property(lambda self: replace(
+        spec(self), schedule="rows", former_schedules=())))
+    SessionStore.directory(tmp_path, tiny_model).put("s", tokens, kv, level=level, namespace="n")
+    rebuilt = compress(tiny_model, tokens, kv, level=level).kv
+    monkeypatch.undo()
+    store = SessionStore.directory(tmp_path, tiny_model)
+    got = store.get("s", namespace="n")
+    assert got.tokens == tokens and not got.kv_exact
+    assert rebuilt is not None and got.kv is not None and got.kv.equal(rebuilt)
+    store.put("u", tokens[::-1], tiny_model.prefill(tokens[::-1]), level=level, namespace="n")
+    extended = [*tokens, 3, 1, 4]
+    store.put("t", extended, tiny_model.prefill(extended), level=level, namespace="n")
+    fresh = SessionStore.directory(tmp_path, tiny_model)
+    got_all = fresh.get_many(["s", "t", "u"], namespace="n")
+    assert [g.tokens for g in got_all] == [tokens, extended, tokens[::-1]]
+    assert got_all[0].kv is not None and got_all[0].kv.equal(rebuilt) and got_all[2].kv_exact
 
 
 @pytest.mark.parametrize("level", ["tokens", "rows"])

@@ -101,7 +101,7 @@ from seqkv.models.profiles import execution_profile
 from seqkv.progress import ProgressSink
 from seqkv.schedule import current_profile
 from seqkv.session import CodedSession, KVScope, Prefix, PrefixHash
-from seqkv.types import ExecutionProfile, ModelIdentity
+from seqkv.types import ExecutionProfile, ModelIdentity, Schedule
 
 # NOTE: 1e-4 is below fp16's resolution for any KV component above 0.2 in magnitude, and above
 # every drift measured between one prefill and the decoder's schedules on SmolLM2-135M (CPU):
@@ -564,6 +564,22 @@ class _FileDescriptions:
         return None if self._registry is None else self._registry.profile(digest)
 
 
+def kv_schedule(model: CausalLM, session: CodedSession) -> Schedule:
+    """The schedule to rebuild the session's KV on: its level's own, or a former one of the
+    level's (``LevelSpec.former_schedules``: earlier releases computed the level's KV on it)
+    whose execution profile on this machine is the one the session names. Elsewhere the level's
+    own: the session's profile then matches none, and its KV is not reproduced exactly anyway."""
+    spec = level_of(session).spec
+    own = spec.schedule
+    if not spec.former_schedules or session.kv_digest is None or profile_digest(
+            execution_profile(model, own)) == session.profile_digest:
+        return own
+    for former in spec.former_schedules:
+        if profile_digest(execution_profile(model, former)) == session.profile_digest:
+            return former
+    return own
+
+
 def check_decodable(model: CausalLM, session: CodedSession, allow_environment_mismatch: bool,
                     descriptions: DescriptionSource | None = None,
                     require_exact_kv: bool = False) -> bool:
@@ -593,7 +609,7 @@ def check_decodable(model: CausalLM, session: CodedSession, allow_environment_mi
                 "the KV it recomputes: decode without require_exact_kv (CLI: without "
                 "--require-exact-kv) for the exact tokens and a recomputed KV")
         return False
-    here = execution_profile(model, level.spec.schedule)
+    here = execution_profile(model, kv_schedule(model, session))
     if profile_digest(here) == session.profile_digest:
         return True
     recorded = descriptions.profile(session.profile_digest) if descriptions else None
@@ -699,6 +715,7 @@ class _Pending:
     context: int | None  # the start token the first token was coded after
     vocab_size: int
     kv_checkable: bool = True  # this machine reproduces the encoder's KV (its profile)
+    kv_schedule: Schedule | None = None  # as ``kv_schedule`` names it (None: the level's own)
     output: DecodeOutput | None = None
     classes: KVClasses | None = None
     decoder: ArithmeticDecoder | None = None
@@ -713,7 +730,7 @@ class _Pending:
             session.token_code, OVERRUN_BITS if session.code_form == "floored" else None)
         return DecodeRequest(self.decoder, session.count, lengths, self.context,
                              self.vocab_size, self.item.prefix, with_kv, progress,
-                             self.item.dictionary, self.classes)
+                             self.item.dictionary, self.classes, self.kv_schedule)
 
     def check_code(self) -> None:
         """After the decode and its verification: the token code is the one its writer writes
@@ -742,8 +759,9 @@ def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
         raise DictionaryMismatchError("the session was coded without a mixing dictionary: "
                                       "decode it without one")
     _check_sizes(session, model, vocab, item.prefix, limits, with_kv)
+    schedule = kv_schedule(model, session) if model is not None and with_kv else None
     return _Pending(item, level, time.perf_counter(), context, vocab,
-                    classes=_classes(model, level))
+                    classes=_classes(model, level), kv_schedule=schedule)
 
 
 # NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram

@@ -4,7 +4,7 @@ Tokens coded under the transformer cost one forward per token to decode. This mo
 next token from counts of what followed the same one and two previous tokens earlier in the same
 stream (and of all tokens so far), blended with fixed integer weights, and learns as it codes. It
 needs no model probabilities, so its code decodes identically on any machine; the KV then comes
-from one chunked forward.
+from one float prefill.
 
 The weights are an engineering choice, not fitted: a seen order-2 context dominates, then order 1,
 then the stream's unigram counts, with a floor of 1 for every token (measured on the sample text

@@ -15,7 +15,7 @@ level          tokens coded under                              decoding
                started after the start token (or prefix)       forward per N tokens; more bits
                (``levels/segments.py``)
 ``ngram``      an adaptive count model, integer arithmetic     no model forward per token; one
-               (``levels/ngram.py``)                           chunked forward for the KV
+               (``levels/ngram.py``)                           float prefill for the KV
 ``plain``      the uniform distribution (``levels/plain.py``)  as ``ngram``
 ``portable``   the model evaluated in integer arithmetic:      one integer forward per token or
                the same tables on every machine                fewer (drafts), sessions batched,

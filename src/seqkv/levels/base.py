@@ -69,6 +69,9 @@ class LevelSpec:
     # The level mixes the model with a dictionary's predictors (``seqkv.mixing``): it takes a
     # dictionary, and every run also checks that mixing cost at most its stated regret.
     mixes: bool = False
+    # Schedules the level's files of earlier releases computed their KV on: a decoder whose
+    # profile on one of them is the file's rebuilds the KV on it (``seqkv.codec.kv_schedule``).
+    former_schedules: tuple[Schedule, ...] = ()
 
 
 KVClasses = tuple[npt.NDArray[np.int64], ...]
@@ -175,6 +178,9 @@ class DecodeRequest:
     progress: ProgressSink | None = None
     dictionary: Dictionary | None = None  # the one the file was coded with
     classes: KVClasses | None = None  # the model's KV-collision classes (Theorem 1's gap)
+    # The schedule to rebuild the KV on: the level's own (None) or one of its former schedules,
+    # as the file's execution profile names it (``seqkv.codec.kv_schedule``)
+    kv_schedule: Schedule | None = None
 
     def new_trace(self) -> TraceColumns:
         return TraceColumns(classes=self.classes)

@@ -2,8 +2,9 @@
 
 These levels code tokens under distributions computed in integer arithmetic from the tokens
 alone, so their tokens decode identically on any machine with no model at all
-(``seqkv.decompress_tokens``); the KV the residual is coded against comes from one chunked pass
-of the row-invariant forward over the tokens (``seqkv.levels.row_streams.recompute_kv``).
+(``seqkv.decompress_tokens``); the KV the residual is coded against comes from one float prefill
+of the tokens, as the portable levels compute it (``seqkv.levels.kv_rebuild``); files of earlier
+releases, whose KV came from the row-invariant forward, rebuild it on that schedule.
 
 Invariants:
 1. ``tables`` yields the distribution of position i before it reads ``tokens[i]``, and depends
@@ -27,10 +28,16 @@ from seqkv.levels.base import (
     LevelSpec,
     TraceColumns,
 )
-from seqkv.levels.row_streams import recompute_kv
+from seqkv.levels.kv_rebuild import rebuild_kv
 from seqkv.models.adapter import CausalLM
-from seqkv.models.rows import row_forward
-from seqkv.schedule import pinned_threads, schedule_threads
+from seqkv.types import Schedule
+
+# NOTE: the schedule these levels compute their KV on, and the one files of earlier releases
+# did. One prefill restores a 600-token session in about the time of zstd -d + a prefill (the
+# user's alternative); the row-invariant forward's chunks took 2.4-2.8x that, and at 8,185
+# tokens 110 s against 34 s (its per-row attention calls; SmolLM2-135M, 2-core AMD EPYC).
+KV_SCHEDULE: Schedule = "prefill"
+FORMER_KV_SCHEDULES: tuple[Schedule, ...] = ("rows",)
 
 
 class ModelFreeLevel(ABC):
@@ -81,11 +88,8 @@ def encode_model_free(source: ModelFreeLevel, request: EncodeRequest) -> EncodeO
     prefix_tokens = list(request.prefix.tokens) if request.prefix is not None else []
     code_tokens(source, request.model.vocab_size, prefix_tokens, request.tail, request.encoder,
                 trace)
-    engine = row_forward(request.model)
-    before = engine.forwards
-    with pinned_threads(schedule_threads("rows")):
-        kv = recompute_kv(engine, request.tail, request.prefix)
-    return EncodeOutput(trace, kv, [len(request.tail)], engine.forwards - before)
+    kv, forwards = rebuild_kv(request.model, KV_SCHEDULE, request.tail, request.prefix)
+    return EncodeOutput(trace, kv, [len(request.tail)], forwards)
 
 
 def decode_model_free(source: ModelFreeLevel, model: CausalLM | None,
@@ -100,10 +104,7 @@ def decode_model_free(source: ModelFreeLevel, model: CausalLM | None,
         forwards = 0
         if request.with_kv:
             assert model is not None, "rebuilding the KV needs the model"
-            engine = row_forward(model)
-            before = engine.forwards
-            with pinned_threads(schedule_threads("rows")):
-                kv = recompute_kv(engine, tail, request.prefix)
-            forwards = engine.forwards - before
+            kv, forwards = rebuild_kv(model, request.kv_schedule or KV_SCHEDULE, tail,
+                                      request.prefix)
         outputs.append(DecodeOutput(tail, trace, kv, forwards))
     return outputs

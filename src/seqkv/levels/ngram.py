@@ -2,7 +2,7 @@
 
 The predictor is ``seqkv.coding.ngram.AdaptiveNgram`` (order-2 counts of the session so far,
 integer arithmetic), so the tokens decode on any machine without the model
-(``seqkv.levels.model_free``); the KV comes from one chunked forward.
+(``seqkv.levels.model_free``); the KV comes from one float prefill.
 """
 
 from __future__ import annotations
@@ -12,15 +12,16 @@ from dataclasses import dataclass
 
 from seqkv.coding.ngram import AdaptiveNgram
 from seqkv.levels.base import Distribution, LevelSpec
-from seqkv.levels.model_free import ModelFreeLevel
+from seqkv.levels.model_free import FORMER_KV_SCHEDULES, KV_SCHEDULE, ModelFreeLevel
 
 
 @dataclass(frozen=True)
 class NgramLevel(ModelFreeLevel):
     @property
     def spec(self) -> LevelSpec:
-        return LevelSpec("ngram", model_coded=False, schedule="rows",
-                         decoding="no model forward per token; one chunked forward for the KV",
+        return LevelSpec("ngram", model_coded=False, schedule=KV_SCHEDULE,
+                         decoding="no model forward per token; one prefill for the KV",
+                         former_schedules=FORMER_KV_SCHEDULES,
                          portable=True, reference="none")
 
     def tables(self, vocab_size: int, prefix_tokens: Sequence[int],

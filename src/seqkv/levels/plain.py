@@ -1,7 +1,7 @@
 """The ``plain`` level: tokens under the uniform distribution, log2 V bits each.
 
 The floor of the dial: no predictor at all, so the tokens decode anywhere instantly
-(``seqkv.levels.model_free``); the KV comes from one chunked forward.
+(``seqkv.levels.model_free``); the KV comes from one float prefill.
 """
 
 from __future__ import annotations
@@ -11,15 +11,16 @@ from dataclasses import dataclass
 
 from seqkv.coding.frequencies import uniform_distribution
 from seqkv.levels.base import Distribution, LevelSpec
-from seqkv.levels.model_free import ModelFreeLevel
+from seqkv.levels.model_free import FORMER_KV_SCHEDULES, KV_SCHEDULE, ModelFreeLevel
 
 
 @dataclass(frozen=True)
 class PlainLevel(ModelFreeLevel):
     @property
     def spec(self) -> LevelSpec:
-        return LevelSpec("plain", model_coded=False, schedule="rows",
-                         decoding="no model forward per token; one chunked forward for the KV",
+        return LevelSpec("plain", model_coded=False, schedule=KV_SCHEDULE,
+                         decoding="no model forward per token; one prefill for the KV",
+                         former_schedules=FORMER_KV_SCHEDULES,
                          portable=True, reference="uniform")
 
     def tables(self, vocab_size: int, prefix_tokens: Sequence[int],

@@ -51,7 +51,6 @@ import torch
 from seqkv.coding.arithmetic import ArithmeticDecoder
 from seqkv.coding.frequencies import CumulativeTable, uniform_distribution
 from seqkv.errors import InvalidLevelError
-from seqkv.kvcache import cache_from_tensor
 from seqkv.levels.base import (
     DecodeOutput,
     DecodeRequest,
@@ -61,6 +60,7 @@ from seqkv.levels.base import (
     TraceColumns,
 )
 from seqkv.levels.drafts import PromptLookup
+from seqkv.levels.kv_rebuild import prefill_kv
 from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, LookupDrafter, StreamDrafter
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.mixer import MixingPredictor
@@ -75,7 +75,7 @@ from seqkv.models.integer.table import (
 )
 from seqkv.models.integer.threads import ThreadPolicy, decode_policy
 from seqkv.models.integer.weights import IntegerWeights, integer_weights
-from seqkv.schedule import pinned_threads, schedule_threads
+from seqkv.schedule import pinned_threads
 from seqkv.session import Prefix
 
 # NOTE: rows per encoder forward, and rows per batch of tables: the tables of 64 rows hold
@@ -202,20 +202,6 @@ def integer_predictor(model: CausalLM, layers: int | None = None,
 def level_name(bits: WeightBits, mix: bool = False) -> str:
     """``portable``, ``portable+mix`` or ``portable4``: the level family of a weight format."""
     return "portable4" if bits == 4 else ("portable+mix" if mix else "portable")
-
-
-def prefill_kv(model: CausalLM, tail: Sequence[int],
-               prefix: Prefix | None) -> torch.Tensor:
-    """The KV ``[layers, 2, kv_heads, prefix + tail, head_dim]`` of one float prefill of the
-    tail, continuing the prefix's stored KV: the ``prefill`` schedule."""
-    with pinned_threads(schedule_threads("prefill")), torch.inference_mode():
-        ids = torch.tensor([list(tail)], dtype=torch.long, device=model.device)  # [1, T]
-        cache = (None if prefix is None or prefix.kv is None
-                 else cache_from_tensor(prefix.kv.to(model.device, model.dtype)))
-        if cache is None:
-            return model.kv_tensor(model.prefill(list(tail)))
-        model.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)  # as prefill
-        return model.kv_tensor(cache)
 
 
 # A coded position's table and log2-probabilities, with the row's entropy where the integer

@@ -16,7 +16,8 @@ Invariants:
    by the codec (``ModelMismatchError``).
 
 NOTE: the default level is ``ngram``: its tokens decode without model probabilities, and both
-sides rebuild the KV with the same chunked forward, which repeats bit for bit at any dtype; the
+sides rebuild the KV with one prefill, which repeats bit for bit at any dtype (and is a prefill
+cache's own bits); the
 model-coded levels need the row-invariant forward, whose invariance is established for float32
 (a float16 ``rows`` round trip failed its token checksum here). At tolerance 0 the residual,
 not the token code, dominates the size anyway.
