@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -14,7 +16,7 @@ from seqkv.coding.residual import (
     decode_residual,
     encode_residual,
 )
-from seqkv.errors import InvalidKVError
+from seqkv.errors import CorruptFileError, InvalidKVError
 
 SHAPE = (3, 2, 2, 5, 8)  # [L, 2, H, T, D]
 
@@ -70,6 +72,22 @@ def test_identical_tensors_take_the_short_way_to_the_same_code_and_tensor(
     assert torch.equal(rebuilt.view(torch.int32), full_rebuilt.view(torch.int32))
     assert torch.equal(decode_residual(code, recomputed).view(torch.int32),
                        rebuilt.view(torch.int32))
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 1e-4])
+def test_a_zero_code_decodes_the_short_way_and_refuses_words_appended(tolerance: float) -> None:
+    """A code of all-0 symbols rebuilds without its symbol planes, to the encoder's bits (the
+    test above), into a tensor of its own; with words appended it is not canonical (mutant:
+    the short way without the words check -> decodes)."""
+    recomputed = _pair(5, 0.0)[1]
+    code, rebuilt = encode_residual(recomputed.clone(), recomputed, tolerance)
+    decoded = decode_residual(code, recomputed, canonical=True)
+    assert torch.equal(decoded.view(torch.int32), rebuilt.view(torch.int32))
+    decoded += 1.0
+    assert not torch.equal(decoded, recomputed)
+    forged = dataclasses.replace(code, words=code.words + b"\x01\x00\x00\x00")
+    with pytest.raises(CorruptFileError, match="words appended"):
+        decode_residual(forged, recomputed, canonical=True)
 
 
 def test_far_outliers_are_escaped_exactly() -> None:
