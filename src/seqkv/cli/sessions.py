@@ -7,6 +7,7 @@ import importlib.resources
 import json
 import os
 import platform
+import struct
 import sys
 import tempfile
 import time
@@ -169,12 +170,34 @@ def _cmd_compress(args: argparse.Namespace) -> int:
 
 
 def kv_file_bytes(kv: torch.Tensor, tokens: list[int], model_name: str) -> bytes:
-    """The ``--kv-out`` safetensors file of a decoded KV ``[L, 2, H, T, D]``."""
-    return save(
+    """The ``--kv-out`` safetensors file of a decoded KV ``[L, 2, H, T, D]``: the same bytes
+    for the same KV in every process (``sorted_metadata``)."""
+    data = save(
         {"keys": kv[:, 0].contiguous(), "values": kv[:, 1].contiguous(),
          "tokens": torch.tensor(tokens, dtype=torch.int64)},
         metadata={"model": model_name, "layout": "[layers, kv_heads, tokens, head_dim]"},
     )
+    return sorted_metadata(data)
+
+
+def sorted_metadata(data: bytes) -> bytes:
+    """A safetensors file's bytes with its metadata keys in sorted order.
+
+    safetensors writes the metadata from a hash map, in an order that changes from process to
+    process (measured: four processes saving the same two keys wrote two orders), so one KV
+    made files that differ in their header. The header keeps its length (the same JSON, keys
+    reordered, padded as before), so the tensors' offsets hold. A header that would not fit
+    (no such JSON here) is left as written."""
+    (length,) = struct.unpack_from("<Q", data)
+    header = json.loads(data[8 : 8 + length])
+    metadata = header.get("__metadata__")
+    if not isinstance(metadata, dict):
+        return data
+    header["__metadata__"] = dict(sorted(metadata.items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(text) > length:
+        return data
+    return b"".join([data[:8], text.ljust(length, b" "), memoryview(data)[8 + length :]])
 
 
 def _cmd_decompress(args: argparse.Namespace) -> int:
