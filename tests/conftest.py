@@ -1,13 +1,15 @@
-"""Fixtures shared by the CLI store tests: the tiny model behind a whitespace tokenizer, and one
-private redis-server per module."""
+"""Fixtures shared by the tests: the tiny model behind a whitespace tokenizer (CLI store tests),
+one private redis-server per module, and model-free levels coding as an earlier release."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 
 from seqkv import cli
+from seqkv.levels import model_free, parse_level
 from seqkv.models import CausalLM
 from seqkv.store.backends.redis_server import RedisServer
 
@@ -29,6 +31,20 @@ def use_tiny(tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> CausalLM:
     monkeypatch.setattr(tiny_model, "encode_text", tokenizer.encode)
     monkeypatch.setattr(tiny_model, "decode_tokens", tokenizer.decode)
     return tiny_model
+
+
+@pytest.fixture
+def as_earlier_release(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """Makes a model-free level (``ngram``, ``plain``) code as releases before the prefill
+    schedule did: its KV on the row-invariant forward, ``rows`` in its profile; until
+    ``monkeypatch.undo()``."""
+    def patch(level: str) -> None:
+        kind = type(parse_level(level))
+        spec = kind.spec.fget  # type: ignore[attr-defined]
+        monkeypatch.setattr(model_free, "KV_SCHEDULE", "rows")
+        monkeypatch.setattr(kind, "spec", property(lambda self: replace(
+            spec(self), schedule="rows", former_schedules=())))
+    return patch
 
 
 @pytest.fixture(scope="module")

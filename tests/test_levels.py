@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +35,12 @@ from seqkv.levels import (
     SegmentsLevel,
     TokensLevel,
     family,
-    model_free,
     parse_level,
     segment_order,
     split_lengths,
 )
 from seqkv.models import CausalLM
+from seqkv.schedule import pinned_threads, schedule_threads
 
 LEGACY = Path(__file__).parent / "data" / "legacy"
 
@@ -217,27 +218,42 @@ def test_model_free_levels_rebuild_the_kv_of_the_callers_prefill(tiny_model: Cau
     """The ``prefill`` schedule: the KV a decoder rebuilds is, bit for bit, the one prefill a
     caller computes (so the residual codes nothing), and longer than a row-forward chunk."""
     tokens = [int(t) for t in np.random.default_rng(11).integers(0, VOCAB, 300)]
-    kv = tensor_from_cache(tiny_model.prefill(tokens))
+    with pinned_threads(1):  # the caller's own setting: the prefill keeps its schedule's
+        kv = tensor_from_cache(tiny_model.prefill(tokens))
     result = compress(tiny_model, tokens, kv, level=level)
     assert result.profile.schedule == "prefill" and result.stats.max_abs_kv_error == 0.0
     decoded = decompress(tiny_model, result.data)
     assert decoded.tokens == tokens and decoded.kv_exact and decoded.kv.equal(kv)
 
 
+def test_a_prefill_runs_on_the_prefill_schedules_threads(tiny_model: CausalLM,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the caller's thread count, so that a KV rebuilt by one prefill is the caller's
+    bit for bit on any machine (mutant: no pinning -> the caller's 1 thread)."""
+    seen: list[int] = []
+    forward = tiny_model.model.forward
+
+    def counting(*args: object, **kwargs: object) -> object:
+        seen.append(torch.get_num_threads())
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_model.model, "forward", counting)
+    with pinned_threads(schedule_threads("prefill") + 1):
+        tiny_model.prefill([1, 2, 3])
+    assert seen == [schedule_threads("prefill")]
+
+
 @pytest.mark.parametrize("level", ["ngram", "plain"])
 def test_model_free_files_of_earlier_releases_rebuild_their_kv_on_the_rows_schedule(
-        tiny_model: CausalLM, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_model: CausalLM, level: str, monkeypatch: pytest.MonkeyPatch,
+        as_earlier_release: Callable[[str], None]) -> None:
     """Earlier releases computed these levels' KV with the row-invariant forward; their files
     name that schedule through their profile digest, and a decoder on the same machine rebuilds
     it bit for bit (mutant: ``kv_schedule`` always the level's own schedule -> the KV is the
     prefill's, reported inexact)."""
     tokens = [int(t) for t in np.random.default_rng(12).integers(0, VOCAB, 300)]
     kv = tensor_from_cache(tiny_model.prefill(tokens))
-    kind = type(parse_level(level))
-    spec = kind.spec.fget  # type: ignore[attr-defined]
-    monkeypatch.setattr(model_free, "KV_SCHEDULE", "rows")
-    monkeypatch.setattr(kind, "spec", property(lambda self: dataclasses.replace(
-        spec(self), schedule="rows", former_schedules=())))
+    as_earlier_release(level)
     former = compress(tiny_model, tokens, kv, level=level)
     monkeypatch.undo()
     assert former.profile.schedule == "rows" and former.profile.row_block > 0

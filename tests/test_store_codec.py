@@ -9,6 +9,7 @@ import importlib
 import json
 import shutil
 import sqlite3
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +25,6 @@ from seqkv.digests import Digest
 from seqkv.errors import InvalidArgumentTypeError
 from seqkv.formats.skv import read_skv
 from seqkv.formats.span import SpanRecord, read_frame, read_span, span_parts, write_span
-from seqkv.levels import model_free, parse_level
 from seqkv.models import CausalLM
 from seqkv.session import Prefix
 from seqkv.store import ModelCodec, SessionStore, TokensCodec
@@ -149,8 +149,8 @@ def test_a_store_coded_on_another_machine_reads_at_a_portable_level(
 
 @pytest.mark.parametrize("level", ["ngram", "plain"])
 def test_a_model_free_store_of_an_earlier_release_rebuilds_its_kv_on_its_schedule(
-        tiny_model: CausalLM, tmp_path: Path, level: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_model: CausalLM, tmp_path: Path, level: str, monkeypatch: pytest.MonkeyPatch,
+        as_earlier_release: Callable[[str], None]) -> None:
     """Earlier releases computed these levels' KV with the row-invariant forward (the ``rows``
     schedule in the codec's profile): this worker rebuilds such a span's KV on that schedule,
     bit for bit what its encoder rebuilt (mutant: always the level's own schedule -> the
@@ -158,11 +158,7 @@ def test_a_model_free_store_of_an_earlier_release_rebuilds_its_kv_on_its_schedul
     caller's prefill, bit for bit (``kv_exact``); the old one's never was."""
     tokens = _tokens(24, 7)
     kv = tiny_model.prefill(tokens)
-    kind = type(parse_level(level))
-    spec = kind.spec.fget  # type: ignore[attr-defined]
-    monkeypatch.setattr(model_free, "KV_SCHEDULE", "rows")
-    monkeypatch.setattr(kind, "spec", property(lambda self: replace(
-        spec(self), schedule="rows", former_schedules=())))
+    as_earlier_release(level)
     SessionStore.directory(tmp_path, tiny_model).put("s", tokens, kv, level=level, namespace="n")
     rebuilt = compress(tiny_model, tokens, kv, level=level).kv
     monkeypatch.undo()

@@ -37,7 +37,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from seqkv.errors import EmptyInputError, InvalidTokensError
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
-from seqkv.schedule import current_profile
+from seqkv.schedule import current_profile, pinned_threads, schedule_threads
 from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity, Schedule
 
 _ALIGNMENT = 64  # bytes; what torch's CPU allocator guarantees for fresh tensors
@@ -233,11 +233,17 @@ class CausalLM:
         Like a serving engine's prefill, it computes the output layer for the last position
         only (``logits_to_keep=1``): the KV does not depend on it, and the rest of the
         ``[T, vocab]`` logits cost 17% of the prefill (70 of 423 ms for 200 tokens,
-        SmolLM2-135M, 2 threads)."""
+        SmolLM2-135M, 2 threads).
+
+        It runs on the ``prefill`` schedule's threads whatever the caller's setting: a float
+        forward's bits depend on the thread count, and the levels that rebuild the KV with one
+        prefill (``seqkv.levels.kv_rebuild``) then reproduce this cache bit for bit on any
+        machine, not only where torch's default is that count."""
         self.check_tokens(tokens)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, T]
         cache = DynamicCache()
-        self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        with pinned_threads(schedule_threads("prefill")):
+            self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         return cache
 
     def kv_tensor(self, cache: DynamicCache) -> torch.Tensor:
