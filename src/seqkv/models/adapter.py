@@ -36,7 +36,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from seqkv.errors import EmptyInputError, InvalidTokensError
-from seqkv.kvcache import cache_from_tensor, tensor_from_cache
+from seqkv.kvcache import AppendingCache, cache_from_tensor, tensor_from_cache
 from seqkv.schedule import current_profile, pinned_threads, schedule_threads
 from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity, Schedule
 
@@ -56,7 +56,8 @@ class Stepper:
 
     def __init__(self, model: PreTrainedModel, cache: DynamicCache | None = None) -> None:
         self._model = model
-        self.cache = DynamicCache() if cache is None else cache
+        # appends in place: a step on a long cache does not copy it (``AppendingLayer``)
+        self.cache = AppendingCache() if cache is None else cache
 
     @torch.inference_mode()
     def step(self, token: int) -> npt.NDArray[np.float32]:
@@ -204,7 +205,8 @@ class CausalLM:
         """A stepper whose cache starts empty, or holding ``kv`` ``[L, 2, H, T, D]``."""
         if kv is None or kv.shape[3] == 0:
             return Stepper(self.model)
-        return Stepper(self.model, cache_from_tensor(kv.to(self.device, self.dtype)))
+        return Stepper(self.model,
+                       cache_from_tensor(kv.to(self.device, self.dtype), appending=True))
 
     def check_tokens(self, tokens: list[int]) -> None:
         """Raise a clear error unless ``tokens`` is a non-empty list of valid ids that fits the
