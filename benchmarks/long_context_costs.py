@@ -6,9 +6,7 @@ peak memory, one integer step's time, and one float token step's time.
   memory before and after (``ru_maxrss``: the loaded model, then the reference on top of it).
 * ``step``: the integer predictor (``IntegerForward``, native path) fed ``--context`` tokens of
   the same text in chunks of 256, then ``--steps`` one-row steps timed one by one on
-  ``--threads`` threads (minimum and median, milliseconds); with ``--compare-split``, the same
-  steps alternately with the attention's keys split between the threads (native.c's default)
-  and not, ``--repeats`` times, from the same context.
+  ``--threads`` threads (minimum and median, milliseconds).
 * ``float-step``: the ``tokens`` level's schedule (``CausalLM.new_stepper``, one thread) from the
   KV of one prefill of ``--context`` tokens, ``--steps`` token steps timed one by one, on the
   stepper's ``AppendingCache`` and on a ``DynamicCache`` (which copies the whole cache each
@@ -36,7 +34,6 @@ from seqkv.bounds import reference_surprisal
 from seqkv.kvcache import cache_from_tensor
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.adapter import Stepper
-from seqkv.models.integer import native
 from seqkv.models.integer.forward import IntegerForward
 from seqkv.schedule import pinned_threads
 
@@ -67,8 +64,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--compare-split", action="store_true",
-                        help="step: alternate split and whole attention --repeats times")
     args = parser.parse_args()
     model = load_default_model()
     ids = model.encode_text((LONG_TEXTS / "prose.txt").read_text("utf-8"))
@@ -101,31 +96,17 @@ def main() -> None:
     else:
         engine = IntegerForward(model)
         sequence = engine.new_sequence()
-        # "split": the library's default (a one-row step's key heads split their keys between
-        # the threads past 2 x 1,024 keys); "whole": no split (each key head on one thread)
-        kernels = native.load() if args.compare_split else None
-        default = kernels.call("seqkv_set_split_keys", 0) if kernels is not None else 0
-        modes = {"split": default, "whole": 1 << 40} if kernels is not None else {"": 0}
-        step_times: dict[str, list[float]] = {mode: [] for mode in modes}
+        times = []
         with pinned_threads(args.threads):
             for start in range(0, args.context, 256):
                 engine.forward([(sequence, ids[start : min(start + 256, args.context)])])
-            for _ in range(args.repeats if kernels is not None else 1):
-                for mode, keys in modes.items():
-                    if kernels is not None:
-                        kernels.call("seqkv_set_split_keys", keys)
-                    for k in range(args.steps):
-                        started = time.perf_counter()
-                        engine.forward([(sequence, [ids[args.context + k]])])
-                        step_times[mode].append(time.perf_counter() - started)
-                    sequence.crop(args.context)
-        if kernels is not None:
-            kernels.call("seqkv_set_split_keys", default)
-        result |= {"context": args.context, "threads": args.threads, "backend": engine.backend}
-        for mode, measured in step_times.items():
-            prefix = f"{mode}_" if mode else ""
-            result[f"{prefix}step_ms_min"] = 1e3 * min(measured)
-            result[f"{prefix}step_ms_median"] = 1e3 * statistics.median(measured)
+            for k in range(args.steps):
+                started = time.perf_counter()
+                engine.forward([(sequence, [ids[args.context + k]])])
+                times.append(time.perf_counter() - started)
+        result |= {"context": args.context, "threads": args.threads, "backend": engine.backend,
+                   "step_ms_min": 1e3 * min(times),
+                   "step_ms_median": 1e3 * statistics.median(times)}
     result["load_after"] = load_average()
     print(json.dumps(result))
 

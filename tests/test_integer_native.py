@@ -189,44 +189,6 @@ def test_native_grouped_steps_equal_torch_past_a_value_flush(heads: int, kv_head
             assert np.array_equal(_rows(fast, tokens, cuts), expected)
 
 
-@pytest.fixture()
-def split_keys() -> Iterator[Callable[[int], None]]:
-    """Sets the fewest keys per range of native.c's split attention (``attend_split``) for
-    the test; restores the library's value after."""
-    kernels = native.load()
-    assert kernels is not None
-    previous = kernels.call("seqkv_set_split_keys", 0)  # 0 changes nothing: reads the value
-
-    def lower(keys: int) -> None:
-        kernels.call("seqkv_set_split_keys", keys)
-
-    try:
-        yield lower
-    finally:
-        kernels.call("seqkv_set_split_keys", previous)
-
-
-@needs_native
-@pytest.mark.parametrize("heads, kv_heads", [(6, 2), (6, 1), (12, 2), (12, 4)])
-def test_native_steps_split_between_threads_equal_torch(heads: int, kv_heads: int,
-                                                        split_keys: Callable[[int], None]
-                                                        ) -> None:
-    """A step with fewer (row, key head) items than two per thread splits each item's keys into
-    ranges the threads share (SmolLM2's one-row step: 3 items for 2 threads). With ranges of at
-    least 8 keys, steps of one to three rows after 16 to 600 keys, on 2, 3 and 4 threads (2 to
-    4 ranges an item; 3 query heads to a key head as SmolLM2, and 6 to a key head, run in passes
-    of 4 and 2), give the torch statement's rows, across the 512-key flush of the value
-    sums."""
-    split_keys(8)
-    reference, fast = _one_layer_engines(64, heads=heads, seed=13, kv_heads=kv_heads)
-    tokens = [int(t) for t in np.random.default_rng(14).integers(0, 512, 600)]
-    expected = _rows(reference, tokens, [300])
-    cuts = [16, *range(17, 40), 42, 45, 256, *range(505, 530), 532, 535, *range(560, 600, 3)]
-    for threads in (2, 3, 4):
-        with pinned_threads(threads):
-            assert np.array_equal(_rows(fast, tokens, cuts), expected)
-
-
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("cc") is None,
                     reason="builds native.c for an x86-64 CPU without AVX-512 with cc")
 def test_native_c_builds_without_avx512_and_serves_the_tables(

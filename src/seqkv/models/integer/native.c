@@ -782,19 +782,17 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
 #define ALWAYS_INLINE
 #endif
 #define PREFETCH_KEYS 16  /* keys ahead that the loops ask the cache for */
-/* Phase 1 of attend_group_body over keys k0 .. k1 - 1 of the `end` the rows see: each head j's
- * scores z[t] (z: scratch + 2 * j * end), the largest of them (top[j], from MASKED) and the
- * largest value exponent (running[j], from key k0's). Every score is one key's exact sum, so a
- * range computes the scores the whole pass computes, and the maxima of the ranges combine to the
- * maxima over all keys. */
-static inline ALWAYS_INLINE void group_scores(const int8_t *q_planes, const int64_t *q_shift,
-                                int64_t h0, int64_t count, int64_t g, int64_t kv_heads,
-                                int64_t d, int64_t k0, int64_t k1, int64_t end,
-                                const int8_t *keys, int64_t token_stride,
-                                const int8_t *key_shift, const int8_t *value_shift,
-                                int64_t shift_stride, int64_t score_scale, int64_t score_shift,
-                                int64_t *scratch, int64_t *top, int64_t *running) {
+static inline ALWAYS_INLINE void attend_group_body(const int8_t *q_planes,
+                                const int64_t *q_shift, int64_t h0, int64_t count,
+                                int64_t g, int64_t kv_heads, int64_t d, int64_t end,
+                                const int8_t *keys, const int8_t *values,
+                                int64_t token_stride, const int8_t *key_shift,
+                                const int8_t *value_shift, int64_t shift_stride,
+                                int64_t score_scale, int64_t score_shift,
+                                const int64_t *softmax, int64_t softmax_size, int64_t *scratch,
+                                int64_t *out, int64_t *running_out) {
     int16_t qv[GROUP_HEADS][1024];  /* heads h0 .. h0 + count - 1, 14-bit queries */
+    int64_t top[GROUP_HEADS], running[GROUP_HEADS], total[GROUP_HEADS];
     __m512i acc_high[GROUP_HEADS][KEY_SUMS], acc_low[GROUP_HEADS][KEY_SUMS];
     int32_t dot_high[GROUP_HEADS][KEY_SUMS], dot_low[GROUP_HEADS][KEY_SUMS];
     int64_t chunks = d / 32;
@@ -803,12 +801,13 @@ static inline ALWAYS_INLINE void group_scores(const int8_t *q_planes, const int6
         for (int64_t i = 0; i < d; ++i) qv[j][i] = (int16_t)plane_value(q, i, d);
         top[j] = MASKED;
         running[j] = 0;
+        total[j] = 0;
     }
-    for (int64_t t0 = k0; t0 < k1; t0 += KEY_SUMS) {
-        int64_t keys_here = k1 - t0 < KEY_SUMS ? k1 - t0 : KEY_SUMS;
+    for (int64_t t0 = 0; t0 < end; t0 += KEY_SUMS) {
+        int64_t keys_here = end - t0 < KEY_SUMS ? end - t0 : KEY_SUMS;
         for (int64_t k = 0; k < keys_here; ++k) {
             const int8_t *kh = keys + (t0 + k) * token_stride + g * d, *kl = kh + kv_heads * d;
-            if (t0 + k + PREFETCH_KEYS < k1) {  /* no effect on results: a cache hint */
+            if (t0 + k + PREFETCH_KEYS < end) {  /* no effect on results: a cache hint */
                 const char *ahead = (const char *)(kh + PREFETCH_KEYS * token_stride);
                 for (int64_t at = 0; at < d; at += 64) {
                     _mm_prefetch(ahead + at, _MM_HINT_T0);
@@ -850,35 +849,22 @@ static inline ALWAYS_INLINE void group_scores(const int8_t *q_planes, const int6
                 z[t] = asr(dot * score_scale, amount);
                 top[j] = z[t] > top[j] ? z[t] : top[j];
                 int64_t vs = value_shift[t * shift_stride + h];
-                running[j] = (t == k0 || vs > running[j]) ? vs : running[j];
+                running[j] = (t == 0 || vs > running[j]) ? vs : running[j];
             }
         }
     }
-}
-
-/* Phase 2 of attend_group_body over keys k0 .. k1 - 1, given every head's top and running over
- * all `end` keys: each key's softmax weight (into scratch + 2 * j * end + end), their sum added
- * into total[j], and the weighted value sums added into out [count, d] (int64, at the heads'
- * own exponents). A weight times a value plane is summed in int32 for at most 512 keys, from
- * k0 on, then added into int64: exact, so the ranges' sums add up to the whole pass's. */
-static inline ALWAYS_INLINE void group_values(int64_t h0, int64_t count, int64_t g,
-                                int64_t kv_heads, int64_t d, int64_t k0, int64_t k1,
-                                int64_t end, const int8_t *values, int64_t token_stride,
-                                const int8_t *value_shift, int64_t shift_stride,
-                                const int64_t *softmax, int64_t softmax_size, int64_t *scratch,
-                                const int64_t *top, const int64_t *running, int64_t *total,
-                                int64_t *out) {
     for (int64_t j = 0; j < count; ++j) {
         int64_t h = h0 + j, *z = scratch + 2 * j * end, *weight = z + end;
-        for (int64_t t = k0; t < k1; ++t) {
+        for (int64_t t = 0; t < end; ++t) {
             int64_t gap = top[j] - z[t];
             int64_t w = softmax[gap < softmax_size - 1 ? gap : softmax_size - 1];
             total[j] += w;
             weight[t] = asr(w, clamp(running[j] - value_shift[t * shift_stride + h], 0, 62));
         }
+        for (int64_t i = 0; i < d; ++i) out[j * d + i] = 0;
     }
-    for (int64_t t0 = k0; t0 < k1; t0 += 512) {
-        int64_t t1 = t0 + 512 < k1 ? t0 + 512 : k1;
+    for (int64_t t0 = 0; t0 < end; t0 += 512) {
+        int64_t t1 = t0 + 512 < end ? t0 + 512 : end;
         for (int64_t c = 0; c < d; c += 32) {
             /* as in attend_head_direct: two keys' value planes interleaved as int16 pairs
              * against each head's weight pair */
@@ -938,35 +924,11 @@ static inline ALWAYS_INLINE void group_values(int64_t h0, int64_t count, int64_t
             }
         }
     }
-}
-
-/* The heads' outputs from their value sums (out, [count, d], in place) and weight totals. */
-static void group_finish(int64_t count, int64_t d, const int64_t *total, const int64_t *running,
-                         int64_t *out, int64_t *running_out) {
     for (int64_t j = 0; j < count; ++j) {
         for (int64_t i = 0; i < d; ++i)
             out[j * d + i] = floor_div(shl(out[j * d + i], SOFTMAX_BITS), total[j]);
         running_out[j] = running[j];
     }
-}
-
-static inline ALWAYS_INLINE void attend_group_body(const int8_t *q_planes,
-                                const int64_t *q_shift, int64_t h0, int64_t count,
-                                int64_t g, int64_t kv_heads, int64_t d, int64_t end,
-                                const int8_t *keys, const int8_t *values,
-                                int64_t token_stride, const int8_t *key_shift,
-                                const int8_t *value_shift, int64_t shift_stride,
-                                int64_t score_scale, int64_t score_shift,
-                                const int64_t *softmax, int64_t softmax_size, int64_t *scratch,
-                                int64_t *out, int64_t *running_out) {
-    int64_t top[GROUP_HEADS], running[GROUP_HEADS], total[GROUP_HEADS] = {0};
-    group_scores(q_planes, q_shift, h0, count, g, kv_heads, d, 0, end, end, keys, token_stride,
-                 key_shift, value_shift, shift_stride, score_scale, score_shift, scratch, top,
-                 running);
-    for (int64_t i = 0; i < count * d; ++i) out[i] = 0;
-    group_values(h0, count, g, kv_heads, d, 0, end, end, values, token_stride, value_shift,
-                 shift_stride, softmax, softmax_size, scratch, top, running, total, out);
-    group_finish(count, d, total, running, out, running_out);
 }
 
 /* attend_group_body with its head count a constant (1 to GROUP_HEADS), so that each head's
@@ -990,186 +952,6 @@ static void attend_group_direct(const int8_t *q_planes, const int64_t *q_shift, 
         default: break;  /* attend_direct passes 1 .. GROUP_HEADS */
     }
 #undef GROUP_CASE
-}
-#endif
-
-/* The fewest keys attend_direct gives one thread's range when it splits a head group's keys
- * (attend_split); seqkv_set_split_keys changes it (the tests run the split on short texts). */
-#define SPLIT_KEYS 1024
-static int64_t split_keys = SPLIT_KEYS;
-
-/* Sets the fewest keys per range of attend_split (when keys > 0) and returns the previous. */
-int64_t seqkv_set_split_keys(int64_t keys) {
-    int64_t previous = split_keys;
-    if (keys > 0) split_keys = keys;
-    return previous;
-}
-
-#ifdef SEQKV_VNNI
-/* group_scores and group_values with their head count a constant (1 to GROUP_HEADS), as
- * attend_group_direct, for attend_split's ranges of keys. */
-static void group_scores_range(const int8_t *q_planes, const int64_t *q_shift, int64_t h0,
-                               int64_t count, int64_t g, int64_t kv_heads, int64_t d,
-                               int64_t k0, int64_t k1, int64_t end, const int8_t *keys,
-                               int64_t token_stride, const int8_t *key_shift,
-                               const int8_t *value_shift, int64_t shift_stride,
-                               int64_t score_scale, int64_t score_shift, int64_t *scratch,
-                               int64_t *top, int64_t *running) {
-#define SCORES_CASE(heads_here) case heads_here:                                             \
-        group_scores(q_planes, q_shift, h0, heads_here, g, kv_heads, d, k0, k1, end, keys,    \
-                     token_stride, key_shift, value_shift, shift_stride, score_scale,         \
-                     score_shift, scratch, top, running);                                     \
-        break;
-    switch (count) {
-        SCORES_CASE(1) SCORES_CASE(2) SCORES_CASE(3) SCORES_CASE(4)
-        default: break;  /* attend_split passes 1 .. GROUP_HEADS */
-    }
-#undef SCORES_CASE
-}
-
-static void group_values_range(int64_t h0, int64_t count, int64_t g, int64_t kv_heads,
-                               int64_t d, int64_t k0, int64_t k1, int64_t end,
-                               const int8_t *values, int64_t token_stride,
-                               const int8_t *value_shift, int64_t shift_stride,
-                               const int64_t *softmax, int64_t softmax_size, int64_t *scratch,
-                               const int64_t *top, const int64_t *running, int64_t *total,
-                               int64_t *out) {
-#define VALUES_CASE(heads_here) case heads_here:                                             \
-        group_values(h0, heads_here, g, kv_heads, d, k0, k1, end, values, token_stride,       \
-                     value_shift, shift_stride, softmax, softmax_size, scratch, top, running, \
-                     total, out);                                                             \
-        break;
-    switch (count) {
-        VALUES_CASE(1) VALUES_CASE(2) VALUES_CASE(3) VALUES_CASE(4)
-        default: break;  /* attend_split passes 1 .. GROUP_HEADS */
-    }
-#undef VALUES_CASE
-}
-
-/* attend_direct's work item `item`: row, key head, first query head and query head count;
- * with attend_split's unit of it, the keys k0 .. k1 - 1 of the `end` its row sees. */
-typedef struct { int64_t row, group, head, count, end, k0, k1; } work_item_t;
-static inline work_item_t work_item(int64_t item, int64_t kv_heads, int64_t parts,
-                                    int64_t group, int64_t per_item) {
-    work_item_t w;
-    w.row = item / (kv_heads * parts);
-    w.group = item % (kv_heads * parts) / parts;
-    w.head = w.group * group + item % parts * per_item;
-    w.count = (w.group + 1) * group - w.head < per_item ? (w.group + 1) * group - w.head
-                                                        : per_item;
-    w.end = w.k0 = w.k1 = 0;
-    return w;
-}
-
-static inline work_item_t split_unit(int64_t unit, int64_t splits, int64_t position,
-                                     int64_t kv_heads, int64_t parts, int64_t group,
-                                     int64_t per_item) {
-    work_item_t w = work_item(unit / splits, kv_heads, parts, group, per_item);
-    w.end = position + w.row + 1;
-    w.k0 = w.end * (unit % splits) / splits;
-    w.k1 = w.end * (unit % splits + 1) / splits;
-    return w;
-}
-
-/* attend_direct's grouped work items, each over `splits` ranges of its keys, for calls with
- * fewer items than threads can share evenly: a one-row step of SmolLM2-135M has 3 (one per key
- * head) for 2 threads, so one thread attended twice while the other waited. Three phases, each
- * a loop the threads share: every range's scores and maxima (group_scores); every range's
- * weights and value sums, from the maxima over all of its item's ranges (group_values); every
- * item's sums over its ranges and its outputs (group_finish). Each phase computes exact
- * integers (scores per key, maxima, int32 sums of at most 512 weighted values added into
- * int64), so the outputs are attend_group_direct's, however the keys are split.
- * NOTE: measured on SmolLM2-135M (AMD EPYC family 25, 2 threads, quiet; one-row steps
- * alternating split and whole in one process, benchmarks/long_context_costs.py step
- * --compare-split): after 8,000 tokens 22.5 ms min / 25.5 median split against 24.4 / 27.3
- * whole; after 4,096 13.5 / 15.9 against 15.0 / 16.7. Less than the idle thread suggests: the
- * two threads share the keys' memory traffic. One thread (no split) is unchanged. */
-static int64_t attend_split(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
-                            int64_t n, int64_t position, int64_t heads, int64_t kv_heads,
-                            int64_t d, const int8_t *keys, const int8_t *values,
-                            int64_t token_stride, const int8_t *key_shift,
-                            const int8_t *value_shift, int64_t shift_stride,
-                            int64_t score_scale, int64_t score_shift, const int64_t *softmax,
-                            int64_t softmax_size, int64_t *out, int64_t *exponent,
-                            int64_t threads, int64_t per_item, int64_t parts, int64_t splits) {
-    int64_t tokens = position + n, group = heads / kv_heads, items = n * kv_heads * parts;
-    int64_t units = items * splits, item_scratch = 2 * per_item * tokens;
-    /* per unit: top, running and total of each head, then its heads' value sums [per_item, d] */
-    int64_t unit_stride = 3 * GROUP_HEADS + per_item * d;
-    int64_t *scratch = malloc(sizeof(int64_t) * (size_t)(items * item_scratch));
-    int64_t *partial = malloc(sizeof(int64_t) * (size_t)(units * unit_stride));
-    int64_t *running = malloc(sizeof(int64_t) * (size_t)(n * heads));
-    if (!scratch || !partial || !running) {
-        free(scratch); free(partial); free(running);
-        return -1;
-    }
-#ifdef _OPENMP
-#pragma omp parallel num_threads((int)threads)
-#endif
-    {
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-        for (int64_t unit = 0; unit < units; ++unit) {
-            work_item_t w = split_unit(unit, splits, position, kv_heads, parts, group, per_item);
-            int64_t *p = partial + unit * unit_stride;
-            group_scores_range(q_planes + (w.row * q_vectors + w.head) * 2 * d,
-                               q_shift + w.row * q_vectors + w.head, w.head, w.count, w.group,
-                               kv_heads, d, w.k0, w.k1, w.end, keys, token_stride, key_shift,
-                               value_shift, shift_stride, score_scale, score_shift,
-                               scratch + unit / splits * item_scratch, p, p + GROUP_HEADS);
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-        for (int64_t unit = 0; unit < units; ++unit) {
-            work_item_t w = split_unit(unit, splits, position, kv_heads, parts, group, per_item);
-            int64_t item = unit / splits, top[GROUP_HEADS], high[GROUP_HEADS];
-            const int64_t *first = partial + item * splits * unit_stride;
-            for (int64_t j = 0; j < w.count; ++j) {  /* the maxima over the item's ranges */
-                top[j] = first[j];
-                high[j] = first[GROUP_HEADS + j];
-                for (int64_t other = 1; other < splits; ++other) {
-                    const int64_t *o = first + other * unit_stride;
-                    top[j] = o[j] > top[j] ? o[j] : top[j];
-                    high[j] = o[GROUP_HEADS + j] > high[j] ? o[GROUP_HEADS + j] : high[j];
-                }
-            }
-            int64_t *p = partial + unit * unit_stride, *total = p + 2 * GROUP_HEADS;
-            for (int64_t j = 0; j < w.count; ++j) total[j] = 0;
-            for (int64_t i = 0; i < w.count * d; ++i) p[3 * GROUP_HEADS + i] = 0;
-            group_values_range(w.head, w.count, w.group, kv_heads, d, w.k0, w.k1, w.end, values,
-                               token_stride, value_shift, shift_stride, softmax, softmax_size,
-                               scratch + item * item_scratch, top, high, total,
-                               p + 3 * GROUP_HEADS);
-        }
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-        for (int64_t item = 0; item < items; ++item) {
-            work_item_t w = work_item(item, kv_heads, parts, group, per_item);
-            int64_t r = w.row, h0 = w.head, count = w.count;
-            int64_t total[GROUP_HEADS], high[GROUP_HEADS], *o = out + (r * heads + h0) * d;
-            const int64_t *first = partial + item * splits * unit_stride;
-            for (int64_t j = 0; j < count; ++j) {
-                total[j] = 0;
-                high[j] = first[GROUP_HEADS + j];
-            }
-            for (int64_t i = 0; i < count * d; ++i) o[i] = 0;
-            for (int64_t split = 0; split < splits; ++split) {
-                const int64_t *p = first + split * unit_stride;
-                for (int64_t j = 0; j < count; ++j) {
-                    total[j] += p[2 * GROUP_HEADS + j];
-                    high[j] = p[GROUP_HEADS + j] > high[j] ? p[GROUP_HEADS + j] : high[j];
-                }
-                for (int64_t i = 0; i < count * d; ++i) o[i] += p[3 * GROUP_HEADS + i];
-            }
-            group_finish(count, d, total, high, o, running + r * heads + h0);
-        }
-    }
-    common_exponent(out, running, n, heads, d, exponent);
-    free(scratch); free(partial); free(running);
-    return 0;
 }
 #endif
 
@@ -1197,18 +979,6 @@ static int64_t attend_direct(const int8_t *q_planes, const int64_t *q_shift, int
 #endif
     int64_t per_item = grouped ? (group < GROUP_HEADS ? group : GROUP_HEADS) : 1;
     int64_t parts = (group + per_item - 1) / per_item, items = n * kv_heads * parts;
-#ifdef SEQKV_VNNI
-    if (grouped && threads > 1 && items < 2 * threads) {
-        /* ranges enough for two units per thread, each of at least split_keys keys */
-        int64_t splits = (2 * threads + items - 1) / items, most = (position + 1) / split_keys;
-        if (splits > most) splits = most;
-        if (splits > 1)
-            return attend_split(q_planes, q_shift, q_vectors, n, position, heads, kv_heads, d,
-                                keys, values, token_stride, key_shift, value_shift,
-                                shift_stride, score_scale, score_shift, softmax, softmax_size,
-                                out, exponent, threads, per_item, parts, splits);
-    }
-#endif
     int64_t *running = malloc(sizeof(int64_t) * (size_t)(n * heads));
     const int64_t allocated = running != NULL;
     int64_t failed = !allocated;

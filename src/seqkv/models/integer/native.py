@@ -27,9 +27,7 @@ another CPU); written to a temporary name and renamed, so concurrent builds cann
 file. ``-march=native`` only chooses instructions: the forward is integer arithmetic without
 undefined behaviour (``-fwrapv``, shifts clamped) and the tables' float64 operations are each
 correctly rounded (no contraction), so the instructions cannot change a result. Threads:
-OpenMP, sharing independent output blocks and rows, and a short step's keys in ranges whose
-exact integer sums and maxima combine (``attend_split``), so the split cannot change a result
-either.
+OpenMP, sharing independent output blocks and rows, so the split cannot change a result either.
 
 Fallback: where no compiler works, or ``SEQKV_INTEGER_BACKEND=torch`` is set, ``load()`` returns
 None and the forward and the tables run their torch and numpy statements (the same bits,
@@ -86,9 +84,6 @@ _SIGNATURES: dict[str, tuple[type, ...]] = {
     # layer description, head, hidden, rows, out_frac, logits, threads
     "seqkv_head": (_P, _P, _P, _I, _I, _P, _I),
     "seqkv_integer_tables": (_P, _I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _P, _P, _P, _I),
-    # the fewest keys per range when a step's attention splits its keys between threads
-    # (returns the previous; tests lower it to split short sequences)
-    "seqkv_set_split_keys": (_I,),
 }
 
 
