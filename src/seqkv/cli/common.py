@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import io
 import json
@@ -103,9 +104,13 @@ def load_for(args: argparse.Namespace) -> CausalLM:
     # profiled here, 5-9% of a one-row integer step at 4,096 tokens of context was the
     # collector's; a 400-token portable decode ran 1-4% faster frozen (3 alternations, loaded
     # machine).
+    # The frozen objects are never collected, not even at exit: triton's bindings (imported by
+    # torch) then report their objects in frozen cycles as ~27 lines of "nanobind: leaked ..."
+    # on stderr after every verb. Unfrozen at exit, before the interpreter's last collection.
     if getattr(args, "freeze_after_load", False):
         gc.collect()
         gc.freeze()
+        atexit.register(gc.unfreeze)
     return model
 
 
