@@ -71,31 +71,32 @@ class AppendingLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # its __in
     keys and values in a buffer with room to spare and returns views of the filled part; the
     attention reads the same numbers in the same order (invariant 3 of the module).
 
-    It writes in place only past the end of the last view it returned (``_filled``); after a
-    crop, a batch selection or anything else that replaced ``keys``, the next update moves to a
-    new buffer, so no tensor handed out earlier ever changes. The first update of an empty
-    layer is ``DynamicLayer``'s own (a prefill keeps a contiguous cache)."""
+    It writes in place only while ``keys`` and ``values`` are still the views it returned last,
+    past their end; after a crop, a batch selection or anything else that replaced them, the
+    next update moves to a new buffer, so no tensor handed out earlier ever changes. The first
+    update of an empty layer is ``DynamicLayer``'s own (a prefill keeps a contiguous cache)."""
 
     def __init__(self, min_headroom: int | None = None, headroom: float | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._min_headroom = MIN_HEADROOM if min_headroom is None else min_headroom
         self._headroom = HEADROOM if headroom is None else headroom
+        # the buffers, and the views of them this layer returned last
         self._key_room: torch.Tensor | None = None
         self._value_room: torch.Tensor | None = None
-        self._filled = 0
+        self._returned: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys, self.values
         if keys is None or values is None or self.get_seq_length() == 0:
-            self._key_room = self._value_room = None
+            self._key_room = self._value_room = self._returned = None
             return super().update(key_states, value_states, *args, **kwargs)
         length = int(keys.shape[-2])
         needed = length + int(key_states.shape[-2])
-        key_room, value_room = self._key_room, self._value_room
-        if (key_room is None or value_room is None or self._filled != length
-                or key_room.shape[-2] < needed or keys.data_ptr() != key_room.data_ptr()
-                or values.data_ptr() != value_room.data_ptr()):
+        key_room, value_room, returned = self._key_room, self._value_room, self._returned
+        if (key_room is None or value_room is None or returned is None
+                or returned[0] is not keys or returned[1] is not values
+                or key_room.shape[-2] < needed):
             shape = list(keys.shape)
             shape[-2] = needed + max(self._min_headroom, int(needed * self._headroom))
             key_room, value_room = keys.new_empty(shape), values.new_empty(shape)
@@ -104,9 +105,9 @@ class AppendingLayer(DynamicLayer):  # type: ignore[no-untyped-call]  # its __in
             self._key_room, self._value_room = key_room, value_room
         key_room[..., length:needed, :].copy_(key_states)
         value_room[..., length:needed, :].copy_(value_states)
-        self._filled = needed
         filled_keys, filled_values = key_room[..., :needed, :], value_room[..., :needed, :]
         self.keys, self.values = filled_keys, filled_values
+        self._returned = filled_keys, filled_values
         return filled_keys, filled_values
 
 
