@@ -11,6 +11,7 @@ import pytest
 from seqkv import cli
 from seqkv.levels import model_free, parse_level
 from seqkv.models import CausalLM
+from seqkv.models.integer import native
 from seqkv.store.backends.redis_server import RedisServer
 
 
@@ -45,6 +46,17 @@ def as_earlier_release(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]
         monkeypatch.setattr(kind, "spec", property(lambda self: replace(
             spec(self), schedule="rows", former_schedules=())))
     return patch
+
+
+# Every instruction set of native.c that this CPU runs, each forced in turn by the ``isa``
+# fixture (a path the CPU cannot run is built, not run, by tests/test_integer_native.py).
+CPU_ISAS = native.cpu_isas()
+
+
+@pytest.fixture(scope="module", params=CPU_ISAS)
+def isa(request: pytest.FixtureRequest) -> native.Isa:
+    path: native.Isa = request.param
+    return path
 
 
 @pytest.fixture(scope="module")

@@ -36,17 +36,12 @@ from seqkv.schedule import pinned_threads
 
 TOKENS = [int(t) for t in np.random.default_rng(11).integers(0, 512, 40)]
 
-_KERNELS = native.load()
-needs_native = pytest.mark.skipif(
-    _KERNELS is None or not _KERNELS.packed,
-    reason="native.c's forward needs a C compiler and AVX-512 VNNI, which this machine lacks")
-
 
 @pytest.fixture(scope="module")
-def engines(tiny_model: CausalLM) -> tuple[IntegerForward, IntegerForward]:
-    """The torch statement and the native path over the tiny model's Q4_1 integers."""
+def engines(tiny_model: CausalLM, isa: native.Isa) -> tuple[IntegerForward, IntegerForward]:
+    """The torch statement and native.c's path ``isa`` over the tiny model's Q4_1 integers."""
     reference = IntegerForward(block_weights(tiny_model), backend="torch")
-    return reference, IntegerForward(reference.weights, backend="auto")
+    return reference, IntegerForward(reference.weights, isa=isa)
 
 
 def _rows(engine: IntegerForward, tokens: list[int], cuts: list[int]) -> np.ndarray:
@@ -142,7 +137,6 @@ def test_batches_of_sequences_equal_each_sequence_alone_on_both_paths(
             assert np.array_equal(expected, got)
 
 
-@needs_native
 def test_native_rows_and_kv_equal_the_torch_statement(
         engines: tuple[IntegerForward, IntegerForward], reference_rows: np.ndarray) -> None:
     fast = engines[1]
@@ -159,9 +153,8 @@ def test_native_rows_and_kv_equal_the_torch_statement(
         assert np.array_equal(_rows(fast, TOKENS, [2, 5, 30]), reference_rows)
 
 
-@needs_native
 def test_subnormal_block_scales_convert_exactly_under_flush_to_zero(
-        tiny_model: CausalLM) -> None:
+        tiny_model: CausalLM, isa: native.Isa) -> None:
     """A block whose minimum is an fp16 subnormal: native.c converts it with IEEE operations
     after clearing DAZ/FTZ on its threads, so the rows still equal the torch statement while
     the caller's thread flushes denormals."""
@@ -173,7 +166,7 @@ def test_subnormal_block_scales_convert_exactly_under_flush_to_zero(
     tweaked = dataclasses.replace(weights, layers=(
         dataclasses.replace(layer, gate_up=gate_up), *weights.layers[1:]))
     expected = _rows(IntegerForward(tweaked, backend="torch"), TOKENS[:12], [])
-    fast = IntegerForward(tweaked, backend="native")
+    fast = IntegerForward(tweaked, isa=isa)
     assert torch.set_flush_denormal(True)  # the CPU has the mode
     try:
         with pinned_threads(2):
@@ -234,10 +227,9 @@ def test_a_model_with_dimensions_off_the_block_is_refused() -> None:
         compress(model, [1, 2, 3], level="portable4")
 
 
-@needs_native
 @pytest.mark.real_model
 def test_real_model_blocks_are_the_gguf_blocks_and_both_paths_agree(
-        real_model: CausalLM) -> None:
+        real_model: CausalLM, isa: native.Isa) -> None:
     """Requantizing SmolLM2's float weights gives back its GGUF's Q4_1 blocks bit for bit (q
     and k rows in transformers' order), and native.c's rows equal the torch statement's."""
     gguf = pytest.importorskip("gguf")
@@ -270,7 +262,7 @@ def test_real_model_blocks_are_the_gguf_blocks_and_both_paths_agree(
     tokens = real_model.encode_text("The ferry left at six, and the harbour master counted "
                                     "the crates twice before he signed the manifest.")
     reference = IntegerForward(weights, backend="torch")
-    fast = IntegerForward(weights, backend="native")
+    fast = IntegerForward(weights, isa=isa)
     with pinned_threads(1):
         expected = _rows(reference, tokens, [])
     with pinned_threads(2):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import itertools
 import logging
-import platform
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from conftest import CPU_ISAS
+from seqkv.errors import IntegerBackendError
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.models.integer import IntegerConfig, IntegerForward, integer_tables, native
 from seqkv.models.integer.table import numpy_tables
@@ -25,17 +26,13 @@ from seqkv.schedule import pinned_threads
 
 TOKENS = [int(t) for t in np.random.default_rng(5).integers(0, 512, 40)]
 
-_KERNELS = native.load()
-needs_native = pytest.mark.skipif(
-    _KERNELS is None or not _KERNELS.packed,
-    reason="native.c's forward needs a C compiler and AVX-512 VNNI, which this machine lacks")
-
-
 @pytest.fixture(scope="module")
-def engines(tiny_model: CausalLM) -> tuple[IntegerForward, IntegerForward]:
-    """The torch statement and the native path over the same integer weights."""
+def engines(tiny_model: CausalLM, isa: native.Isa) -> tuple[IntegerForward, IntegerForward]:
+    """The torch statement and the native path ``isa`` over the same integer weights."""
     reference = IntegerForward(tiny_model, backend="torch")
-    return reference, IntegerForward(reference.weights, backend="native")
+    fast = IntegerForward(reference.weights, isa=isa)
+    assert fast.isa == isa
+    return reference, fast
 
 
 def _rows(engine: IntegerForward, tokens: list[int], cuts: list[int]) -> np.ndarray:
@@ -54,15 +51,16 @@ def reload(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., native.Nat
         for name, value in environment.items():
             monkeypatch.setenv(name, value)
         native.load.cache_clear()
+        native.kernels.cache_clear()
         return native.load()
 
     try:
         yield load
     finally:
         native.load.cache_clear()
+        native.kernels.cache_clear()
 
 
-@needs_native
 def test_auto_picks_native_and_the_environment_can_refuse_it(
         tiny_model: CausalLM, reload: Callable[..., native.NativeKernels | None]) -> None:
     assert IntegerForward(tiny_model).backend == "native"
@@ -89,7 +87,6 @@ def test_a_missing_compiler_falls_back_to_torch_with_a_warning(
         reload(SEQKV_INTEGER_BACKEND="native")
 
 
-@needs_native
 @given(cuts=st.lists(st.integers(1, len(TOKENS) - 1), max_size=6),
        threads=st.sampled_from([1, 2]))
 def test_native_rows_equal_the_torch_rows_for_any_chunking(
@@ -99,7 +96,6 @@ def test_native_rows_equal_the_torch_rows_for_any_chunking(
         assert np.array_equal(_rows(fast, TOKENS, cuts), _rows(reference, TOKENS, []))
 
 
-@needs_native
 @given(lengths=st.lists(st.integers(0, 9), min_size=1, max_size=5), seed=st.integers(0, 99))
 def test_native_batches_of_sequences_equal_the_torch_batches(
         engines: tuple[IntegerForward, IntegerForward], lengths: list[int], seed: int) -> None:
@@ -120,17 +116,17 @@ def test_native_batches_of_sequences_equal_the_torch_batches(
         assert torch.equal(expected_state.shifts, got_state.shifts)
 
 
-@needs_native
 @pytest.mark.parametrize("weight_planes", [1, 2])
-def test_native_rows_equal_torch_for_each_weight_precision(weight_planes: int) -> None:
+def test_native_rows_equal_torch_for_each_weight_precision(weight_planes: int,
+                                                           isa: native.Isa) -> None:
     model = tiny_random_llama(seed=2)
     config = IntegerConfig(weight_planes=weight_planes)  # type: ignore[arg-type]
     reference = IntegerForward(model, config=config, backend="torch")
-    fast = IntegerForward(reference.weights, backend="native")
+    fast = IntegerForward(reference.weights, isa=isa)
     assert np.array_equal(_rows(fast, TOKENS, [7, 8, 30]), _rows(reference, TOKENS, []))
 
 
-def _one_layer_engines(head_dim: int, heads: int, seed: int, kv_heads: int = 1
+def _one_layer_engines(head_dim: int, heads: int, seed: int, isa: native.Isa, kv_heads: int = 1
                        ) -> tuple[IntegerForward, IntegerForward]:
     """A one-layer random Llama with ``kv_heads`` KV heads of ``head_dim``: its torch and
     native integer forwards over the same weights."""
@@ -141,18 +137,18 @@ def _one_layer_engines(head_dim: int, heads: int, seed: int, kv_heads: int = 1
     torch.manual_seed(seed)
     model = CausalLM(LlamaForCausalLM(config), None, f"tiny-llama-{heads}x{head_dim}")
     reference = IntegerForward(model, backend="torch")
-    return reference, IntegerForward(reference.weights, backend="native")
+    return reference, IntegerForward(reference.weights, isa=isa)
 
 
-@needs_native
 @pytest.mark.parametrize("head_dim", [48, 18, 136])
-def test_native_heads_of_any_width_equal_torch_past_a_value_flush(head_dim: int) -> None:
+def test_native_heads_of_any_width_equal_torch_past_a_value_flush(head_dim: int,
+                                                                  isa: native.Isa) -> None:
     """native.c's attention lays keys out in pairs of components, 16 keys to a vector, and
     values in chunks of 16: 48 components make an odd number of value chunks; 18 an odd
     number of pairs and a partial chunk; 136 two blocks of 64 in the keys' transpose and a
     partial third. 600 tokens
     in uneven chunks cross the 512-key flush of the value sums with odd key counts."""
-    reference, fast = _one_layer_engines(head_dim, heads=2, seed=3)
+    reference, fast = _one_layer_engines(head_dim, heads=2, seed=3, isa=isa)
     assert fast.backend == "native"
     tokens = [int(t) for t in np.random.default_rng(6).integers(0, 512, 600)]
     expected = _rows(reference, tokens, [300])
@@ -160,13 +156,13 @@ def test_native_heads_of_any_width_equal_torch_past_a_value_flush(head_dim: int)
         assert np.array_equal(_rows(fast, tokens, [1, 257, 511, 513, 599]), expected)
 
 
-@needs_native
 @pytest.mark.parametrize("head_dim", [64, 96])
-def test_native_one_row_steps_equal_torch_across_key_blocks(head_dim: int) -> None:
+def test_native_one_row_steps_equal_torch_across_key_blocks(head_dim: int,
+                                                            isa: native.Isa) -> None:
     """A step of one or two rows reads the pool's keys directly, summing the dot products of 16
     keys at a time when the head's width is a multiple of 32 (SmolLM2's 64): steps from 20 to
     70 keys cross whole blocks of 16 and every remainder."""
-    reference, fast = _one_layer_engines(head_dim, heads=3, seed=5)
+    reference, fast = _one_layer_engines(head_dim, heads=3, seed=5, isa=isa)
     tokens = [int(t) for t in np.random.default_rng(8).integers(0, 512, 70)]
     expected = _rows(reference, tokens, [])
     for threads in (1, 2):
@@ -174,14 +170,14 @@ def test_native_one_row_steps_equal_torch_across_key_blocks(head_dim: int) -> No
             assert np.array_equal(_rows(fast, tokens, [20, *range(21, 70, 1), 69]), expected)
 
 
-@needs_native
 @pytest.mark.parametrize("heads, kv_heads", [(6, 1), (2, 1), (12, 2)])
-def test_native_grouped_steps_equal_torch_past_a_value_flush(heads: int, kv_heads: int) -> None:
+def test_native_grouped_steps_equal_torch_past_a_value_flush(heads: int, kv_heads: int,
+                                                             isa: native.Isa) -> None:
     """Steps of one and two rows run a key head's query heads together, up to 4 in one pass
     over the keys (6 query heads to a key head: a pass of 4 and one of 2; 2: one of 2; 12 over
     2 key heads: two passes for each); steps after 511 to 599 keys cross the 512-key flush of
     the value sums, with odd and even key counts."""
-    reference, fast = _one_layer_engines(64, heads=heads, seed=11, kv_heads=kv_heads)
+    reference, fast = _one_layer_engines(64, heads=heads, seed=11, isa=isa, kv_heads=kv_heads)
     tokens = [int(t) for t in np.random.default_rng(12).integers(0, 512, 600)]
     expected = _rows(reference, tokens, [300])
     cuts = [256, 509, *range(510, 530), 532, 534, *range(560, 600, 3)]
@@ -190,26 +186,27 @@ def test_native_grouped_steps_equal_torch_past_a_value_flush(heads: int, kv_head
             assert np.array_equal(_rows(fast, tokens, cuts), expected)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("cc") is None,
-                    reason="builds native.c with cc for an x86-64 CPU without AVX-512")
-def test_native_c_builds_without_avx512_and_serves_the_tables(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a CPU without AVX-512 VNNI native.c still builds (its forward off, ``packed`` false)
-    and computes the coder's tables; every function native.py binds is there. Built here for
-    this CPU with AVX-512 switched off (``-mno-avx512f``, which GCC and Clang accept on any x86
-    CPU and version, unlike a named ``-march`` level), whatever this machine has."""
+def test_every_path_builds_and_names_itself(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each path of this architecture builds with its own flags; those this CPU runs load and
+    report their instruction set (native.c's SEQKV_ISA: a path built without its instructions
+    would report another), and serve the tables."""
     monkeypatch.setenv("SEQKV_NATIVE_DIR", str(tmp_path))
-    flags = (*native._FLAGS, "-mno-avx512f")
-    try:
-        built = native._compiled(["cc"], flags)
-    except subprocess.CalledProcessError as error:
-        pytest.fail(f"native.c does not build without AVX-512: {error.stderr}")
-    kernels = native.NativeKernels(ctypes.CDLL(str(built)))
-    assert not kernels.packed
-    monkeypatch.setattr(native, "load", lambda: kernels)
     logits = (np.random.default_rng(15).standard_normal((3, 300)) * 2**20).astype(np.int64)
-    for got, want in zip(integer_tables(logits)[:2], numpy_tables(logits)[:2], strict=True):
-        assert np.array_equal(got, want)
+    for path, (flags, _) in native._paths().items():
+        try:
+            built = native._compiled(["cc"], (*native._FLAGS, *flags))
+        except subprocess.CalledProcessError as error:
+            pytest.fail(f"native.c does not build for {path}: {error.stderr}")
+        if path not in CPU_ISAS:
+            continue  # built, not run: this CPU lacks its instructions
+        kernels = native.NativeKernels(ctypes.CDLL(str(built)))
+        assert kernels.isa == path
+        with monkeypatch.context() as patch:
+            patch.setattr(native, "load", lambda kernels=kernels: kernels)
+            for got, want in zip(integer_tables(logits)[:2], numpy_tables(logits)[:2],
+                                 strict=True):
+                assert np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("dtype, rows", [(np.int32, 40), (np.int64, 39)])
@@ -226,13 +223,44 @@ def test_both_paths_refuse_an_out_buffer_of_another_dtype_or_too_few_rows(
         assert np.array_equal(rows_out, _rows(engine, TOKENS, []))
 
 
-@needs_native
-def test_a_build_without_vnni_runs_the_torch_path(
-        tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(native.load(), "packed", False)
-    assert IntegerForward(tiny_model).backend == "torch"
-    with pytest.raises(ValueError, match="AVX-512 VNNI"):
-        IntegerForward(tiny_model, backend="native")
+def test_the_environment_chooses_a_path_or_is_refused_in_one_line(
+        reload: Callable[..., native.NativeKernels | None]) -> None:
+    for path in CPU_ISAS:
+        kernels = reload(SEQKV_INTEGER_ISA=path, SEQKV_INTEGER_BACKEND="auto")
+        assert kernels is not None and kernels.isa == path
+    lacking = [path for path in native.ISAS if path not in CPU_ISAS]
+    assert lacking  # no CPU runs both x86 and Arm paths
+    with pytest.raises(IntegerBackendError, match=f"cannot run it; it runs {CPU_ISAS[0]}"):
+        reload(SEQKV_INTEGER_ISA=lacking[0])
+    with pytest.raises(IntegerBackendError, match="must be one of scalar, avx2"):
+        reload(SEQKV_INTEGER_ISA="sse9")
+    with pytest.raises(IntegerBackendError, match="has no effect with SEQKV_INTEGER_BACKEND=torch"):
+        reload(SEQKV_INTEGER_ISA="scalar", SEQKV_INTEGER_BACKEND="torch")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign", "empty"])
+def test_a_damaged_library_in_the_cache_is_rebuilt_not_loaded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    """A cached library that is cut short (mapping it can kill the process with SIGBUS), another
+    library under its name, or an empty file fails the check in a child process and is built
+    again; the caller gets a working library."""
+    monkeypatch.setenv("SEQKV_NATIVE_DIR", str(tmp_path))
+    path = CPU_ISAS[0]
+    built = native._build(path)
+    if damage == "truncated":
+        built.write_bytes(built.read_bytes()[:1000])
+    elif damage == "foreign":
+        libm = ctypes.util.find_library("m")
+        assert libm is not None
+        foreign = next(Path(d) / libm for d in ("/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+                                                 "/usr/lib", "/lib") if (Path(d) / libm).exists())
+        built.write_bytes(foreign.read_bytes())
+    else:
+        built.write_bytes(b"")
+    assert native._probe(built, path) is not None
+    rebuilt = native._build(path)
+    assert rebuilt == built and native._probe(rebuilt, path) is None
+    assert native.NativeKernels(ctypes.CDLL(str(rebuilt))).isa == path
 
 
 def test_packed_weights_hold_each_row_in_its_lane() -> None:
@@ -252,14 +280,13 @@ def test_packed_weights_hold_each_row_in_its_lane() -> None:
     assert not sums[:, n:].any()
 
 
-@needs_native
 @pytest.mark.real_model
-def test_real_model_native_rows_equal_torch_rows(real_model: CausalLM) -> None:
+def test_real_model_native_rows_equal_torch_rows(real_model: CausalLM, isa: native.Isa) -> None:
     tokens = real_model.encode_text(
         "The ferry left at six, and the harbour master counted the crates twice before he "
         "signed the manifest and handed it to the captain.")
     reference = IntegerForward(real_model, backend="torch")
-    fast = IntegerForward(reference.weights, backend="native")
+    fast = IntegerForward(reference.weights, isa=isa)
     expected = _rows(reference, tokens, [])
     with pinned_threads(2):
         assert np.array_equal(_rows(fast, tokens, []), expected)
@@ -267,11 +294,18 @@ def test_real_model_native_rows_equal_torch_rows(real_model: CausalLM) -> None:
         assert np.array_equal(_rows(fast, tokens, [1, 2, 9, 10, 11, 17]), expected)
 
 
-@needs_native
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 4), vocab=st.integers(2, 700),
        scale=st.sampled_from([1, 300, 65536, 2**24, 2**40]), ties=st.booleans())
 def test_native_tables_equal_the_numpy_tables(seed: int, rows: int, vocab: int, scale: int,
                                               ties: bool) -> None:
+    for path in CPU_ISAS:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(native, "load", lambda path=path: native.kernels(path))
+            _tables_equal_the_numpy_tables(seed, rows, vocab, scale, ties)
+
+
+def _tables_equal_the_numpy_tables(seed: int, rows: int, vocab: int, scale: int,
+                                   ties: bool) -> None:
     rng = np.random.default_rng(seed)
     logits = (rng.standard_normal((rows, vocab)) * scale).astype(np.int64)
     if ties:  # many tokens at the maximum, and far below it (clamped gaps)
@@ -285,7 +319,6 @@ def test_native_tables_equal_the_numpy_tables(seed: int, rows: int, vocab: int, 
     np.testing.assert_allclose(entropy, expected_entropy, rtol=1e-12, atol=1e-12)
 
 
-@needs_native
 @pytest.mark.real_model
 def test_real_model_native_tables_equal_the_numpy_tables(real_model: CausalLM) -> None:
     engine = IntegerForward(real_model)

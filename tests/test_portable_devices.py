@@ -9,14 +9,8 @@ import pytest
 
 from benchmark_scripts import load_benchmark
 from seqkv.models import CausalLM
-from seqkv.models.integer import native
 
 devices = load_benchmark("portable_devices")
-needs_native = pytest.mark.skipif(native.load() is None or not native.load().packed,
-                                  reason="native.c needs a C compiler and AVX-512 VNNI")
-
-
-@needs_native
 @pytest.mark.real_model
 def test_the_logit_check_compares_two_backends_and_counts_a_difference(
         real_model: CausalLM) -> None:

@@ -138,6 +138,11 @@ class QuantizerConfigError(InvalidConfigError):
     rotation, format, codebook) that is unknown or out of range."""
 
 
+class IntegerBackendError(InvalidConfigError):
+    """A choice of the integer forward's path (``$SEQKV_INTEGER_BACKEND``, ``$SEQKV_INTEGER_ISA``)
+    that is unknown, contradicts the other, or names an instruction set this CPU lacks."""
+
+
 class KernelBackendError(InvalidConfigError):
     """A kernel backend name (argument or ``$SEQKV_KERNELS``) that is not one of the backends."""
 

@@ -9,13 +9,11 @@ computed with it, on any number of threads, on any device with two's complement 
 Two paths compute these integers. The torch code here states the forward and is the
 reference; ``native.c`` (built and loaded by ``native.py``) computes the same integers with one C
 call per decoder layer, where a step of torch operators costs ~18,000 dispatches
-(``IntegerForward(backend=...)``: ``auto`` takes native.c where it builds with AVX-512 VNNI, on
-the CPU with two activation planes and summed dimensions that are multiples of 4; ``torch``
-forces the reference). ``tests/test_integer_native.py`` asserts the
-two paths' logits and KV planes equal bit for bit over chunkings, batches, thread counts and
-weight planes, on a tiny model and on SmolLM2-135M. Measured (SmolLM2-135M, 128 tokens of
-context, this project's 2-core CPU): a one-row step 10.5-15 ms on two threads and 17-22 ms on
-one, against 42-72 ms for the torch path and 55-70 ms for a transformers float step.
+(``IntegerForward(backend=...)``: ``auto`` takes native.c where it builds, on any CPU, for
+models with two activation planes and summed dimensions that are multiples of 4; ``torch``
+forces the reference). ``tests/test_integer_native.py`` asserts the two paths' logits and KV
+planes equal bit for bit over chunkings, batches, thread counts and weight planes, on a tiny
+model and on SmolLM2-135M, on every instruction set of ``native.ISAS`` that the CPU runs.
 
 Formats (``x`` at ``2**-f`` means the int64 ``x`` stands for ``x / 2**f``):
 
@@ -276,7 +274,9 @@ class IntegerForward:
 
     def __init__(self, source: CausalLM | IntegerWeights | BlockWeights, *,
                  layers: int | None = None, config: IntegerConfig | None = None,
-                 backend: Backend = "auto") -> None:
+                 backend: Backend = "auto", isa: native.Isa | None = None) -> None:
+        """``backend`` as ``native.load`` chooses it (``auto``), or forced; ``isa`` runs native.c's
+        path of that instruction set whatever the environment says (``native.kernels``)."""
         weights = (source if isinstance(source, IntegerWeights | BlockWeights)
                    else integer_weights(source, config))
         geometry = weights.geometry
@@ -313,8 +313,9 @@ class IntegerForward:
         self._gate_up = tuple(_gate_and_up(layer, geometry.intermediate)
                               for layer in self._layers)
         self._start_rows: dict[int, npt.NDArray[np.int64]] = {}
-        self._native = self._native_kernels(backend)
+        self._native = self._native_kernels(backend) if isa is None else native.kernels(isa)
         self.backend: Backend = "torch" if self._native is None else "native"
+        self.isa: native.Isa | None = None if self._native is None else self._native.isa
         # native.c's packed weights and their row sums, by (weight address, rows, planes)
         self._packed: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._packed_q4: dict[tuple[int, int], torch.Tensor] = {}  # native.c's Q4_1 layout
@@ -333,12 +334,10 @@ class IntegerForward:
                      and all(k % 4 == 0 for k in (geometry.hidden, geometry.intermediate,
                                                   geometry.heads * geometry.head_dim)))
         kernels = native.load() if supported else None
-        if kernels is not None and not kernels.packed:
-            kernels = None
         if backend == "native" and kernels is None:
-            raise ValueError("the native integer forward needs a CPU with AVX-512 VNNI, two "
-                             f"activation planes, head_dim and heads <= {_NATIVE_MAX_HEAD_DIM}, "
-                             "summed dimensions that are multiples of 4 and a C compiler "
+            raise ValueError("the native integer forward needs two activation planes, head_dim "
+                             f"and heads <= {_NATIVE_MAX_HEAD_DIM}, summed dimensions that are "
+                             "multiples of 4 and a C compiler "
                              f"(and {native.BACKEND_ENV} not set to torch)")
         return kernels
 

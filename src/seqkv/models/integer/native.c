@@ -28,10 +28,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The instruction set of this build, chosen by the compiler flags native.py passes (one library
+ * per path, each built with its own flags, so that a forced path is never vectorized with
+ * instructions of another): SEQKV_ISA names it for seqkv_isa(). Every path computes the same
+ * integers; only the micro-kernels differ:
+ *   SEQKV_VNNI     AVX-512 VNNI: vpdpbusd tiles on packed blocks, the laid-out attention;
+ *   SEQKV_AVX2     AVX2 (+ F16C): vpmaddwd on int16 activations; with SEQKV_AVXVNNI, the
+ *                  256-bit vpdpwssd of AVX-VNNI in its place;
+ *   SEQKV_NEON     ARMv8.2 NEON with the dot product (sdot) on the int8 planes;
+ *   none           plain C99, which any compiler computes identically. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
-    defined(__AVX512F__)
+    defined(__AVX512F__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define SEQKV_VNNI 1
+#define SEQKV_ISA 3
+#elif defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define SEQKV_AVX2 1
+#if defined(__AVXVNNI__)
+#define SEQKV_AVXVNNI 1
+#define SEQKV_ISA 2
+#else
+#define SEQKV_ISA 1
+#endif
+#elif defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#include <arm_neon.h>
+#define SEQKV_NEON 1
+#define SEQKV_ISA 4
+#else
+#define SEQKV_ISA 0
+#endif
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE
 #endif
 
 #define PLANE_BITS 7
@@ -256,14 +287,200 @@ static void fold_plane(tile_out_t high, tile_out_t low, const int32_t *sums, int
 }
 #endif
 
-/* Whether seqkv_linear_packed runs here (built with AVX-512 VNNI). */
-int64_t seqkv_has_packed(void) {
-#ifdef SEQKV_VNNI
-    return 1;
+#ifndef SEQKV_VNNI
+#define LANES 16
+#define TILE_ROWS 3
+#define ROW_SPLIT 48
+/* Rows that share one pass over a block's weights (dot_tile) */
+#define DOT_ROWS 4
+/* Quads (4 k) per int32 partial sum: at most 4 products of 2**14 x 2**7 = 2**21 each per lane
+ * and quad, so 128 quads stay below 2**30; the partial sums are then added in int64. */
+#define FLUSH_QUADS 128
+
+/* The packed products outside AVX-512 VNNI, on one block of 16 output rows (the layout of
+ * seqkv_linear_packed) and up to DOT_ROWS activation rows: acc[j][lane] = the exact sum over k of
+ * x[j][k] * weight[lane][k], where x is the row's activation q = 128 high + low (int16: |q| <=
+ * 2**14) and high, low its planes (the NEON kernel multiplies the int8 planes). Every kernel
+ * computes this one integer per lane; they differ only in instructions. */
+#if defined(SEQKV_AVX2)
+#if defined(SEQKV_AVXVNNI)
+#define DPW(acc, a, b) acc = _mm256_dpwssd_avx_epi32(acc, a, b)
 #else
-    return 0;
+#define DPW(acc, a, b) acc = _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
+static inline __m256i broadcast_quad(const int16_t *x) {  /* x[0..3] into every 64 bits */
+    int64_t v;
+    memcpy(&v, x, 8);
+    return _mm256_set1_epi64x(v);
 }
+
+/* Lanes 8 half .. 8 half + 7 of a block: weights widened to int16 (4 lanes x 4 k per vector),
+ * one vpmaddwd per row and vector adds each lane's two pairs of products to two int32 sums,
+ * which the flush adds up in int64. */
+static inline ALWAYS_INLINE void dot_tile_body(const int8_t *block, const int16_t *const x[DOT_ROWS],
+                                               const int8_t *const high[DOT_ROWS],
+                                               const int8_t *const low[DOT_ROWS], int rows,
+                                               int64_t k, int64_t acc[DOT_ROWS][LANES]) {
+    (void)high; (void)low;
+    for (int j = 0; j < rows; ++j)
+        for (int lane = 0; lane < LANES; ++lane) acc[j][lane] = 0;
+    for (int half = 0; half < 2; ++half)
+        for (int64_t q0 = 0; q0 < k / 4; q0 += FLUSH_QUADS) {
+            int64_t q1 = q0 + FLUSH_QUADS < k / 4 ? q0 + FLUSH_QUADS : k / 4;
+            __m256i a[DOT_ROWS][2];
+            for (int j = 0; j < rows; ++j) a[j][0] = a[j][1] = _mm256_setzero_si256();
+            for (int64_t q = q0; q < q1; ++q) {
+                const int8_t *w = block + q * 64 + 32 * half;
+                __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w));
+                __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 16)));
+                for (int j = 0; j < rows; ++j) {
+                    __m256i v = broadcast_quad(x[j] + 4 * q);
+                    DPW(a[j][0], w0, v);
+                    DPW(a[j][1], w1, v);
+                }
+            }
+            for (int j = 0; j < rows; ++j) {
+                int32_t t[16];  /* [lane 8 half + m][pair] for m in 0..7 */
+                _mm256_storeu_si256((__m256i *)t, a[j][0]);
+                _mm256_storeu_si256((__m256i *)(t + 8), a[j][1]);
+                for (int m = 0; m < 8; ++m)
+                    acc[j][8 * half + m] += (int64_t)t[2 * m] + t[2 * m + 1];
+            }
+        }
+}
+#elif defined(SEQKV_NEON)
+static inline int8x16_t broadcast4_s8(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return vreinterpretq_s8_s32(vdupq_n_s32(v));
+}
+
+/* sdot multiplies 4 int8 weights of 4 lanes by 4 broadcast plane bytes; each plane's sums stay
+ * in int32 (|high * w| <= 2**14, k <= 2**17), and the lane's total is 128 high + low. */
+static inline ALWAYS_INLINE void dot_tile_body(const int8_t *block, const int16_t *const x[DOT_ROWS],
+                                               const int8_t *const high[DOT_ROWS],
+                                               const int8_t *const low[DOT_ROWS], int rows,
+                                               int64_t k, int64_t acc[DOT_ROWS][LANES]) {
+    (void)x;
+    for (int j = 0; j < rows; ++j) {
+        int32x4_t h[4], l[4];
+        for (int c = 0; c < 4; ++c) h[c] = l[c] = vdupq_n_s32(0);
+        for (int64_t q = 0; q < k / 4; ++q) {
+            int8x16_t bh = broadcast4_s8(high[j] + 4 * q), bl = broadcast4_s8(low[j] + 4 * q);
+            for (int c = 0; c < 4; ++c) {
+                int8x16_t w = vld1q_s8(block + q * 64 + 16 * c);
+                h[c] = vdotq_s32(h[c], w, bh);
+                l[c] = vdotq_s32(l[c], w, bl);
+            }
+        }
+        for (int c = 0; c < 4; ++c) {
+            int32_t hs[4], ls[4];
+            vst1q_s32(hs, h[c]);
+            vst1q_s32(ls, l[c]);
+            for (int m = 0; m < 4; ++m)
+                acc[j][4 * c + m] = shl(hs[m], PLANE_BITS) + ls[m];
+        }
+    }
+}
+#else
+static inline ALWAYS_INLINE void dot_tile_body(const int8_t *block, const int16_t *const x[DOT_ROWS],
+                                               const int8_t *const high[DOT_ROWS],
+                                               const int8_t *const low[DOT_ROWS], int rows,
+                                               int64_t k, int64_t acc[DOT_ROWS][LANES]) {
+    (void)high; (void)low;
+    for (int j = 0; j < rows; ++j) {
+        for (int lane = 0; lane < LANES; ++lane) acc[j][lane] = 0;
+        for (int64_t q0 = 0; q0 < k / 4; q0 += FLUSH_QUADS) {
+            int64_t q1 = q0 + FLUSH_QUADS < k / 4 ? q0 + FLUSH_QUADS : k / 4;
+            int32_t part[LANES] = {0};
+            for (int64_t q = q0; q < q1; ++q) {
+                const int8_t *w = block + q * 64;
+                const int16_t *v = x[j] + 4 * q;
+                for (int lane = 0; lane < LANES; ++lane)
+                    part[lane] += v[0] * w[4 * lane] + v[1] * w[4 * lane + 1]
+                                  + v[2] * w[4 * lane + 2] + v[3] * w[4 * lane + 3];
+            }
+            for (int lane = 0; lane < LANES; ++lane) acc[j][lane] += part[lane];
+        }
+    }
+}
+#endif
+
+/* dot_tile_body with its row count a constant (1 to DOT_ROWS), so that the accumulators of
+ * each row stay in registers. */
+static void dot_tile(const int8_t *block, const int16_t *const x[DOT_ROWS],
+                     const int8_t *const high[DOT_ROWS], const int8_t *const low[DOT_ROWS],
+                     int rows, int64_t k, int64_t acc[DOT_ROWS][LANES]) {
+    switch (rows) {
+        case 1: dot_tile_body(block, x, high, low, 1, k, acc); break;
+        case 2: dot_tile_body(block, x, high, low, 2, k, acc); break;
+        case 3: dot_tile_body(block, x, high, low, 3, k, acc); break;
+        default: dot_tile_body(block, x, high, low, DOT_ROWS, k, acc); break;
+    }
+}
+
+/* seqkv_linear_packed outside AVX-512 VNNI: work items of (block, chunk of ROW_SPLIT rows), as
+ * the VNNI path shares them; each block's weights are read once per DOT_ROWS rows. */
+static int64_t linear_packed_portable(const int8_t *planes, int64_t rows, int64_t k,
+                                      const int8_t *packed, int64_t wplanes, int64_t n_out,
+                                      const int64_t *scale, int64_t scale_bits,
+                                      const int64_t *exponent, int64_t out_frac,
+                                      const int64_t *bias, int64_t *out, int64_t out_stride,
+                                      int64_t threads) {
+    int64_t blocks = (n_out + LANES - 1) / LANES, chunks = (rows + ROW_SPLIT - 1) / ROW_SPLIT;
+    int64_t block_bytes = (k / 4) * 64;
+    int16_t *x = malloc(sizeof(int16_t) * (size_t)(rows * k));  /* q = 128 high + low */
+    if (!x) return -1;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < k; ++i)
+            x[r * k + i] = (int16_t)(planes[r * k + i] * (1 << PLANE_BITS)
+                                     + planes[(rows + r) * k + i]);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1)
+#endif
+    for (int64_t item = 0; item < blocks * chunks; ++item) {
+        int64_t b = item / chunks, first = (item % chunks) * ROW_SPLIT;
+        int64_t last = first + ROW_SPLIT < rows ? first + ROW_SPLIT : rows;
+        int64_t n0 = b * LANES, count_lanes = n_out - n0 < LANES ? n_out - n0 : LANES;
+        for (int64_t r0 = first; r0 < last; r0 += DOT_ROWS) {
+            int count = last - r0 < DOT_ROWS ? (int)(last - r0) : DOT_ROWS;
+            const int16_t *xr[DOT_ROWS];
+            const int8_t *hr[DOT_ROWS], *lr[DOT_ROWS];
+            for (int j = 0; j < DOT_ROWS; ++j) {
+                int64_t row = r0 + (j < count ? j : 0);
+                xr[j] = x + row * k;
+                hr[j] = planes + row * k;
+                lr[j] = planes + (rows + row) * k;
+            }
+            int64_t total[DOT_ROWS][LANES], dot[DOT_ROWS][LANES];
+            for (int64_t p = 0; p < wplanes; ++p) {  /* forward._linear's planes, shifted up */
+                dot_tile(packed + (p * blocks + b) * block_bytes, xr, hr, lr, count, k, dot);
+                for (int j = 0; j < count; ++j)
+                    for (int lane = 0; lane < LANES; ++lane)
+                        total[j][lane] = p ? shl(total[j][lane], PLANE_BITS) + dot[j][lane]
+                                           : dot[j][lane];
+            }
+            for (int j = 0; j < count; ++j) {  /* forward._scale */
+                int64_t amount = clamp(scale_bits - out_frac - exponent[r0 + j], 0, 62);
+                int64_t *o = out + (r0 + j) * out_stride + n0;
+                for (int64_t lane = 0; lane < count_lanes; ++lane) {
+                    int64_t v = asr(total[j][lane] * scale[n0 + lane], amount);
+                    o[lane] = bias ? v + bias[n0 + lane] : v;
+                }
+            }
+        }
+    }
+    free(x);
+    return 0;
+}
+#endif
+
+/* The instruction set this library was built for: 0 plain C, 1 AVX2, 2 AVX-VNNI, 3 AVX-512
+ * VNNI, 4 NEON with the dot product (native.py's ISAS, in this order). */
+int64_t seqkv_isa(void) { return SEQKV_ISA; }
+
+/* Kept for callers of earlier releases: every build runs the packed forward. */
+int64_t seqkv_has_packed(void) { return 1; }
 
 /* seqkv_linear with weights packed for vpdpbusd: for plane p and block b of 16 rows,
  * packed[((p * blocks + b) * k / 4 + q) * 64 + 4 * lane + i] = weight[p * n_out + 16 b + lane,
@@ -339,10 +556,9 @@ static int64_t seqkv_linear_packed(const int8_t *planes, int64_t rows, int64_t k
     free(scratch);
     return 0;
 #else
-    (void)planes; (void)rows; (void)k; (void)packed; (void)row_sums; (void)wplanes;
-    (void)n_out; (void)scale; (void)scale_bits; (void)exponent; (void)out_frac; (void)bias;
-    (void)out; (void)out_stride; (void)threads;
-    return -1;
+    (void)row_sums;
+    return linear_packed_portable(planes, rows, k, packed, wplanes, n_out, scale, scale_bits,
+                                  exponent, out_frac, bias, out, out_stride, threads);
 #endif
 }
 
@@ -460,6 +676,146 @@ static void q4_group_3(const uint8_t *p, int64_t kblocks, const int8_t *const h[
 }
 #endif
 
+#ifndef SEQKV_VNNI
+#define Q4_BLOCK 32
+#define Q4_BYTES 320
+
+/* An fp16 value (its bits) times 2**24, truncated to int32 as vcvtph2ps, a multiply by 2**24 and
+ * vcvttps2dq give it (the VNNI path's conversion): every finite fp16 value times 2**24 is an
+ * integer, (1024 + mantissa) << (exponent - 1) or, subnormal, the mantissa itself; a magnitude
+ * of 2**31 or more, an infinity or a NaN gives INT32_MIN, the instructions' "indefinite". */
+static inline int32_t q4_integer(const uint8_t *bits) {
+    uint32_t h = (uint32_t)bits[0] | (uint32_t)bits[1] << 8;
+    uint32_t exponent = h >> 10 & 31, mantissa = h & 1023;
+    if (exponent == 31) return INT32_MIN;
+    uint64_t magnitude = exponent ? (uint64_t)(1024 + mantissa) << (exponent - 1) : mantissa;
+    if (magnitude >= (UINT64_C(1) << 31)) return INT32_MIN;
+    return h >> 15 ? -(int32_t)magnitude : (int32_t)magnitude;
+}
+
+/* S for the 16 rows of one group and one block of 32 weights: s[lane] = sum over the block of
+ * q * nibble (|S| < 2**14 * 15 * 32 < 2**23), q = 128 high + low. */
+#if defined(SEQKV_AVX2)
+/* vpmaddubsw multiplies the unsigned nibbles by the signed plane bytes: a pair of products is at
+ * most 2 * 15 * 128 = 3,840, and the block's 8 pair sums per 16-bit lane at most 30,720, so the
+ * int16 sums never saturate; vpmaddwd by 1 then adds each lane's two int16 sums in int32. */
+static inline void q4_block_sums(const uint8_t *p, const int8_t *h, const int8_t *l,
+                                 int32_t s[LANES]) {
+    const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; ++half) {
+        __m256i sh = _mm256_setzero_si256(), sl = sh;
+        for (int j = 0; j < 4; ++j) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * half));
+            __m256i n0 = _mm256_and_si256(v, mask);
+            __m256i n1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            int32_t a, b, c, d;
+            memcpy(&a, h + 4 * j, 4); memcpy(&b, h + 16 + 4 * j, 4);
+            memcpy(&c, l + 4 * j, 4); memcpy(&d, l + 16 + 4 * j, 4);
+            sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(n0, _mm256_set1_epi32(a)));
+            sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(n1, _mm256_set1_epi32(b)));
+            sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(n0, _mm256_set1_epi32(c)));
+            sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(n1, _mm256_set1_epi32(d)));
+        }
+        __m256i total = _mm256_add_epi32(
+            _mm256_slli_epi32(_mm256_madd_epi16(sh, ones), PLANE_BITS), _mm256_madd_epi16(sl, ones));
+        _mm256_storeu_si256((__m256i *)(s + 8 * half), total);
+    }
+}
+#elif defined(SEQKV_NEON)
+/* sdot of the nibbles (0..15, valid int8) by 4 broadcast plane bytes, per plane in int32. */
+static inline void q4_block_sums(const uint8_t *p, const int8_t *h, const int8_t *l,
+                                 int32_t s[LANES]) {
+    const uint8x16_t mask = vdupq_n_u8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+        int32x4_t sh = vdupq_n_s32(0), sl = sh;
+        for (int j = 0; j < 4; ++j) {
+            uint8x16_t v = vld1q_u8(p + 64 * j + 16 * c);
+            int8x16_t n0 = vreinterpretq_s8_u8(vandq_u8(v, mask));
+            int8x16_t n1 = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+            sh = vdotq_s32(sh, n0, broadcast4_s8(h + 4 * j));
+            sh = vdotq_s32(sh, n1, broadcast4_s8(h + 16 + 4 * j));
+            sl = vdotq_s32(sl, n0, broadcast4_s8(l + 4 * j));
+            sl = vdotq_s32(sl, n1, broadcast4_s8(l + 16 + 4 * j));
+        }
+        vst1q_s32(s + 4 * c, vaddq_s32(vshlq_n_s32(sh, PLANE_BITS), sl));
+    }
+}
+#else
+static inline void q4_block_sums(const uint8_t *p, const int8_t *h, const int8_t *l,
+                                 int32_t s[LANES]) {
+    for (int lane = 0; lane < LANES; ++lane) {
+        int32_t total = 0;
+        for (int j = 0; j < 4; ++j)
+            for (int i = 0; i < 4; ++i) {
+                int32_t byte = p[64 * j + 4 * lane + i];
+                int32_t first = h[4 * j + i] * (1 << PLANE_BITS) + l[4 * j + i];
+                int32_t second = h[16 + 4 * j + i] * (1 << PLANE_BITS) + l[16 + 4 * j + i];
+                total += first * (byte & 15) + second * (byte >> 4);
+            }
+        s[lane] = total;
+    }
+}
+#endif
+
+/* seqkv_linear_q4 outside AVX-512 VNNI: per row and group of 16 rows, the exact int64 sum over
+ * blocks of S * D + X * M (X: the block's sum of q, D and M: q4_integer of d and m), shifted as
+ * the VNNI path shifts it (whose totals are 16 times these: asr(16 t, a + 4) = asr(t, a)). */
+static int64_t linear_q4_portable(const int8_t *planes, int64_t rows, int64_t k,
+                                  const uint8_t *packed, int64_t n_out, const int64_t *exponent,
+                                  int64_t out_frac, const int64_t *bias, int64_t *out,
+                                  int64_t out_stride, int64_t threads) {
+    int64_t kblocks = k / Q4_BLOCK, groups = (n_out + LANES - 1) / LANES;
+    int64_t chunks = (rows + ROW_SPLIT - 1) / ROW_SPLIT;
+    int32_t *sums = malloc(sizeof(int32_t) * (size_t)(rows * kblocks));
+    if (!sums) return -1;
+    for (int64_t r = 0; r < rows; ++r)  /* X: the block sums of q = 128 * high + low */
+        for (int64_t b = 0; b < kblocks; ++b) {
+            int32_t total = 0;  /* |X| < 2**19 */
+            const int8_t *hp = planes + r * k + b * Q4_BLOCK;
+            const int8_t *lp = planes + (rows + r) * k + b * Q4_BLOCK;
+            for (int i = 0; i < Q4_BLOCK; ++i) total += hp[i] * (1 << PLANE_BITS) + lp[i];
+            sums[r * kblocks + b] = total;
+        }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads((int)threads) if (threads > 1)
+#endif
+    for (int64_t item = 0; item < groups * chunks; ++item) {
+        int64_t g = item / chunks, first = (item % chunks) * ROW_SPLIT;
+        int64_t last = first + ROW_SPLIT < rows ? first + ROW_SPLIT : rows;
+        const uint8_t *group = packed + g * kblocks * Q4_BYTES;
+        int64_t total[ROW_SPLIT][LANES];
+        for (int64_t r = first; r < last; ++r)
+            for (int lane = 0; lane < LANES; ++lane) total[r - first][lane] = 0;
+        for (int64_t b = 0; b < kblocks; ++b) {  /* each block's D and M once for the rows */
+            const uint8_t *p = group + b * Q4_BYTES;
+            int64_t d[LANES], m[LANES];
+            for (int lane = 0; lane < LANES; ++lane) {
+                d[lane] = q4_integer(p + 256 + 2 * lane);
+                m[lane] = q4_integer(p + 288 + 2 * lane);
+            }
+            for (int64_t r = first; r < last; ++r) {
+                int32_t s[LANES];
+                q4_block_sums(p, planes + r * k + b * Q4_BLOCK,
+                              planes + (rows + r) * k + b * Q4_BLOCK, s);
+                int64_t x = sums[r * kblocks + b], *t = total[r - first];
+                for (int lane = 0; lane < LANES; ++lane) t[lane] += s[lane] * d[lane] + x * m[lane];
+            }
+        }
+        for (int64_t r = first; r < last; ++r) {
+            int64_t amount = clamp(24 - out_frac - exponent[r], 0, 62);
+            for (int lane = 0; lane < LANES; ++lane) {
+                int64_t n = g * LANES + lane;
+                if (n >= n_out) break;
+                int64_t v = asr(total[r - first][lane], amount);
+                out[r * out_stride + n] = bias ? v + bias[n] : v;
+            }
+        }
+    }
+    free(sums);
+    return 0;
+}
+#endif
+
 /* forward._linear of Q4_1 blocks: out[r, n] (row stride out_stride) = the row's exact sum
  * (forward._block_accumulate) shifted right by clamp(24 - out_frac - exponent[r], 0, 62), plus
  * bias[n]. planes [2 * rows, k], k a multiple of 32. Returns 0, or -1 when out of memory or
@@ -535,9 +891,8 @@ static int64_t seqkv_linear_q4(const int8_t *planes, int64_t rows, int64_t k,
     free(sums);
     return 0;
 #else
-    (void)planes; (void)rows; (void)k; (void)packed; (void)n_out; (void)exponent;
-    (void)out_frac; (void)bias; (void)out; (void)out_stride; (void)threads;
-    return -1;
+    return linear_q4_portable(planes, rows, k, packed, n_out, exponent, out_frac, bias, out,
+                              out_stride, threads);
 #endif
 }
 
@@ -647,6 +1002,73 @@ static inline void key_products(const int16_t *qv, int64_t wide, const int8_t *k
 
 #endif
 
+#if defined(SEQKV_AVX2)
+static inline int32_t sum_lanes_8(__m256i v) {  /* exact: integer addition is associative */
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xb1));
+    return _mm_cvtsi128_si32(x);
+}
+
+/* One key's products with the query qv over its first `wide` components (a multiple of 16):
+ * 16 int16 products per vpmaddwd (or AVX-VNNI's vpdpwssd) for its high plane kh and its low
+ * plane kl; each key's sum stays in int32 (attend_head_direct), so any order gives it. */
+static inline void key_products_avx2(const int16_t *qv, int64_t wide, const int8_t *kh,
+                                     const int8_t *kl, int32_t *high, int32_t *low) {
+    __m256i ah = _mm256_setzero_si256(), al = ah;
+    for (int64_t i = 0; i < wide; i += 16) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(qv + i));
+        DPW(ah, q, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(kh + i))));
+        DPW(al, q, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(kl + i))));
+    }
+    *high = sum_lanes_8(ah);
+    *low = sum_lanes_8(al);
+}
+
+/* The weighted value sums of keys t0 .. t1 - 1 (at most 512: int32, attend_head_direct) over the
+ * first `narrow` components (a multiple of 16): two keys at a time, their components interleaved
+ * as int16 pairs against the weight pair (w_t, w_t+1) (a weight fits int16: at most 2**14), one
+ * vpmaddwd per 8 components. unpack*_epi16 pairs components within 128-bit lanes, so lane
+ * 4 L + m of `even` holds component 8 L + m and of `odd` 8 L + 4 + m. values: key 0's high plane
+ * of this head's group; its low plane lies `plane_stride` further. */
+static void value_sums_avx2(const int64_t *weight, int64_t t0, int64_t t1, const int8_t *values,
+                            int64_t token_stride, int64_t plane_stride, int64_t narrow,
+                            int32_t *high, int32_t *low) {
+    for (int64_t c = 0; c < narrow; c += 16) {
+        __m256i even_high = _mm256_setzero_si256(), odd_high = even_high;
+        __m256i even_low = even_high, odd_low = even_high;
+        for (int64_t t = t0; t < t1; t += 2) {
+            int64_t u = t + 1 < t1 ? t + 1 : t;  /* a last odd key pairs with weight 0 */
+            int32_t w0 = (int32_t)weight[t], w1 = u > t ? (int32_t)weight[u] : 0;
+            if (!w0 && !w1) continue;
+            __m256i pair = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)w0 |
+                                                       ((uint32_t)(uint16_t)w1 << 16)));
+            const int8_t *v0 = values + t * token_stride + c, *v1 = values + u * token_stride + c;
+            __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)v0));
+            __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)v1));
+            DPW(even_high, _mm256_unpacklo_epi16(a, b), pair);
+            DPW(odd_high, _mm256_unpackhi_epi16(a, b), pair);
+            a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(v0 + plane_stride)));
+            b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(v1 + plane_stride)));
+            DPW(even_low, _mm256_unpacklo_epi16(a, b), pair);
+            DPW(odd_low, _mm256_unpackhi_epi16(a, b), pair);
+        }
+        int32_t lanes[4][8];
+        _mm256_storeu_si256((__m256i *)lanes[0], even_high);
+        _mm256_storeu_si256((__m256i *)lanes[1], odd_high);
+        _mm256_storeu_si256((__m256i *)lanes[2], even_low);
+        _mm256_storeu_si256((__m256i *)lanes[3], odd_low);
+        for (int lane = 0; lane < 2; ++lane)
+            for (int m = 0; m < 4; ++m) {
+                high[c + 8 * lane + m] = lanes[0][4 * lane + m];
+                high[c + 8 * lane + 4 + m] = lanes[1][4 * lane + m];
+                low[c + 8 * lane + m] = lanes[2][4 * lane + m];
+                low[c + 8 * lane + 4 + m] = lanes[3][4 * lane + m];
+            }
+    }
+}
+#endif
+
 /* One query head of one row of attend_direct (see there; it serves the heads whose d is not a
  * multiple of 32, attend_group_direct the others) over keys 0 .. end - 1: out [d] before
  * the row's common exponent, and the head's own exponent (`running`). keys: the pool's int8 key
@@ -667,19 +1089,23 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
     int16_t qv[1024];  /* 14-bit queries and 8-bit key planes: int16 products summed in int32 */
     int32_t high[1024], low[1024];
     for (int64_t i = 0; i < d; ++i) qv[i] = (int16_t)plane_value(q_plane, i, d);
-    int64_t wide = 0;  /* the part of d that vpdpwssd sums, 32 products per vector */
-#ifdef SEQKV_VNNI
+    int64_t wide = 0;  /* the part of d that the vector products sum */
+#if defined(SEQKV_VNNI)
     wide = d - d % 32;
+#elif defined(SEQKV_AVX2)
+    wide = d - d % 16;
 #endif
     int64_t top = MASKED, running = 0;
     for (int64_t t = 0; t < end; ++t) {
         const int8_t *kh = keys + t * token_stride + g * d, *kl = kh + kv_heads * d;
         int32_t dot_high = 0, dot_low = 0;
-#ifdef SEQKV_VNNI
+#if defined(SEQKV_VNNI)
         __m512i acc_high, acc_low;
         key_products(qv, wide, kh, kl, &acc_high, &acc_low);
         dot_high = _mm512_reduce_add_epi32(acc_high);
         dot_low = _mm512_reduce_add_epi32(acc_low);
+#elif defined(SEQKV_AVX2)
+        key_products_avx2(qv, wide, kh, kl, &dot_high, &dot_low);
 #endif
         for (int64_t i = wide; i < d; ++i) {
             dot_high += (int32_t)qv[i] * (int32_t)kh[i];
@@ -704,7 +1130,11 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
         int64_t t1 = t0 + 512 < end ? t0 + 512 : end;
         for (int64_t i = 0; i < d; ++i) high[i] = low[i] = 0;
         int64_t narrow = 0;  /* where the plain loop below starts */
-#ifdef SEQKV_VNNI
+#if defined(SEQKV_AVX2)
+        narrow = d - d % 16;
+        value_sums_avx2(weight, t0, t1, values + g * d, token_stride, kv_heads * d, narrow,
+                        high, low);
+#elif defined(SEQKV_VNNI)
         /* Two keys at a time, 32 components: their value planes' components interleaved as
          * int16 pairs (v_t[i], v_t+1[i]) against the weight pair (w_t, w_t+1), one vpdpwssd
          * per 16 components (a weight fits int16: it is at most 2**14). unpack*_epi16 pairs
@@ -776,11 +1206,6 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
  * waiting for keys that its three query heads each read again. Grouping alone measured no
  * faster, nor did cache hints on the per-head loop alone; both together: 2 threads, 4,096
  * tokens, 20.4-23.4 -> 15.4-18.1 ms a step (minima; benchmarks/long_context_costs.py step). */
-#if defined(__GNUC__)
-#define ALWAYS_INLINE __attribute__((always_inline))
-#else
-#define ALWAYS_INLINE
-#endif
 #define PREFETCH_KEYS 16  /* keys ahead that the loops ask the cache for */
 static inline ALWAYS_INLINE void attend_group_body(const int8_t *q_planes,
                                 const int64_t *q_shift, int64_t h0, int64_t count,
@@ -1327,6 +1752,7 @@ static int64_t attend_head(const attention_layout_t *a, const int8_t *q_plane, i
 }
 #endif
 
+#ifdef SEQKV_VNNI
 /* seqkv_attend for many rows: the call's keys and values laid out once (see above).
  * Threads share the layout's items, then the (row, head) pairs (results do not depend on the
  * split). */
@@ -1336,7 +1762,6 @@ static int64_t attend_laid_out(const int8_t *q_planes, const int64_t *q_shift, i
                      const int8_t *key_shift, const int8_t *value_shift, int64_t shift_stride,
                      int64_t score_scale, int64_t score_shift, const int64_t *softmax,
                      int64_t softmax_size, int64_t *out, int64_t *exponent, int64_t threads) {
-#ifdef SEQKV_VNNI
     if (d > 1024) return -1;
     int64_t tokens = position + n, group = heads / kv_heads, pairs = n * heads;
     attention_layout_t layout;
@@ -1382,14 +1807,8 @@ static int64_t attend_laid_out(const int8_t *q_planes, const int64_t *q_shift, i
     layout_free(&layout);
     free(running);
     return failed ? -1 : 0;
-#else
-    (void)q_planes; (void)q_shift; (void)q_vectors; (void)n; (void)position; (void)heads;
-    (void)kv_heads; (void)d; (void)keys; (void)values; (void)token_stride; (void)key_shift;
-    (void)value_shift; (void)shift_stride; (void)score_scale; (void)score_shift;
-    (void)softmax; (void)softmax_size; (void)out; (void)exponent; (void)threads;
-    return -1;
-#endif
 }
+#endif
 
 /* forward._attend: rows [0, n) of one sequence at positions position .. position + n - 1.
  *   q_planes [n, q_vectors, 2, d] (int8), q_shift [n, q_vectors] (int64): the first `heads`
@@ -1408,7 +1827,14 @@ static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int6
                      const int8_t *key_shift, const int8_t *value_shift, int64_t shift_stride,
                      int64_t score_scale, int64_t score_shift, const int64_t *softmax,
                      int64_t softmax_size, int64_t *out, int64_t *exponent, int64_t threads) {
-    return (n >= LAYOUT_ROWS ? attend_laid_out : attend_direct)(
+#ifdef SEQKV_VNNI
+    if (n >= LAYOUT_ROWS)
+        return attend_laid_out(q_planes, q_shift, q_vectors, n, position, heads, kv_heads, d,
+                               keys, values, token_stride, key_shift, value_shift,
+                               shift_stride, score_scale, score_shift, softmax, softmax_size,
+                               out, exponent, threads);
+#endif
+    return attend_direct(
         q_planes, q_shift, q_vectors, n, position, heads, kv_heads, d, keys, values,
         token_stride, key_shift, value_shift, shift_stride, score_scale, score_shift, softmax,
         softmax_size, out, exponent, threads);
@@ -1695,6 +2121,21 @@ int64_t seqkv_head(const seqkv_layer_t *L, const seqkv_linear_t *head, const int
  * table.py states the row's entropy without a pass over its log2-probabilities; it never
  * feeds the table. threads: OpenMP threads sharing the rows. Returns 0, or -2 when a row's
  * largest count would fall below 1 (table.py asserts it). */
+/* One logit's weight (into *count, for now) and its base-2 gap d at 2**-20, returned. */
+static inline int64_t table_weight(int64_t logit, int64_t top, int64_t max_gap,
+                                   int64_t log2e_fixed, int64_t gap_shift,
+                                   const int64_t *fine_high, const int64_t *fine_low,
+                                   int64_t top_bits, int64_t *count) {
+    int64_t gap = top - logit;
+    gap = gap < max_gap ? gap : max_gap;
+    int64_t d = asr(gap * log2e_fixed + shl(1, gap_shift - 1), gap_shift);
+    int64_t fraction = d & ((INT64_C(1) << 20) - 1);
+    int64_t product = fine_high[fraction >> 10] * fine_low[fraction & 1023];
+    int64_t shift = asr(d, 20) + (60 - top_bits);
+    *count = asr(product, shift < 62 ? shift : 62);
+    return d;
+}
+
 int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
                              int64_t top_bits, int64_t log2e_fixed, int64_t gap_shift,
                              int64_t max_gap, const int64_t *fine_high, const int64_t *fine_low,
@@ -1712,7 +2153,7 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
         int64_t top = row[0];
         for (int64_t j = 1; j < vocab; ++j) top = row[j] > top ? row[j] : top;
         int64_t total = 0, j = 0;
-        double weighted = 0.0;
+        double weighted = 0.0, lane_sums[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
 #ifdef SEQKV_VNNI
         /* 8 at a time, the same operations: vpsraq is asr, vpmullq the wrapped product, two
          * gathers the fine tables; (double) d and its scaling by 2**-20 are exact, and the one
@@ -1746,16 +2187,24 @@ int64_t seqkv_integer_tables(const int64_t *logits, int64_t rows, int64_t vocab,
                 _mm512_cvtepi64_pd(weight), _mm512_cvtepi64_pd(d)));
         }
         total = _mm512_reduce_add_epi64(weights);
-        weighted = _mm512_reduce_add_pd(lane_weighted);
+        _mm512_storeu_pd(lane_sums, lane_weighted);
+#else
+        /* the same eight lanes as the AVX-512 loop, so that every build sums in one order */
+        for (; j + 8 <= vocab; j += 8)
+            for (int lane = 0; lane < 8; ++lane) {
+                int64_t d = table_weight(row[j + lane], top, max_gap, log2e_fixed, gap_shift,
+                                         fine_high, fine_low, top_bits, counts + j + lane);
+                total += counts[j + lane];
+                lr[j + lane] = (double)top_bits - (double)d * 0x1p-20;
+                lane_sums[lane] += (double)counts[j + lane] * (double)d;
+            }
 #endif
+        /* the lanes' float64 sums added in one fixed tree, whatever the build */
+        weighted = ((lane_sums[6] + lane_sums[2]) + (lane_sums[4] + lane_sums[0]))
+                   + ((lane_sums[7] + lane_sums[3]) + (lane_sums[5] + lane_sums[1]));
         for (; j < vocab; ++j) {
-            int64_t gap = top - row[j];
-            gap = gap < max_gap ? gap : max_gap;
-            int64_t d = asr(gap * log2e_fixed + shl(1, gap_shift - 1), gap_shift);
-            int64_t fraction = d & ((INT64_C(1) << 20) - 1);
-            int64_t product = fine_high[fraction >> 10] * fine_low[fraction & 1023];
-            int64_t shift = asr(d, 20) + (60 - top_bits);
-            counts[j] = asr(product, shift < 62 ? shift : 62);  /* the weight, for now */
+            int64_t d = table_weight(row[j], top, max_gap, log2e_fixed, gap_shift, fine_high,
+                                     fine_low, top_bits, counts + j);
             total += counts[j];
             lr[j] = (double)top_bits - (double)d * 0x1p-20;  /* d < 2**53: exact conversion */
             weighted += (double)counts[j] * (double)d;

@@ -1,45 +1,50 @@
 """The integer forward's CPU path in C (``native.c``), built with the system C compiler.
 
 ``forward.py`` states the integer predictor with torch operators, and that statement is the
-reference. A one-row decoding step runs about 18,000 of those operators; measured on this
-project's CPU (SmolLM2-135M, one thread, 128 tokens of context), the int8 products took 25 ms of
-a 69 ms step and operator dispatch most of the rest. ``native.c`` computes the same integers:
-``seqkv_layers`` runs every decoder layer in one call (RMSNorm and quantization, the linear
-layers on weights packed for AVX-512 VNNI, RoPE, attention, SiLU, the KV pool writes),
-``seqkv_head`` the final norm and output layer, and ``seqkv_integer_tables`` the coder tables
-(a layer of the 4-bit predictor runs on its Q4_1 blocks as ``pack_blocks`` lays them out,
-``seqkv_linear_q4``)
-(the same operations as ``table.py``). A build without VNNI (``NativeKernels.packed`` false)
-serves the tables only; the forward then runs its torch statement.
+reference. A one-row decoding step runs about 18,000 of those operators, and their dispatch, not
+the arithmetic, is most of the step. ``native.c`` computes the same integers: ``seqkv_layers``
+runs every decoder layer in one call (RMSNorm and quantization, the linear layers on packed
+weights, RoPE, attention, SiLU, the KV pool writes), ``seqkv_head`` the final norm and output
+layer, and ``seqkv_integer_tables`` the coder tables (the same operations as ``table.py``); a
+layer of the 4-bit predictor runs on its Q4_1 blocks as ``pack_blocks`` lays them out.
 ``tests/test_integer_native.py`` asserts the two paths' logits, KV planes and tables equal bit
 for bit over chunkings, batches, thread counts and weight planes, on a tiny model and on the
-embedded one.
+embedded one, on every instruction set this CPU runs.
+
+Instruction sets (``ISAS``): one library per path, each built with its own flags (never
+``-march=native``), so a forced path is not silently vectorized with another's instructions:
+``scalar`` (plain C99 for the base of the architecture), ``avx2`` (AVX2 and F16C),
+``avxvnni`` (AVX2 with the 256-bit AVX-VNNI), ``avx512vnni`` (AVX-512 F/BW/DQ/VL with VNNI)
+and ``neon`` (ARMv8.2 with the dot product). ``auto`` takes the best path that this CPU
+reports and the compiler builds; ``$SEQKV_INTEGER_ISA`` forces one, and a name that is unknown or
+that this CPU lacks is refused (``IntegerBackendError``). ``$SEQKV_INTEGER_BACKEND`` chooses the
+engine: ``auto`` (native where it builds, else the torch statement), ``native`` (native or an
+error) or ``torch`` (the reference; ``$SEQKV_INTEGER_ISA`` must then be unset, since it would
+have no effect). Every path computes the same integers (integer arithmetic without undefined
+behaviour: ``-fwrapv``, shifts clamped; the tables' float64 operations each correctly rounded,
+no contraction, sums in one fixed order), so the choice changes speed only.
 
 NOTE: why C through ``ctypes`` and not a torch C++ extension or Triton: the functions need no
 torch API (they read and write contiguous integer arrays), a torch extension costs a minute of
-compilation against torch's headers and a ``ninja`` install, and Triton runs on this CPU only in
-its interpreter. ``cc`` builds ``native.c`` in about 2 seconds (1.7 s measured, -O3).
+compilation against torch's headers and a ``ninja`` install, and Triton runs on a CPU only in
+its interpreter.
 
 Build: on first use, into ``$SEQKV_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/seqkv/native`` or
 ``~/.cache/seqkv/native``), as a file named by the SHA-256 of the source, the compiler command
-and this CPU's flags (so a cache shared between machines never loads a library built for
-another CPU); written to a temporary name and renamed, so concurrent builds cannot load half a
-file. ``-march=native`` only chooses instructions: the forward is integer arithmetic without
-undefined behaviour (``-fwrapv``, shifts clamped) and the tables' float64 operations are each
-correctly rounded (no contraction), so the instructions cannot change a result. Threads:
-OpenMP, sharing independent output blocks and rows, so the split cannot change a result either.
-
-Fallback: where no compiler works, or ``SEQKV_INTEGER_BACKEND=torch`` is set, ``load()`` returns
-None and the forward and the tables run their torch and numpy statements (the same bits,
-slower); a build failure is logged once with the compiler's error.
+and the target architecture; written to a temporary name and renamed, so concurrent builds
+cannot load half a file. The cache is a cache: before ``ctypes`` maps a library into this
+process, a child process loads it and asks it its instruction set, so a truncated, foreign or
+damaged file (which could kill the process that maps it) is found there; it is then built again,
+and only a second failure is an error (``native``) or the torch path (``auto``). Threads:
+OpenMP, sharing independent output blocks and rows, so the split cannot change a result.
 
 Invariants:
-1. Every function here computes exactly what the torch or numpy code it replaces computes
-   (asserted by the tests, not provable here).
+1. Every function here computes exactly what the torch or numpy code it replaces computes, on
+   every path (asserted by the tests on the paths this CPU runs, not provable here).
 2. Callers pass C-contiguous CPU tensors and arrays of the dtypes each C signature states
    (enforced by construction in ``forward.py`` and ``table.py``, which allocate them; not
    checked per call, see ``NativeKernels.call``).
-3. The library is loaded once per process and never rebuilt while loaded.
+3. A library is loaded once per process and never rebuilt while loaded.
 """
 
 from __future__ import annotations
@@ -51,14 +56,18 @@ import os
 import platform
 import shlex
 import subprocess
+import sys
 import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from seqkv.errors import IntegerBackendError
 
 _LOG = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("native.c")
@@ -67,14 +76,41 @@ _SOURCE = Path(__file__).with_name("native.c")
 # it, both paths still compute the same integers.
 # -ffp-contract=off: no fused multiply-add in the coder tables' float64 operations (ISO C
 # modes default to it; stated so that no compiler's default can differ).
-_FLAGS = ("-O3", "-march=native", "-std=c99", "-fwrapv", "-ffp-contract=off", "-shared",
-          "-fPIC")
+_FLAGS = ("-O3", "-std=c99", "-fwrapv", "-ffp-contract=off", "-shared", "-fPIC")
 _LIBRARIES = ("-lm",)
 # NOTE: OpenMP shares a linear layer's output blocks between torch's intra-op threads (torch's
 # own libgomp serves it: the library is loaded after torch); a compiler without it builds the
 # single-threaded library.
 _OPENMP = ("-fopenmp",)
 BACKEND_ENV = "SEQKV_INTEGER_BACKEND"
+ISA_ENV = "SEQKV_INTEGER_ISA"
+
+Backend = Literal["auto", "native", "torch"]
+Isa = Literal["scalar", "avx2", "avxvnni", "avx512vnni", "neon"]
+ISAS: tuple[Isa, ...] = get_args(Isa)  # in native.c's seqkv_isa() order
+_BACKENDS: tuple[Backend, ...] = get_args(Backend)
+_X86_BASE = ("-march=x86-64",)
+_AVX2 = (*_X86_BASE, "-mavx2", "-mf16c", "-mfma", "-mbmi2")
+# Per path: the compiler flags, and the CPU flags (Linux /proc/cpuinfo names) it needs.
+_X86_PATHS: dict[Isa, tuple[tuple[str, ...], frozenset[str]]] = {
+    "avx512vnni": ((*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl",
+                    "-mavx512vnni"),
+                   frozenset({"avx2", "f16c", "fma", "bmi2", "avx512f", "avx512bw", "avx512dq",
+                              "avx512vl", "avx512_vnni"})),
+    "avxvnni": ((*_AVX2, "-mavxvnni"), frozenset({"avx2", "f16c", "fma", "bmi2", "avx_vnni"})),
+    "avx2": (_AVX2, frozenset({"avx2", "f16c", "fma", "bmi2"})),
+    "scalar": (_X86_BASE, frozenset()),
+}
+_ARM_PATHS: dict[Isa, tuple[tuple[str, ...], frozenset[str]]] = {
+    "neon": (("-march=armv8.2-a+dotprod",), frozenset({"asimddp"})),
+    "scalar": (("-march=armv8-a",), frozenset()),
+}
+_PROBE = ("import ctypes, sys\n"
+          "library = ctypes.CDLL(sys.argv[1])\n"
+          "library.seqkv_isa.restype = ctypes.c_int64\n"
+          "for name in ('seqkv_layers', 'seqkv_head', 'seqkv_integer_tables'):\n"
+          "    getattr(library, name)\n"
+          "print(library.seqkv_isa())\n")
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -87,14 +123,63 @@ _SIGNATURES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _cpu_flags() -> str:
+def _machine() -> str:
+    return platform.machine().lower()
+
+
+def _paths() -> dict[Isa, tuple[tuple[str, ...], frozenset[str]]]:
+    """This architecture's paths, best first; elsewhere plain C with the compiler's defaults."""
+    machine = _machine()
+    if machine in ("x86_64", "amd64"):
+        return _X86_PATHS
+    if machine in ("aarch64", "arm64"):
+        return _ARM_PATHS
+    return {"scalar": ((), frozenset())}
+
+
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (``flags`` or ``Features`` of
+    /proc/cpuinfo); on macOS the one this module asks for (the Arm dot product)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
-                return line
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.processor()
+    if sys.platform == "darwin" and _machine() == "arm64":
+        try:
+            answer = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_DotProd"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            answer = ""
+        return frozenset({"asimddp"}) if answer == "1" else frozenset()
+    return frozenset()
+
+
+def cpu_isas() -> tuple[Isa, ...]:
+    """The paths this CPU can run, best first (``scalar`` always)."""
+    flags = _cpu_flags()
+    return tuple(isa for isa, (_, needs) in _paths().items() if needs <= flags)
+
+
+def _choices() -> tuple[Backend, Isa | None]:
+    """The environment's backend and forced path, each checked (``IntegerBackendError``)."""
+    backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
+    if backend not in _BACKENDS:
+        raise IntegerBackendError(f"{BACKEND_ENV}={backend!r}: must be auto, native or torch")
+    isa = os.environ.get(ISA_ENV, "") or None
+    if isa is None:
+        return backend, None
+    if isa not in ISAS:
+        raise IntegerBackendError(f"{ISA_ENV}={isa!r}: must be one of {', '.join(ISAS)}")
+    if backend == "torch":
+        raise IntegerBackendError(f"{ISA_ENV}={isa} has no effect with {BACKEND_ENV}=torch: "
+                                  "unset one of them")
+    if isa not in cpu_isas():
+        raise IntegerBackendError(
+            f"{ISA_ENV}={isa}: this CPU ({_machine()}) cannot run it; it runs "
+            f"{', '.join(cpu_isas())}")
+    return backend, isa
 
 
 def _cache_dir() -> Path:
@@ -105,33 +190,69 @@ def _cache_dir() -> Path:
     return Path(base) / "seqkv" / "native"
 
 
-def _build() -> Path:
+def _build(isa: Isa) -> Path:
+    """The library of path ``isa``, with OpenMP where the compiler has it."""
     compiler = shlex.split(os.environ.get("CC", "cc"))
+    flags = (*_FLAGS, *_paths()[isa][0])
     try:
-        return _compiled(compiler, (*_FLAGS, *_OPENMP))
+        return _compiled(compiler, (*flags, *_OPENMP), isa)
     except subprocess.CalledProcessError:
-        return _compiled(compiler, _FLAGS)
+        return _compiled(compiler, flags, isa)
 
 
-def _compiled(compiler: list[str], flags: tuple[str, ...]) -> Path:
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(compiler + list(flags)).encode(),
-                                     _cpu_flags().encode(), platform.machine().encode()]))
+def _compiled(compiler: list[str], flags: tuple[str, ...], isa: Isa | None = None,
+              source: Path = _SOURCE) -> Path:
+    """The library ``compiler flags source`` builds, from the cache or built now; with ``isa``,
+    checked in a child process to load and to be that path (a failed check removes the file
+    and builds it once more)."""
+    text = source.read_bytes()
+    key = hashlib.sha256(b"\0".join([text, " ".join(compiler + list(flags)).encode(),
+                                     _machine().encode()]))
     directory = _cache_dir()
     target = directory / f"seqkv_integer_{key.hexdigest()[:24]}.so"
-    if target.exists():
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    handle, partial = tempfile.mkstemp(suffix=".so", dir=directory)
-    os.close(handle)
+    for attempt in range(2):
+        if not target.exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            handle, partial = tempfile.mkstemp(suffix=".so", dir=directory)
+            os.close(handle)
+            try:
+                subprocess.run([*compiler, *flags, "-o", partial, str(source), *_LIBRARIES],
+                               check=True, capture_output=True, text=True, timeout=300)
+                os.replace(partial, target)
+            finally:
+                if os.path.exists(partial):
+                    os.unlink(partial)
+        if isa is None:
+            return target
+        problem = _probe(target, isa)
+        if problem is None:
+            return target
+        _LOG.warning("native library %s failed its check (%s); %s", target, problem,
+                     "building it again" if attempt == 0 else "giving up")
+        target.unlink(missing_ok=True)
+    raise OSError(f"native.c's {isa} library fails its check after a fresh build: {problem}")
+
+
+def _probe(library: Path, isa: Isa) -> str | None:
+    """None when a child process loads ``library`` and it reports path ``isa``; else what
+    went wrong. A file that is not a regular file of a plausible size is refused unopened."""
     try:
-        subprocess.run([*compiler, *flags, "-o", partial, str(_SOURCE), *_LIBRARIES], check=True,
-                       capture_output=True, text=True, timeout=300)
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return target
+        size = library.lstat().st_size if library.is_file() and not library.is_symlink() else -1
+    except OSError as error:
+        return str(error)
+    if size < 1024:
+        return "not a regular file of a shared library's size"
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, str(library)], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as error:
+        return str(error)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        return f"exit status {done.returncode}" + (f": {lines[-1]}" if lines else "")
+    if done.stdout.strip() != str(ISAS.index(isa)):
+        return f"reports instruction set {done.stdout.strip()!r}, not {ISAS.index(isa)} ({isa})"
+    return None
 
 
 class NativeKernels:
@@ -144,8 +265,9 @@ class NativeKernels:
             function.argtypes = list(arguments)
             function.restype = ctypes.c_int64
             self._functions[name] = function
-        library.seqkv_has_packed.restype = ctypes.c_int64
-        self.packed = bool(library.seqkv_has_packed())
+        library.seqkv_isa.restype = ctypes.c_int64
+        self.isa: Isa = ISAS[int(library.seqkv_isa())]
+
     def call(self, name: str,
              *arguments: int | torch.Tensor | npt.NDArray[Any] | ctypes.Structure
              | ctypes.Array[Any] | None) -> int:
@@ -238,22 +360,66 @@ def pack_blocks(quants: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch
                      ).contiguous()
 
 
+@dataclass(frozen=True, slots=True)
+class NativeStatus:
+    """Where the integer forward runs in this process (``seqkv doctor``)."""
+
+    backend: Backend  # $SEQKV_INTEGER_BACKEND
+    forced: Isa | None  # $SEQKV_INTEGER_ISA
+    cpu: tuple[Isa, ...]  # the paths this CPU runs, best first
+    isa: Isa | None  # the path loaded, or None: the torch statement runs
+    reason: str  # why that path
+
+
 @cache
 def load() -> NativeKernels | None:
-    """The native kernels, or None (torch fallback) when disabled or not buildable."""
-    choice = os.environ.get(BACKEND_ENV, "auto")
-    if choice == "torch":
+    """The native kernels of the chosen path (see the module docstring), or None (the torch
+    statement) when disabled or not buildable. ``IntegerBackendError`` for a bad choice."""
+    backend, forced = _choices()
+    if backend == "torch":
         return None
-    if choice not in ("auto", "native"):
-        raise ValueError(f"{BACKEND_ENV} must be auto, native or torch, not {choice!r}")
-    try:
-        return NativeKernels(ctypes.CDLL(str(_build())))
-    except (OSError, subprocess.SubprocessError) as error:
-        detail = getattr(error, "stderr", "") or str(error)
-        if choice == "native":
-            raise RuntimeError(f"{BACKEND_ENV}=native, but native.c did not build: "
-                               f"{detail}") from error
-        errors = [line for line in detail.splitlines() if "error" in line] or [str(error)]
-        _LOG.warning("the integer forward runs its torch path: native.c did not build (%s)",
-                     errors[0].strip())
-        return None
+    candidates = (forced,) if forced is not None else cpu_isas()
+    failures: list[str] = []
+    for isa in candidates:
+        try:
+            return kernels(isa)
+        except (OSError, subprocess.SubprocessError) as error:
+            detail = getattr(error, "stderr", "") or str(error)
+            lines = [line for line in detail.splitlines() if "error" in line] or [str(error)]
+            failures.append(f"{isa}: {lines[0].strip()}")
+    if backend == "native" or forced is not None:
+        raise RuntimeError(f"native.c did not build ({'; '.join(failures)}), and "
+                           f"{BACKEND_ENV}={backend}" + (f", {ISA_ENV}={forced}" if forced else ""))
+    _LOG.warning("the integer forward runs its torch path: native.c did not build (%s)",
+                 failures[0] if failures else "no path")
+    return None
+
+
+@cache
+def kernels(isa: Isa) -> NativeKernels:
+    """The library of path ``isa`` (built and checked on first use; ``IntegerBackendError`` when
+    this CPU cannot run it; ``OSError`` or ``subprocess.SubprocessError`` when it does not
+    build), whatever the environment chooses: how tests and benchmarks run each path in one
+    process."""
+    if isa not in ISAS:
+        raise IntegerBackendError(f"unknown instruction set {isa!r}: one of {', '.join(ISAS)}")
+    if isa not in cpu_isas():
+        raise IntegerBackendError(f"this CPU ({_machine()}) cannot run the {isa} path; it runs "
+                                  f"{', '.join(cpu_isas())}")
+    return NativeKernels(ctypes.CDLL(str(_build(isa))))
+
+
+def status() -> NativeStatus:
+    """The choice ``load`` makes here, and why (builds the library if needed)."""
+    backend, forced = _choices()
+    cpu = cpu_isas()
+    kernels = load()
+    if kernels is None:
+        reason = (f"{BACKEND_ENV}=torch" if backend == "torch"
+                  else "native.c did not build: the torch statement runs")
+    elif forced is not None:
+        reason = f"forced by {ISA_ENV}"
+    else:
+        reason = "the best path this CPU runs" + (
+            "" if kernels.isa == cpu[0] else f" and the compiler builds ({cpu[0]} did not)")
+    return NativeStatus(backend, forced, cpu, None if kernels is None else kernels.isa, reason)
