@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 python_bin="${PYTHON:-python3}"
 # The store's Redis tests run a real redis-server (Debian's package); installed once, here.
 scripts/redis.sh install >/dev/null
+# tests/test_native_aarch64.py cross-compiles native.c for aarch64 and runs it under qemu-user.
+scripts/cross.sh install >/dev/null
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
 
 stamp=.venv/.seqkv-installed
