@@ -11,9 +11,8 @@ It is cross-compiled for aarch64 twice, as ``native.py`` builds native.c (``-O3 
 * ``-march=armv8.2-a+dotprod``: ``__ARM_FEATURE_DOTPROD``, native.c's NEON ``sdot`` path; run
   under ``qemu-aarch64 -cpu max``;
 
-and natively for x86-64 twice: ``-march=x86-64`` (plain C again, the host's compiler) and
-``-march=native`` (whatever this CPU has: AVX2, AVX-VNNI or AVX-512 VNNI). Each runs the
-int8 predictor (one and two weight planes), the 4-bit one (Q4_1 blocks) and a Qwen2 with
+and natively for each x86-64 path this CPU runs, with the flags ``native.py`` builds it with.
+Each runs the int8 predictor (one and two weight planes), the 4-bit one (Q4_1 blocks) and a Qwen2 with
 biases: a prefill of two sequences in one pool (37 and 20 tokens, so three spans), two
 one-row steps, then a three-row chunk of one sequence, on one and on two threads.
 
@@ -56,15 +55,17 @@ class Build:
     banner: str  # what the harness must say it was built for (its first line)
 
 
+# The aarch64 builds with native.py's flags for its two Arm paths, and, on an x86-64 host, one
+# build per x86 path that this CPU runs (native.py's flags for each: exactly the libraries it
+# loads). The x86 paths this CPU cannot run are built by test_integer_native.py, not run.
 BUILDS = {
-    "aarch64-plain": Build(CROSS, ("-march=armv8-a", "-static"), (QEMU, "-cpu", "cortex-a53"),
-                           "native.c for aarch64, dotprod=0"),
-    "aarch64-dotprod": Build(CROSS, ("-march=armv8.2-a+dotprod", "-static"),
-                             (QEMU, "-cpu", "max"), "native.c for aarch64, dotprod=1"),
-    "x86-64": Build("cc", ("-march=x86-64",), (), "native.c for x86-64, dotprod=0 avx2=0"),
-    "host": Build("cc", ("-march=native",), (), "native.c for "),
+    "aarch64-scalar": Build(CROSS, (*native._ARM_PATHS["scalar"][0], "-static"),
+                            (QEMU, "-cpu", "cortex-a53"), "native.c for aarch64, isa=scalar"),
+    "aarch64-neon": Build(CROSS, (*native._ARM_PATHS["neon"][0], "-static"),
+                          (QEMU, "-cpu", "max"), "native.c for aarch64, isa=neon"),
+    **{f"x86-{isa}": Build("cc", native._X86_PATHS[isa][0], (), f"native.c for x86-64, isa={isa}")
+       for isa in native._X86_PATHS if _X86 and isa in native.cpu_isas()},
 }
-_HOST_ONLY = {"x86-64": _X86}
 
 
 def require_tool(name: str) -> str:
@@ -76,11 +77,11 @@ def require_tool(name: str) -> str:
     return found
 
 
-def _compile(build: Build, target: Path) -> None:
+def _compile(build: Build, target: Path, source: Path = NATIVE_C) -> None:
     compiler = require_tool(build.compiler)
     for tool in build.runner[:1]:
         require_tool(tool)
-    command = [compiler, *FLAGS, *build.flags, f'-DSEQKV_NATIVE_C="{NATIVE_C}"', "-o",
+    command = [compiler, *FLAGS, *build.flags, f'-DSEQKV_NATIVE_C="{source}"', "-o",
                str(target), str(HARNESS), "-lm"]
     # OpenMP where the compiler's libgomp is there (native.py's fallback too)
     for attempt in ([*command[:1], "-fopenmp", *command[1:]], command):
@@ -93,16 +94,19 @@ def _compile(build: Build, target: Path) -> None:
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
     """``harness(build, vectors, part)``: the harness built once per build, run on a vector
-    file; its output (stdout and stderr). Fails when it exits non-zero."""
+    file; its output (stdout and stderr). Fails when it does not exit with ``expect``."""
     directory = tmp_path_factory.mktemp("harness")
-    built: dict[str, Path] = {}
+    built: dict[Path, Path] = {}
 
-    def run(name: str, vectors: Path, part: str = "all", expect: int = 0) -> str:
+    def run(name: str, vectors: Path, part: str = "all", expect: int = 0,
+            source: Path = NATIVE_C, key: str = "") -> str:
+        """``source`` and ``key``: another native.c (a mutant), built once per key."""
         build = BUILDS[name]
-        if name not in built:
-            built[name] = directory / f"harness-{name}"
-            _compile(build, built[name])
-        result = subprocess.run([*build.runner, str(built[name]), str(vectors), part, "1", "2"],
+        program = directory / f"harness-{name}{'-' + key if key else ''}"
+        if program not in built:
+            _compile(build, program, source)
+            built[program] = program
+        result = subprocess.run([*build.runner, str(program), str(vectors), part, "1", "2"],
                                 capture_output=True, text=True, timeout=600)
         output = result.stdout + result.stderr
         assert result.returncode == expect, (
@@ -138,16 +142,10 @@ def vectors(tiny_model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> d
     return paths
 
 
-def _available(name: str) -> None:
-    if not _HOST_ONLY.get(name, True):
-        pytest.skip(f"the {name} build runs on an x86-64 host only")
-
-
 @pytest.mark.parametrize("variant", ["int8", "int8-planes2", "q4", "qwen2-bias"])
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_the_forward_equals_the_torch_statement(
         harness: Callable[..., str], vectors: dict[str, Path], build: str, variant: str) -> None:
-    _available(build)
     output = harness(build, vectors[variant], "forward")
     assert output.count("elements differ") == 2 * 3 * 3  # threads x calls x (logits, pool)
     assert output.rstrip().endswith("harness: all equal")
@@ -156,7 +154,6 @@ def test_the_forward_equals_the_torch_statement(
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_the_tables_equal_the_numpy_statement(
         harness: Callable[..., str], vectors: dict[str, Path], build: str) -> None:
-    _available(build)
     output = harness(build, vectors["int8"], "tables")
     assert output.count("elements differ") == 2 * 4 * 3  # threads x cases x arrays
     assert output.rstrip().endswith("harness: all equal")
@@ -174,7 +171,7 @@ def test_a_corrupted_expected_byte_is_reported(
     offset, size = array_spans(vectors["int8"])[array]
     data[offset + size // 2] ^= 0x10
     corrupted.write_bytes(bytes(data))
-    output = harness("aarch64-plain", corrupted, part, expect=1)
+    output = harness("aarch64-scalar", corrupted, part, expect=1)
     label = array.replace(".", " ")
     mismatches = [line for line in output.splitlines()
                   if "elements differ" in line and ": 0 of " not in line]

@@ -383,8 +383,10 @@ int main(int argc, char **argv) {
     int tables = !strcmp(part, "tables") || !strcmp(part, "all");
     if (!forward && !tables) hv_die("the part must be forward, tables or all, not %s", part);
     hv_load(argv[1]);
-    printf("harness: native.c for %s, dotprod=%d avx2=%d avxvnni=%d avx512vnni=%d openmp=%d "
-           "packed=%lld; %lld arrays from %s\n",
+    /* the path native.c was built for (seqkv_isa(), native.py's ISAS order) */
+    static const char *const isas[] = {"scalar", "avx2", "avxvnni", "avx512vnni", "neon"};
+    long long isa = (long long)seqkv_isa();
+    printf("harness: native.c for %s, isa=%s openmp=%d; %lld arrays from %s\n",
 #if defined(__aarch64__)
            "aarch64",
 #elif defined(__x86_64__)
@@ -392,32 +394,13 @@ int main(int argc, char **argv) {
 #else
            "another CPU",
 #endif
-#ifdef __ARM_FEATURE_DOTPROD
-           1,
-#else
-           0,
-#endif
-#ifdef __AVX2__
-           1,
-#else
-           0,
-#endif
-#ifdef __AVXVNNI__
-           1,
-#else
-           0,
-#endif
-#ifdef __AVX512VNNI__
-           1,
-#else
-           0,
-#endif
+           isa >= 0 && isa < 5 ? isas[isa] : "unknown",
 #ifdef _OPENMP
            1,
 #else
            0,
 #endif
-           (long long)seqkv_has_packed(), (long long)hv_array_count, argv[1]);
+           (long long)hv_array_count, argv[1]);
     int64_t failures = 0;
     int runs = argc > 3 ? argc - 3 : 2;
     for (int i = 0; i < runs; ++i) {
