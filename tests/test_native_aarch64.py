@@ -12,8 +12,8 @@ It is cross-compiled for aarch64 twice, as ``native.py`` builds native.c (``-O3 
   under ``qemu-aarch64 -cpu max``;
 
 and natively for each x86-64 path this CPU runs, with the flags ``native.py`` builds it with.
-Each runs the int8 predictor (one and two weight planes), the 4-bit one (Q4_1 blocks) and a Qwen2 with
-biases: a prefill of two sequences in one pool (37 and 20 tokens, so three spans), two
+Each runs the int8 predictor (one and two weight planes), the 4-bit one (Q4_1 blocks) and a
+Qwen2 with biases: a prefill of two sequences in one pool (37 and 20 tokens, so three spans), two
 one-row steps, then a three-row chunk of one sequence, on one and on two threads.
 
 The aarch64 tests need ``aarch64-linux-gnu-gcc`` and ``qemu-aarch64`` (``scripts/cross.sh
