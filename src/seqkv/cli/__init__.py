@@ -1,4 +1,4 @@
-"""The ``seqkv`` command: compress, decompress, inspect, upgrade, check, store, bench, demo.
+"""The ``seqkv`` command: compress, decompress, inspect, upgrade, check, store, bench, demo, doctor.
 
 Every ``SeqKVError`` (bad input, damaged file, wrong model), every bad argument and every error
 of the operating system on an input or output ends the command with one line on stderr and exit
@@ -20,7 +20,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from seqkv.cli import bench, check, common, sessions, store
+from seqkv.cli import bench, check, common, doctor, sessions, store
 from seqkv.cli import dict as dictionaries
 from seqkv.errors import SeqKVError
 
@@ -31,6 +31,7 @@ VERB_GROUPS: tuple[Callable[[common.Subparsers], None], ...] = (
     store.add_store,
     bench.add_bench,
     sessions.add_demo,
+    doctor.add_doctor,
 )
 
 
