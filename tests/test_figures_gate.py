@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 import seqkv.bench.figures as gate
+from conftest import CPU_ISAS
 from seqkv.cli import main
-from seqkv.models import CausalLM
+from seqkv.levels.portable import integer_predictor
+from seqkv.models import CausalLM, load_default_model
+from seqkv.models.integer import native
 
 GATE_REPORT = pytest.StashKey[gate.GateReport]()
 
@@ -36,6 +39,26 @@ def gate_report(real_model: CausalLM, gate_figures: list[gate.LevelFigures],
 def test_integer_figures_equal_the_one_baseline(gate_report: gate.GateReport) -> None:
     assert gate_report.integer_rows == 17  # 4 texts x 4 integer levels + the whole sample
     assert not gate_report.integer_changes, gate_report.render()
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("path", CPU_ISAS[1:])
+def test_integer_figures_equal_the_one_baseline_on_every_other_path(
+        path: native.Isa, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The integer rows again with each other path of native.c this CPU runs forced (the best
+    one is gated above): every instruction set gives the committed integers."""
+    monkeypatch.setenv(native.ISA_ENV, path)
+    native.load.cache_clear()
+    try:
+        model = load_default_model()  # its own integer predictors, built on the forced path
+        cases = [case for case in gate.GATE_CASES if gate.dependence(case.level) == "integer"]
+        figures = gate.measure_figures(model, cases)
+        assert integer_predictor(model).isa == path
+    finally:
+        native.load.cache_clear()
+    baseline = gate.read_baseline(gate.integer_baseline_path(gate.baselines_root()))
+    changes = gate.compare_figures(baseline.rows, figures)
+    assert len(figures) == 17 and not changes, gate.render_changes(changes, path)
 
 
 @pytest.mark.real_model
