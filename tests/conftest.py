@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from native_paths import CPU_ISAS
 from seqkv import cli
 from seqkv.levels import model_free, parse_level
 from seqkv.models import CausalLM
@@ -46,11 +47,6 @@ def as_earlier_release(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]
         monkeypatch.setattr(kind, "spec", property(lambda self: replace(
             spec(self), schedule="rows", former_schedules=())))
     return patch
-
-
-# Every instruction set of native.c that this CPU runs, each forced in turn by the ``isa``
-# fixture (a path the CPU cannot run is built, not run, by tests/test_integer_native.py).
-CPU_ISAS = native.cpu_isas()
 
 
 @pytest.fixture(scope="module", params=CPU_ISAS)

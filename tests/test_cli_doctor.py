@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import CPU_ISAS
+from native_paths import CPU_ISAS
 from seqkv.cli import main
 from seqkv.models import CausalLM
 from seqkv.models.integer import native

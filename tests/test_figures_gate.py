@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import seqkv.bench.figures as gate
-from conftest import CPU_ISAS
+from native_paths import CPU_ISAS
 from seqkv.cli import main
 from seqkv.levels.portable import integer_predictor
 from seqkv.models import CausalLM, load_default_model

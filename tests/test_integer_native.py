@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from conftest import CPU_ISAS
+from native_paths import CPU_ISAS
 from seqkv.errors import IntegerBackendError
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.models.integer import IntegerConfig, IntegerForward, integer_tables, native
