@@ -31,6 +31,7 @@ from seqkv.checker.sampling import EntropyRateEstimate
 from seqkv.codec import CodingTrace
 from seqkv.coding.frequencies import cumulative_from_logits, log_softmax_bits
 from seqkv.errors import DecodeVerificationError
+from seqkv.levels.portable import integer_predictor, integer_threads
 from seqkv.models import CausalLM, ModelIdentity, tiny_random_llama
 from seqkv.models.collisions import CollisionClasses
 from seqkv.models.integer.forward import IntegerForward
@@ -51,16 +52,21 @@ def real_coder_report(tiny_model: CausalLM) -> CheckReport:
     return check_text_tokens(tiny_model, TOKENS, "random-tokens", options=FAST)
 
 
-def test_the_real_coder_passes_every_bound(real_coder_report: CheckReport) -> None:
+def test_the_real_coder_passes_every_bound(real_coder_report: CheckReport,
+                                          tiny_model: CausalLM) -> None:
     report = real_coder_report
     assert report.passed
     bounds = {c.name for c in report.checks if c.kind == "bound"}
+    # The integer pairs run against the encoder's thread count; the thread row is named by the
+    # other count: 1 against the native path's 2, 2 against the torch path's 1
+    other_threads = {2: "1_thread", 1: "2_threads"}[
+        integer_threads(integer_predictor(tiny_model))]
     assert bounds == {
         "code_within_table_cost", "code_within_reference_cross_entropy",
         "residual_within_tolerance", "file_bytes_accounted", "lemma1_float_digest_restored",
         *(f"lemma1_integer_{name}" for name in (
             "decoder_steps_and_drafts", "token_steps", "chunks_of_17", "chunks_of_64",
-            "batch_of_2", "1_thread")),
+            "batch_of_2", other_threads)),
     }
     figures = {c.name for c in report.checks if c.kind == "figure"}
     assert {"theorem1_exact_gap", "sequential_below_per_vector_entropy",
@@ -221,14 +227,16 @@ def _mixed(share: float) -> Any:
 @pytest.mark.real_model
 def test_mutant_a_coder_a_little_off_the_model_fails_the_reference_bound(
         real_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Logits scaled by 1.05 or mixed 2% with uniform fail the reference cross-entropy bound;
+    """Logits scaled by 1.05 or mixed 2.5% with uniform fail the reference cross-entropy bound;
     1.02 and 1% pass: the allowance's resolution (SmolLM2-135M, the 586-token prose sample at
-    the rows level, whose float coder builds its tables where the tokens level does; measured
-    against one prefill: +14.5 and +8.1 bits over an allowance of 7.9, +4.6 and +1.5 under
-    it)."""
+    the rows level, whose float coder builds its tables where the tokens level does). Measured
+    against one prefill, over an allowance of 7.9 bits: 1.05 +16.5 bits, 2.5% +13.5, 1.02
+    +5.5, 1% -0.5 (an AVX2 float profile). A 2% mixture sits at the allowance, within what the
+    float profile moves a code (+8.1 on an AVX-512 profile, +7.5 on AVX2), so it gates
+    nothing."""
     tokens = real_model.encode_text(gate.shipped_text("prose"))
     assert _reference_violated(real_model, tokens, _scaled(1.05), monkeypatch)
-    assert _reference_violated(real_model, tokens, _mixed(0.02), monkeypatch)
+    assert _reference_violated(real_model, tokens, _mixed(0.025), monkeypatch)
     assert not _reference_violated(real_model, tokens, _scaled(1.02), monkeypatch)
     assert not _reference_violated(real_model, tokens, _mixed(0.01), monkeypatch)
 

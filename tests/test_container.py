@@ -5,7 +5,6 @@ writes are atomic."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import struct
 import zlib
@@ -15,13 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from legacy_files import LEGACY, LEGACY_TOKENS, assert_refused, must_decode_here
 from seqkv import compress, decompress
 from seqkv.codec import decompress_tokens, upgrade
 from seqkv.descriptions import Descriptions
 from seqkv.errors import (
     CorruptFileError,
-    DecodeVerificationError,
     EmptyInputError,
+    EnvironmentMismatchError,
     NotASeqKVFileError,
     TruncatedFileError,
     UnsupportedVersionError,
@@ -36,8 +36,6 @@ from seqkv.formats.skv import (
 from seqkv.levels import LEVELS
 from seqkv.models import CausalLM
 
-LEGACY = Path(__file__).parent / "data" / "legacy"
-LEGACY_TOKENS = json.loads((LEGACY / "tokens.json").read_text())
 # Format-3 files written by the last release that wrote format 3 (tiny_random_llama(seed=0),
 # LEGACY_TOKENS, level portable, with and without the KV given)
 FORMAT_3 = Path(__file__).parent / "data" / "v3"
@@ -133,27 +131,15 @@ def test_every_legacy_file_is_present() -> None:
         "v2-tokens-bitexact.skv", "v2-tokens.skv"]
 
 
-def _decoded_or_refused(model: CausalLM, data: bytes) -> list[int] | None:
-    """The file's tokens, or None where this machine refused it loudly: files of formats 1 and
-    2 predate the CPU model in the profile, so the decoder tries, and a machine whose float
-    kernels differ from the writer's fails the KV (or tokens) checksum, as it must."""
-    try:
-        return decompress(model, data).tokens
-    except DecodeVerificationError as error:
-        assert "checksum" in str(error)
-        return None
-
-
 @pytest.mark.parametrize("name", sorted(p.name for p in LEGACY.glob("*.skv")))
 def test_files_of_formats_1_and_2_decode_exactly_or_refuse(tiny_model: CausalLM,
                                                            name: str) -> None:
     data = (LEGACY / name).read_bytes()
     assert read_skv(data).version in (1, 2)
-    tokens = _decoded_or_refused(tiny_model, data)
-    if tokens is None:
-        pytest.skip(f"{name} was written under float kernels this CPU does not reproduce: "
-                    "refused by its checksum (the model-free files' tokens are checked below)")
-    assert tokens == LEGACY_TOKENS
+    if must_decode_here(tiny_model, data):
+        assert decompress(tiny_model, data).tokens == LEGACY_TOKENS
+    else:
+        assert_refused(tiny_model, data)
 
 
 @pytest.mark.parametrize("name", ["v2-ngram.skv", "v2-plain.skv"])
@@ -171,7 +157,15 @@ def test_upgrade_rewrites_without_recoding(tiny_model: CausalLM, name: str,
     assert read.version == 4  # the format whose token code an old writer wrote: no floor
     assert read.session.token_code == read_skv(data).session.token_code
     assert len(data) - len(upgraded) > 800  # the JSON header
-    assert _decoded_or_refused(tiny_model, upgraded) == _decoded_or_refused(tiny_model, data)
+    decodes = must_decode_here(tiny_model, data)
+    assert must_decode_here(tiny_model, upgraded) == decodes
+    if decodes:
+        assert decompress(tiny_model, upgraded).tokens == LEGACY_TOKENS
+    else:
+        assert_refused(tiny_model, upgraded, descriptions)  # the profile upgrade remembered
+        with pytest.raises(EnvironmentMismatchError,
+                           match=f"digest {read.session.profile_digest.hex()}, this machine"):
+            decompress(tiny_model, upgraded)  # without it: named by digest
     assert upgrade(upgraded, descriptions) == upgraded
     legacy = read_skv(data).model
     assert legacy is not None

@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 import torch
 
+from legacy_files import LEGACY, LEGACY_TOKENS, assert_refused, must_decode_here
 from seqkv import compress, decompress, decompress_tokens
 from seqkv.cli.sessions import inspect_figures
 from seqkv.descriptions import Descriptions
-from seqkv.errors import DecodeVerificationError, EnvironmentMismatchError, ModelMismatchError
+from seqkv.errors import EnvironmentMismatchError, ModelMismatchError
 from seqkv.formats.framing import unframe
 from seqkv.formats.skv import _ERRORS, FORMAT_VERSION, MAGIC, read_skv
 from seqkv.models import CausalLM
@@ -39,7 +40,6 @@ from test_fuzz_harness import (
     seed,
 )
 
-LEGACY = Path(__file__).parent / "data" / "legacy"
 TOKENS = [5, 17, 17, 3, 99, 250, 7, 7, 7, 31, 400, 12, 8, 8, 301, 77]
 PREFIXED = [5, 17, 17, 3, 99, 250, 60, 61, 62, 63]
 
@@ -220,16 +220,18 @@ def mutate_legacy(rng: np.random.Generator, data: bytes) -> tuple[str, bytes]:
 
 @pytest.mark.parametrize("name", sorted(p.name for p in LEGACY.glob("*.skv")))
 def test_fuzz_formats_1_and_2(tiny_model: CausalLM, tmp_path: Path, name: str) -> None:
-    """The files were coded on one CPU with the float tiny model; on a CPU whose float bits
-    differ, the unmutated file is refused by name (DecodeVerificationError) and every mutant
-    must still be refused or decode to the recorded tokens."""
+    """The files were coded under one machine's float profile with the tiny model; where this
+    machine's profile differs, a float-level file is refused by name (EnvironmentMismatchError,
+    ``legacy_files``), and every mutant must still be refused or decode to the recorded
+    tokens."""
     data = (LEGACY / name).read_bytes()
-    try:
+    if must_decode_here(tiny_model, data):
         decoded = decompress(tiny_model, data)
+        assert decoded.tokens == LEGACY_TOKENS
         original = Original(name, data, decoded.tokens, decoded.kv)
-    except DecodeVerificationError:
-        recorded = json.loads((LEGACY / "tokens.json").read_text())
-        original = Original(name, data, recorded, None)
+    else:
+        assert_refused(tiny_model, data)
+        original = Original(name, data, LEGACY_TOKENS, None)
     descriptions = Descriptions(tmp_path)
     tally = Tally(f"skv-legacy-{name.removesuffix('.skv')}")
     rng = np.random.default_rng(seed(300 + sorted(p.name for p in LEGACY.glob("*.skv")).index(

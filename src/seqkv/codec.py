@@ -584,6 +584,14 @@ def kv_schedule(model: CausalLM, session: CodedSession) -> Schedule:
     return own
 
 
+def reproduces_profile(model: CausalLM, session: CodedSession) -> bool:
+    """Whether this machine's execution profile for the session's KV (on ``kv_schedule``) is
+    the one the session records. Where it is not, ``check_decodable`` refuses a float level
+    (``EnvironmentMismatchError``); a portable level still decodes, its KV unverified."""
+    return profile_digest(execution_profile(model, kv_schedule(model, session))) == \
+        session.profile_digest
+
+
 def check_decodable(model: CausalLM, session: CodedSession, allow_environment_mismatch: bool,
                     descriptions: DescriptionSource | None = None,
                     require_exact_kv: bool = False) -> bool:
@@ -613,9 +621,9 @@ def check_decodable(model: CausalLM, session: CodedSession, allow_environment_mi
                 "the KV it recomputes: decode without require_exact_kv (CLI: without "
                 "--require-exact-kv) for the exact tokens and a recomputed KV")
         return False
-    here = execution_profile(model, kv_schedule(model, session))
-    if profile_digest(here) == session.profile_digest:
+    if reproduces_profile(model, session):
         return True
+    here = execution_profile(model, kv_schedule(model, session))
     recorded = descriptions.profile(session.profile_digest) if descriptions else None
     if level.spec.portable and not require_exact_kv:
         return False
