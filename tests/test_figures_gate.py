@@ -62,10 +62,16 @@ def test_integer_figures_equal_the_one_baseline_on_every_other_path(
 
 
 @pytest.mark.real_model
-def test_float_figures_equal_this_profiles_baseline(gate_report: gate.GateReport) -> None:
-    if not gate_report.float_gated:
-        pytest.skip(gate_report.render().splitlines()[1])
-    assert gate_report.float_changes == (), gate_report.render()
+def test_float_figures_equal_this_profiles_baseline_or_are_reported_as_not_gated(
+        gate_report: gate.GateReport) -> None:
+    """Gated exactly where this profile's baseline is recorded; elsewhere every float row was
+    still measured, and the report says it is not gated, naming the profile."""
+    assert gate_report.float_rows == 12  # 4 texts x 3 float levels
+    if gate_report.float_gated:
+        assert gate_report.float_changes == (), gate_report.render()
+    else:
+        line = gate_report.render().splitlines()[1]
+        assert f"NOT GATED on this profile ({gate_report.float_profile.key})" in line
 
 
 def _figure_fields() -> list[str]:
