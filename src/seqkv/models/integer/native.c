@@ -698,27 +698,53 @@ static inline int32_t q4_integer(const uint8_t *bits) {
 #if defined(SEQKV_AVX2)
 /* vpmaddubsw multiplies the unsigned nibbles by the signed plane bytes: a pair of products is at
  * most 2 * 15 * 128 = 3,840, and the block's 8 pair sums per 16-bit lane at most 30,720, so the
- * int16 sums never saturate; vpmaddwd by 1 then adds each lane's two int16 sums in int32. */
-static inline void q4_block_sums(const uint8_t *p, const int8_t *h, const int8_t *l,
-                                 int32_t s[LANES]) {
+ * int16 sums never saturate; vpmaddwd by 1 then adds each lane's two int16 sums in int32. Each
+ * half of the group's nibbles is unpacked once for all the rows. */
+#define Q4_ROWS_SUMS 1
+static inline __m256i broadcast4_i8(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+static void q4_rows_sums(const uint8_t *p, const int8_t *planes, int64_t rows, int64_t k,
+                         int64_t at, int64_t first, int64_t last, int32_t s[][LANES]) {
     const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     for (int half = 0; half < 2; ++half) {
-        __m256i sh = _mm256_setzero_si256(), sl = sh;
-        for (int j = 0; j < 4; ++j) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * half));
-            __m256i n0 = _mm256_and_si256(v, mask);
-            __m256i n1 = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
-            int32_t a, b, c, d;
-            memcpy(&a, h + 4 * j, 4); memcpy(&b, h + 16 + 4 * j, 4);
-            memcpy(&c, l + 4 * j, 4); memcpy(&d, l + 16 + 4 * j, 4);
-            sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(n0, _mm256_set1_epi32(a)));
-            sh = _mm256_add_epi16(sh, _mm256_maddubs_epi16(n1, _mm256_set1_epi32(b)));
-            sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(n0, _mm256_set1_epi32(c)));
-            sl = _mm256_add_epi16(sl, _mm256_maddubs_epi16(n1, _mm256_set1_epi32(d)));
+        /* named, not an array: GCC keeps arrays of vectors in memory */
+        const uint8_t *w = p + 32 * half;
+        __m256i v0 = _mm256_loadu_si256((const __m256i *)w);
+        __m256i v1 = _mm256_loadu_si256((const __m256i *)(w + 64));
+        __m256i v2 = _mm256_loadu_si256((const __m256i *)(w + 128));
+        __m256i v3 = _mm256_loadu_si256((const __m256i *)(w + 192));
+        /* low nibbles: weights 4 j + i; high nibbles: 16 + 4 j + i (j = 0..3) */
+        __m256i a0 = _mm256_and_si256(v0, mask);
+        __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), mask);
+        __m256i a1 = _mm256_and_si256(v1, mask);
+        __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), mask);
+        __m256i a2 = _mm256_and_si256(v2, mask);
+        __m256i b2 = _mm256_and_si256(_mm256_srli_epi16(v2, 4), mask);
+        __m256i a3 = _mm256_and_si256(v3, mask);
+        __m256i b3 = _mm256_and_si256(_mm256_srli_epi16(v3, 4), mask);
+        for (int64_t r = first; r < last; ++r) {
+            const int8_t *h = planes + r * k + at, *l = planes + (rows + r) * k + at;
+#define PLANE(x) _mm256_add_epi16(                                                         \
+            _mm256_add_epi16(_mm256_add_epi16(                                              \
+                _mm256_maddubs_epi16(a0, broadcast4_i8(x)),                                 \
+                _mm256_maddubs_epi16(b0, broadcast4_i8(x + 16))),                           \
+                _mm256_add_epi16(_mm256_maddubs_epi16(a1, broadcast4_i8(x + 4)),            \
+                                 _mm256_maddubs_epi16(b1, broadcast4_i8(x + 20)))),         \
+            _mm256_add_epi16(_mm256_add_epi16(                                              \
+                _mm256_maddubs_epi16(a2, broadcast4_i8(x + 8)),                             \
+                _mm256_maddubs_epi16(b2, broadcast4_i8(x + 24))),                           \
+                _mm256_add_epi16(_mm256_maddubs_epi16(a3, broadcast4_i8(x + 12)),           \
+                                 _mm256_maddubs_epi16(b3, broadcast4_i8(x + 28)))))
+            __m256i total = _mm256_add_epi32(
+                _mm256_slli_epi32(_mm256_madd_epi16(PLANE(h), ones), PLANE_BITS),
+                _mm256_madd_epi16(PLANE(l), ones));
+#undef PLANE
+            _mm256_storeu_si256((__m256i *)(s[r - first] + 8 * half), total);
         }
-        __m256i total = _mm256_add_epi32(
-            _mm256_slli_epi32(_mm256_madd_epi16(sh, ones), PLANE_BITS), _mm256_madd_epi16(sl, ones));
-        _mm256_storeu_si256((__m256i *)(s + 8 * half), total);
     }
 }
 #elif defined(SEQKV_NEON)
@@ -757,6 +783,15 @@ static inline void q4_block_sums(const uint8_t *p, const int8_t *h, const int8_t
 }
 #endif
 
+#ifndef Q4_ROWS_SUMS
+/* q4_block_sums of rows first .. last - 1, block at column `at`. */
+static void q4_rows_sums(const uint8_t *p, const int8_t *planes, int64_t rows, int64_t k,
+                         int64_t at, int64_t first, int64_t last, int32_t s[][LANES]) {
+    for (int64_t r = first; r < last; ++r)
+        q4_block_sums(p, planes + r * k + at, planes + (rows + r) * k + at, s[r - first]);
+}
+#endif
+
 /* seqkv_linear_q4 outside AVX-512 VNNI: per row and group of 16 rows, the exact int64 sum over
  * blocks of S * D + X * M (X: the block's sum of q, D and M: q4_integer of d and m), shifted as
  * the VNNI path shifts it (whose totals are 16 times these: asr(16 t, a + 4) = asr(t, a)). */
@@ -788,17 +823,17 @@ static int64_t linear_q4_portable(const int8_t *planes, int64_t rows, int64_t k,
             for (int lane = 0; lane < LANES; ++lane) total[r - first][lane] = 0;
         for (int64_t b = 0; b < kblocks; ++b) {  /* each block's D and M once for the rows */
             const uint8_t *p = group + b * Q4_BYTES;
-            int64_t d[LANES], m[LANES];
+            int32_t d[LANES], m[LANES], s[ROW_SPLIT][LANES];
             for (int lane = 0; lane < LANES; ++lane) {
                 d[lane] = q4_integer(p + 256 + 2 * lane);
                 m[lane] = q4_integer(p + 288 + 2 * lane);
             }
-            for (int64_t r = first; r < last; ++r) {
-                int32_t s[LANES];
-                q4_block_sums(p, planes + r * k + b * Q4_BLOCK,
-                              planes + (rows + r) * k + b * Q4_BLOCK, s);
+            q4_rows_sums(p, planes, rows, k, b * Q4_BLOCK, first, last, s);
+            for (int64_t r = first; r < last; ++r) {  /* int32 x int32 products, in int64 */
                 int64_t x = sums[r * kblocks + b], *t = total[r - first];
-                for (int lane = 0; lane < LANES; ++lane) t[lane] += s[lane] * d[lane] + x * m[lane];
+                const int32_t *sr = s[r - first];
+                for (int lane = 0; lane < LANES; ++lane)
+                    t[lane] += (int64_t)sr[lane] * d[lane] + x * m[lane];
             }
         }
         for (int64_t r = first; r < last; ++r) {
