@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import sqlite3
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,7 @@ from seqkv.formats.span import read_span, write_span
 from seqkv.models import CausalLM
 from seqkv.store import (
     CorruptRecordError,
+    DeepAuditReport,
     SessionStore,
     SessionTooLongError,
     StoreDamagedError,
@@ -31,6 +36,7 @@ from seqkv.store import (
     TokensCodec,
     model_codecs,
 )
+from seqkv.store.backends import directory
 from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
@@ -350,3 +356,83 @@ def test_cli_get_of_a_session_naming_a_deleted_span_is_one_line(
                           *options)
     assert status != 0 and err.count("\n") == 1
     assert "session 'one'" in err and "which the store lacks" in err
+
+
+def _replace_record(path: Path, kind: str) -> None:
+    """The record file at ``path`` replaced by a thing that is not a regular file."""
+    path.unlink()
+    if kind == "symlink to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(path.with_name("elsewhere"))
+        path.with_name("elsewhere").write_bytes(b"\x02" * 64)
+
+
+def _at_once(call: Callable[[], object], record: Path) -> object:
+    """``call``'s result or error within 5 s; a call still blocked then (on a FIFO) is freed by
+    opening the FIFO for writing, and the test fails."""
+    done: list[object] = []
+
+    def run() -> None:
+        try:
+            done.append(call())
+        except BaseException as error:  # handed to the test's thread
+            done.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():
+        os.close(os.open(record, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(5)
+        pytest.fail("a read blocked on the record")
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/zero", "FIFO", "symlink to a regular file"])
+def test_a_record_that_is_not_a_regular_file_is_refused_at_once(
+        kind: str, tmp_path: Path, redis_server: RedisServer) -> None:
+    """Issue 44: a record replaced by a link to ``/dev/zero`` grew the process without end and a
+    FIFO blocked ``get`` forever. Every read site refuses both at once, naming the span; a
+    link is never followed, even to a regular file."""
+    store = _filled("directory", tmp_path, redis_server)
+    backend = store.backend
+    assert isinstance(backend, DirectoryBackend)
+    ns = namespace_key(check_namespace("n"))
+    (chain,) = backend.fetch_sessions(ns, [SessionName("y")])
+    assert chain is not None
+    span = chain.entry.span
+    record = backend._path(span)
+    _replace_record(record, kind)
+    started = time.monotonic()
+    what = rf"span {span}'s record in .* is (a symbolic link|not a regular file)"
+    with pytest.raises(CorruptRecordError, match=what):
+        _at_once(lambda: store.get("y", namespace="n"), record)
+    with pytest.raises(CorruptRecordError, match=what):
+        _at_once(lambda: backend.fetch_chain(ns, span), record)
+    deep = _at_once(lambda: store.audit_deep(namespace="n"), record)
+    assert isinstance(deep, DeepAuditReport)
+    assert "y" in {d.session for d in deep.damaged}
+    assert deep.audit.malformed == 1
+    with pytest.raises(StoreDamagedError):
+        _at_once(lambda: store.gc(namespace="n"), record)
+    assert time.monotonic() - started < 2
+    assert store.get("x", namespace="n").tokens == TOKENS["x"]
+
+
+def test_a_record_file_past_the_size_bound_is_refused_before_it_is_read(
+        tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record file larger than ``MAX_RECORD_BYTES`` is refused from its size alone."""
+    store = _filled("directory", tmp_path, redis_server)
+    backend = store.backend
+    assert isinstance(backend, DirectoryBackend)
+    span = backend.fetch_sessions(namespace_key(check_namespace("n")), [SessionName("y")])[0]
+    assert span is not None
+    path = backend._path(span.entry.span)
+    monkeypatch.setattr(directory, "MAX_RECORD_BYTES", path.stat().st_size - 1)
+    with pytest.raises(CorruptRecordError, match=r"holds \d+ bytes, more than a record may"):
+        store.get("y", namespace="n")
