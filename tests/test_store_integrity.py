@@ -23,6 +23,7 @@ import torch
 
 from seqkv import cli
 from seqkv.cli.store import open_store
+from seqkv.coding.arithmetic import BitStream
 from seqkv.errors import InvalidArgumentTypeError, InvalidTokensError
 from seqkv.formats.span import read_span, write_span
 from seqkv.models import CausalLM
@@ -436,3 +437,85 @@ def test_a_record_file_past_the_size_bound_is_refused_before_it_is_read(
     monkeypatch.setattr(directory, "MAX_RECORD_BYTES", path.stat().st_size - 1)
     with pytest.raises(CorruptRecordError, match=r"holds \d+ bytes, more than a record may"):
         store.get("y", namespace="n")
+
+
+def _record_bytes(store: SessionStore, span: int, data: bytes | None = None) -> bytes:
+    """Span ``span``'s record as stored (replaced by ``data`` first, if given)."""
+    backend = store.backend
+    if isinstance(backend, DirectoryBackend):
+        if data is not None:
+            backend._path(span).write_bytes(data)
+        return backend._path(span).read_bytes()
+    assert isinstance(backend, RedisBackend)
+    key = f"{backend._ns(namespace_key(check_namespace('n')))}:s:{span}"
+    if data is not None:
+        backend.client.set(key, data)
+    return bytes(backend.client.get(key))
+
+
+def _canonical_case(kind: str, codec: str, tmp_path: Path, server: RedisServer,
+                    model: CausalLM) -> tuple[SessionStore, int, int]:
+    """A store holding ``x`` and ``x2`` (``x`` and 6 more tokens: a child span of ``x``'s);
+    the store, ``x``'s span and ``x2``'s."""
+    if codec == "tokens":
+        store = _tokens_store(kind, tmp_path, server)
+        level = "ngram"
+    elif kind == "directory":
+        store = SessionStore.directory(tmp_path / "store", model)
+        level = "rows"
+    else:
+        store = SessionStore.redis(server.url, model, prefix=f"c{uuid.uuid4().hex[:10]}")
+        level = "rows"
+    spans = []
+    for name, tokens in (("x", TOKENS["x"]), ("x2", [*TOKENS["x"], 1, 2, 3, 4, 5, 6])):
+        kv = None if codec == "tokens" else model.prefill(tokens)
+        spans.append(store.put(name, tokens, kv, level=level, namespace="n").span)
+    return _cold(store, codec, model), spans[0], spans[1]
+
+
+def _cold(store: SessionStore, codec: str, model: CausalLM) -> SessionStore:
+    """The same backend behind a store that keeps nothing hot."""
+    factory = (lambda level: TokensCodec(512, level)) if codec == "tokens" else model_codecs(model)
+    return SessionStore(store.backend, factory, hot_bytes=0)
+
+
+@pytest.mark.parametrize("codec", ["tokens", "model"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_byte_after_the_token_code_is_refused(kind: str, codec: str, tmp_path: Path,
+                                                redis_server: RedisServer,
+                                                fuzz_model: CausalLM) -> None:
+    """Issue 44: a span record with a byte appended after its token code (the CRC recomputed)
+    decoded to the same session; a record keeps no code length, so the decoder checks the code
+    is the encoder's bits packed to whole bytes."""
+    store, span, _ = _canonical_case(kind, codec, tmp_path, redis_server, fuzz_model)
+    record = read_span(_record_bytes(store, span))
+    for extra in (b"\x00", b"\x80"):
+        code = record.token_code
+        _record_bytes(store, span, write_span(dataclasses.replace(record, token_code=BitStream(
+            code.data + extra, 8 * len(code.data) + 8))))
+        with pytest.raises(CorruptRecordError, match="token code is not the one its writer"):
+            store.get("x", namespace="n")
+    _record_bytes(store, span, write_span(record))
+    assert store.get("x2", namespace="n").tokens[:30] == TOKENS["x"]
+
+
+@pytest.mark.parametrize("codec", ["tokens", "model"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_chain_leaf_whose_start_is_not_canonical_is_refused(
+        kind: str, codec: str, tmp_path: Path, redis_server: RedisServer,
+        fuzz_model: CausalLM) -> None:
+    """Issue 44: a chain leaf whose ``start`` was raised past its parent's end (the CRC
+    recomputed) cut the same prefix and decoded to the same session. Span invariant 2 allows
+    only the writer's start."""
+    store, _, leaf = _canonical_case(kind, codec, tmp_path, redis_server, fuzz_model)
+    record = read_span(_record_bytes(store, leaf))
+    assert record.start == len(TOKENS["x"])
+    for start in (record.start + 1, record.start + 20):
+        _record_bytes(store, leaf, write_span(dataclasses.replace(record, start=start)))
+        with pytest.raises(CorruptRecordError, match=rf"span {leaf}'s record starts at token "
+                                                     rf"{start}, but its parent span"):
+            store.get("x2", namespace="n")
+        deep = store.audit_deep(namespace="n")
+        assert "x2" in {d.session for d in deep.damaged}
+    _record_bytes(store, leaf, write_span(record))
+    assert store.get("x2", namespace="n").tokens == [*TOKENS["x"], 1, 2, 3, 4, 5, 6]
