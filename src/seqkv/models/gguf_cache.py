@@ -26,7 +26,9 @@ Invariants:
 2. A folder appears whole or not at all: it is written beside its place and renamed into it;
    of two processes writing the same folder, the first rename wins.
 3. The cache only saves time: whatever fails in it (a folder that cannot be read or written, a
-   full disk, no home folder) or when it is off, the model loads from the GGUF as before. A key
+   full disk, no home folder) or when it is off, the model loads from the GGUF as before. Only
+   a ``SEQKV_MODEL_CACHE`` that is neither off nor an absolute path is an error
+   (``seqkv.environment``). A key
    whose folder fails its check right after it was written (a model whose conversion does not
    round-trip) is marked and not cached again.
 4. Folders are written with the process's umask (a shared cache stays readable by its users).
@@ -52,6 +54,8 @@ from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils.quantization_config import GgufConfig
 
+from seqkv import environment
+from seqkv.errors import EnvironmentVariableError
 from seqkv.models.adapter import CausalLM
 
 _LOG = logging.getLogger(__name__)
@@ -70,12 +74,13 @@ _STALE_SECONDS = 3600  # a .partial-* folder this old belongs to no running writ
 
 
 def cache_root() -> Path | None:
-    """The model cache's folder, or None when ``SEQKV_MODEL_CACHE=off``."""
-    explicit = os.environ.get("SEQKV_MODEL_CACHE")
-    if explicit is not None and explicit.strip().lower() in {"off", "0", "no", "false"}:
+    """The model cache's folder, or None when ``SEQKV_MODEL_CACHE=off``; a value that is
+    neither off nor an absolute path is ``EnvironmentVariableError``."""
+    if environment.switched_off("SEQKV_MODEL_CACHE"):
         return None
-    if explicit:
-        return Path(explicit)
+    explicit = environment.path("SEQKV_MODEL_CACHE", off=True)
+    if explicit is not None:
+        return explicit
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "seqkv" / "models"
 
@@ -106,6 +111,8 @@ def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM])
             if cached is not None:
                 return cached
             shutil.rmtree(folder, ignore_errors=True)
+    except EnvironmentVariableError:
+        raise  # a bad SEQKV_MODEL_CACHE is the caller's error, not the cache's (invariant 3)
     # NOTE: broad on purpose (invariant 3): no home folder (RuntimeError), a cache folder that
     # cannot be entered (PermissionError), an unreadable file (left to load_gguf to name).
     except Exception as error:
