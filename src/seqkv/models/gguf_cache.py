@@ -32,6 +32,17 @@ Invariants:
    whose folder fails its check right after it was written (a model whose conversion does not
    round-trip) is marked and not cached again.
 4. Folders are written with the process's umask (a shared cache stays readable by its users).
+5. What the check of invariant 1 covers: the folder against its own manifest, which the folder
+   holds too. Damage that leaves the two disagreeing (a changed weight, config or tokenizer, a
+   truncated file, a missing manifest) is caught for every model; an edit that changes a weight
+   and recomputes the manifest's digest is not, except for the embedded model: its loader passes
+   the weight digest the package ships outside the cache (``shipped_weights_sha256``: the first
+   line of ``seqkv/data/baselines/figures/integer.json``) as ``expected_weights``, and a folder
+   whose weights have another digest is discarded and rebuilt from the GGUF, never loaded
+   (enforced; ``tests/test_gguf_cache.py``). For any other GGUF file nothing outside the cache
+   vouches for its weights: a cache writable by someone else is trusted as far as its manifest
+   goes. A conversion that itself gives other weights than the shipped digest (another
+   transformers or gguf release) is then never cached (invariant 3's mark).
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import importlib.resources
 import json
 import logging
 import os
@@ -97,9 +109,25 @@ def cache_key(file: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM]) -> CausalLM:
-    """The model of the GGUF ``file``: from its converted copy when one passes its check, else
-    from ``load_gguf()``, whose result is then written to the cache for the next process.
+def shipped_weights_sha256() -> str | None:
+    """The embedded model's weight digest as the package ships it (invariant 5), or None when
+    the baseline cannot be read."""
+    path = Path(str(importlib.resources.files("seqkv") / "data" / "baselines" / "figures"
+                    / "integer.json"))
+    try:
+        with path.open("rb") as stream:
+            head = json.loads(stream.readline(1 << 16))
+    except (OSError, ValueError):
+        return None
+    digest = head.get("model_weights_sha256") if isinstance(head, dict) else None
+    return digest if isinstance(digest, str) and len(digest) == 64 else None
+
+
+def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM],
+                       expected_weights: str | None = None) -> CausalLM:
+    """The model of the GGUF ``file``: from its converted copy when one passes its check (and,
+    given ``expected_weights``, has weights of that digest: invariant 5), else from
+    ``load_gguf()``, whose result is then written to the cache for the next process.
     Only ``load_gguf`` raises: a cache that fails in any way is passed by."""
     try:
         root = cache_root()
@@ -107,7 +135,7 @@ def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM])
         if folder is not None and folder.with_suffix(_UNCACHEABLE).exists():
             folder = None
         if folder is not None and folder.is_dir():
-            cached = _read(folder, name)
+            cached = _read(folder, name, expected_weights)
             if cached is not None:
                 return cached
             shutil.rmtree(folder, ignore_errors=True)
@@ -119,15 +147,17 @@ def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM])
         _LOG.warning("the model cache is passed by (%s): loading the GGUF file", error)
         folder = None
     model = load_gguf()
-    if folder is not None and _write(folder, model) and _read(folder, name) is None:
+    if folder is not None and _write(folder, model) and _read(
+            folder, name, expected_weights) is None:
         shutil.rmtree(folder, ignore_errors=True)  # it does not round-trip: never again
         with contextlib.suppress(OSError):
             folder.with_suffix(_UNCACHEABLE).touch()
     return model
 
 
-def _read(folder: Path, name: str) -> CausalLM | None:
-    """The model in ``folder`` if it is whole and is the model it recorded; None otherwise."""
+def _read(folder: Path, name: str, expected_weights: str | None = None) -> CausalLM | None:
+    """The model in ``folder`` if it is whole, is the model it recorded and (given
+    ``expected_weights``) has weights of that digest; None otherwise."""
     try:
         manifest = json.loads((folder / _MANIFEST).read_text("utf-8"))
         model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
@@ -154,6 +184,11 @@ def _read(folder: Path, name: str) -> CausalLM | None:
     if not same:
         _LOG.warning("the model cache folder %s holds another model than its GGUF file: "
                      "loading the GGUF file", folder)
+        return None
+    if expected_weights is not None and identity.weights_sha256 != expected_weights:
+        _LOG.warning("the model cache folder %s holds weights of digest %s, not the embedded "
+                     "model's %s: loading the GGUF file", folder, identity.weights_sha256[:16],
+                     expected_weights[:16])
         return None
     return loaded
 
