@@ -6,7 +6,8 @@ database or the keys themselves) is what these cases damage. Each case copies a 
 (a directory copied, or a Redis prefix's keys restored under a new prefix), damages one thing a
 rotting disk or a hand at ``sqlite3`` or ``redis-cli`` could change (a session row's span or
 length, a row copied from another session or stripped of its binding, a span's parent looping,
-a span missing, a record copied over, cut to one byte or of the wrong kind, text or non-UTF-8
+a span missing, a record copied over, cut to one byte or of the wrong kind (and, in a directory,
+a symbolic link to ``/dev/zero`` or a FIFO in a record's place: issue 44), text or non-UTF-8
 where a number belongs, a codec description that is a JSON list, a later schema), then reads the
 affected session with a store that keeps nothing hot. The read must end in a ``SeqKVError``
 within the harness's budget (2 s and 256 MiB per case, ``tests/test_fuzz_harness.py``): every
@@ -17,6 +18,7 @@ counts as a failure too.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import sqlite3
 import uuid
@@ -129,6 +131,14 @@ class DirectoryEditor:
         self._path(span).unlink()
         self._path(span).mkdir()
 
+    def record_not_a_file(self, span: int, thing: str) -> None:
+        """The record replaced by a symbolic link to ``/dev/zero`` or by a FIFO."""
+        self._path(span).unlink()
+        if thing == "FIFO":
+            os.mkfifo(self._path(span))
+        else:
+            self._path(span).symlink_to("/dev/zero")
+
     def drop_span(self, span: int) -> None:
         self._sql("DELETE FROM spans WHERE id = ?", span)
 
@@ -225,6 +235,7 @@ class Damage:
     session: str
     apply: Callable[[Editor], None]
     whole_store: bool = False  # the store does not open, or its audit fails as a whole
+    kinds: tuple[str, ...] = ("directory", "redis")  # the backends that can hold it
 
 
 def _set(session: str, *, span: Callable[[Editor], object] | None = None,
@@ -261,6 +272,14 @@ def _forge_count(editor: Editor) -> None:
                                                              count=8192)))
 
 
+def _not_a_file(thing: str) -> Callable[[Editor], None]:
+    def apply(editor: Editor) -> None:
+        assert isinstance(editor, DirectoryEditor)
+        editor.record_not_a_file(editor.row("a")[0], thing)
+
+    return apply
+
+
 def _two_cycle(editor: Editor) -> None:
     editor.set_parent(editor.row("a")[0], editor.row("b")[0])
 
@@ -289,6 +308,8 @@ DAMAGES = [
     Damage("1-byte record", "a", _with_span("a", lambda e, s: e.write_record(s, b"\x02"))),
     Damage("record of the wrong kind", "a",
            _with_span("a", lambda e, s: e.record_of_wrong_kind(s))),
+    Damage("record a symlink to /dev/zero", "b", _not_a_file("symlink"), kinds=("directory",)),
+    Damage("record a FIFO", "b", _not_a_file("FIFO"), kinds=("directory",)),
     Damage("record count forged to 8192", "a", _forge_count),
     Damage("codec description a JSON list", "a", lambda editor: editor.set_codec("[1, 2]")),
     Damage("codec description nested 100000 deep", "a",
@@ -368,8 +389,11 @@ def _attempt(model: CausalLM, editor: Editor, want: Original, session: str) -> b
     return got.tokens == want.tokens and got.kv is not None and torch.equal(got.kv, want.kv)
 
 
-@pytest.mark.parametrize("damage", DAMAGES, ids=[d.name.replace(" ", "-") for d in DAMAGES])
-@pytest.mark.parametrize("kind", KINDS)
+CASES = [pytest.param(kind, damage, id=f"{kind}-{damage.name.replace(' ', '-')}")
+         for damage in DAMAGES for kind in KINDS if kind in damage.kinds]
+
+
+@pytest.mark.parametrize(("kind", "damage"), CASES)
 def test_store_metadata_damage(kind: str, damage: Damage, fuzz_model: CausalLM,
                                request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """The damaged session is refused by a get, and named by a deep audit (unless the damage
@@ -437,8 +461,7 @@ def _verbs(model: CausalLM, editor: Editor, session: str) -> dict[str, Callable[
     }
 
 
-@pytest.mark.parametrize("damage", DAMAGES, ids=[d.name.replace(" ", "-") for d in DAMAGES])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "damage"), CASES)
 def test_every_verb_on_a_damaged_store(kind: str, damage: Damage, fuzz_model: CausalLM,
                                        request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """Whatever a verb does on a damaged store (refuse, or work around the damage), it ends in

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from seqkv.models import CausalLM, gguf_cache, loading
 from seqkv.models.gguf_cache import cache_key, cache_root, load_through_cache
@@ -161,7 +162,7 @@ def test_a_model_that_does_not_round_trip_is_not_cached_again(
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF stand-in")
     monkeypatch.setenv("SEQKV_MODEL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(gguf_cache, "_read", lambda folder, name: None)
+    monkeypatch.setattr(gguf_cache, "_read", lambda folder, name, expected=None: None)
     written: list[Path] = []
     real_write = gguf_cache._write
     monkeypatch.setattr(gguf_cache, "_write",
@@ -226,7 +227,7 @@ def test_gguf_files_load_through_the_cache(monkeypatch: pytest.MonkeyPatch,
     """``load_model(x.gguf)`` and the default model both go through ``load_through_cache``."""
     seen: list[Path] = []
 
-    def through(file: Path, name: str, load: object) -> str:
+    def through(file: Path, name: str, load: object, expected: str | None = None) -> str:
         seen.append(file)
         return "model"
 
@@ -235,3 +236,56 @@ def test_gguf_files_load_through_the_cache(monkeypatch: pytest.MonkeyPatch,
     gguf.write_bytes(b"GGUF")
     assert loading.load_model(gguf) == "model"  # type: ignore[comparison-overlap]
     assert seen == [gguf]
+
+
+def _forged_weights(folder: Path) -> str:
+    """Issue 44's attack: one weight byte flipped in the cached safetensors and the manifest's
+    weight digest recomputed to match, so the folder agrees with itself; the new digest."""
+    _changed_byte(folder / "model.safetensors", 1000)
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
+                                                 dtype=torch.float32)
+    digest = CausalLM(model, None, "forged").identity.weights_sha256
+    manifest = json.loads((folder / "seqkv-model.json").read_text())
+    manifest["identity"]["weights"] = digest
+    (folder / "seqkv-model.json").write_text(json.dumps(manifest))
+    return digest
+
+
+def test_the_embedded_models_cache_is_checked_against_the_shipped_digest(
+        cache: Path, real_model: CausalLM) -> None:
+    """A folder whose weights and manifest were changed together passes the folder's own check
+    (invariant 5 says so for other models); given the digest the package ships, it is
+    discarded and rebuilt from the GGUF, never loaded."""
+    shipped = gguf_cache.shipped_weights_sha256()
+    assert shipped == real_model.identity.weights_sha256  # real_model: the embedded model
+    gguf = cache / "model.gguf"
+    forged = _forged_weights(_folder(cache))
+    assert forged != shipped
+    unchecked = Conversions(real_model)
+    assert load_through_cache(gguf, real_model.name, unchecked).identity.weights_sha256 == forged
+    assert unchecked.calls == 0
+    conversions = Conversions(real_model)
+    assert load_through_cache(gguf, real_model.name, conversions, shipped) is real_model
+    assert conversions.calls == 1
+    again = Conversions(real_model)
+    reloaded = load_through_cache(gguf, real_model.name, again, shipped)
+    assert again.calls == 0 and reloaded.identity.weights_sha256 == shipped
+
+
+def test_the_embedded_model_is_loaded_with_the_shipped_digest(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``load_default_model`` (and ``load_model`` of the same file) pass the shipped digest;
+    another GGUF file passes none."""
+    seen: list[str | None] = []
+
+    def spy(file: Path, name: str, load: object, expected: str | None = None) -> CausalLM:
+        seen.append(expected)
+        return None  # type: ignore[return-value]
+
+    monkeypatch.setattr(loading, "load_through_cache", spy)
+    loading.load_default_model()
+    loading.load_model(loading.default_model_file())
+    (tmp_path / "other.gguf").write_bytes(b"GGUF stand-in")
+    loading.load_model(tmp_path / "other.gguf")
+    shipped = gguf_cache.shipped_weights_sha256()
+    assert shipped is not None and seen == [shipped, shipped, None]

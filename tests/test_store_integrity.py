@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import sqlite3
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,11 +23,13 @@ import torch
 
 from seqkv import cli
 from seqkv.cli.store import open_store
+from seqkv.coding.arithmetic import BitStream
 from seqkv.errors import InvalidArgumentTypeError, InvalidTokensError
 from seqkv.formats.span import read_span, write_span
 from seqkv.models import CausalLM
 from seqkv.store import (
     CorruptRecordError,
+    DeepAuditReport,
     SessionStore,
     SessionTooLongError,
     StoreDamagedError,
@@ -31,6 +37,7 @@ from seqkv.store import (
     TokensCodec,
     model_codecs,
 )
+from seqkv.store.backends import directory
 from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
@@ -350,3 +357,165 @@ def test_cli_get_of_a_session_naming_a_deleted_span_is_one_line(
                           *options)
     assert status != 0 and err.count("\n") == 1
     assert "session 'one'" in err and "which the store lacks" in err
+
+
+def _replace_record(path: Path, kind: str) -> None:
+    """The record file at ``path`` replaced by a thing that is not a regular file."""
+    path.unlink()
+    if kind == "symlink to /dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(path.with_name("elsewhere"))
+        path.with_name("elsewhere").write_bytes(b"\x02" * 64)
+
+
+def _at_once(call: Callable[[], object], record: Path) -> object:
+    """``call``'s result or error within 5 s; a call still blocked then (on a FIFO) is freed by
+    opening the FIFO for writing, and the test fails."""
+    done: list[object] = []
+
+    def run() -> None:
+        try:
+            done.append(call())
+        except BaseException as error:  # handed to the test's thread
+            done.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():
+        os.close(os.open(record, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(5)
+        pytest.fail("a read blocked on the record")
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/zero", "FIFO", "symlink to a regular file"])
+def test_a_record_that_is_not_a_regular_file_is_refused_at_once(
+        kind: str, tmp_path: Path, redis_server: RedisServer) -> None:
+    """Issue 44: a record replaced by a link to ``/dev/zero`` grew the process without end and a
+    FIFO blocked ``get`` forever. Every read site refuses both at once, naming the span; a
+    link is never followed, even to a regular file."""
+    store = _filled("directory", tmp_path, redis_server)
+    backend = store.backend
+    assert isinstance(backend, DirectoryBackend)
+    ns = namespace_key(check_namespace("n"))
+    (chain,) = backend.fetch_sessions(ns, [SessionName("y")])
+    assert chain is not None
+    span = chain.entry.span
+    record = backend._path(span)
+    _replace_record(record, kind)
+    started = time.monotonic()
+    what = rf"span {span}'s record in .* is (a symbolic link|not a regular file)"
+    with pytest.raises(CorruptRecordError, match=what):
+        _at_once(lambda: store.get("y", namespace="n"), record)
+    with pytest.raises(CorruptRecordError, match=what):
+        _at_once(lambda: backend.fetch_chain(ns, span), record)
+    deep = _at_once(lambda: store.audit_deep(namespace="n"), record)
+    assert isinstance(deep, DeepAuditReport)
+    assert "y" in {d.session for d in deep.damaged}
+    assert deep.audit.malformed == 1
+    with pytest.raises(StoreDamagedError):
+        _at_once(lambda: store.gc(namespace="n"), record)
+    assert time.monotonic() - started < 2
+    assert store.get("x", namespace="n").tokens == TOKENS["x"]
+
+
+def test_a_record_file_past_the_size_bound_is_refused_before_it_is_read(
+        tmp_path: Path, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record file larger than ``MAX_RECORD_BYTES`` is refused from its size alone."""
+    store = _filled("directory", tmp_path, redis_server)
+    backend = store.backend
+    assert isinstance(backend, DirectoryBackend)
+    span = backend.fetch_sessions(namespace_key(check_namespace("n")), [SessionName("y")])[0]
+    assert span is not None
+    path = backend._path(span.entry.span)
+    monkeypatch.setattr(directory, "MAX_RECORD_BYTES", path.stat().st_size - 1)
+    with pytest.raises(CorruptRecordError, match=r"holds \d+ bytes, more than a record may"):
+        store.get("y", namespace="n")
+
+
+def _record_bytes(store: SessionStore, span: int, data: bytes | None = None) -> bytes:
+    """Span ``span``'s record as stored (replaced by ``data`` first, if given)."""
+    backend = store.backend
+    if isinstance(backend, DirectoryBackend):
+        if data is not None:
+            backend._path(span).write_bytes(data)
+        return backend._path(span).read_bytes()
+    assert isinstance(backend, RedisBackend)
+    key = f"{backend._ns(namespace_key(check_namespace('n')))}:s:{span}"
+    if data is not None:
+        backend.client.set(key, data)
+    return bytes(backend.client.get(key))
+
+
+def _canonical_case(kind: str, codec: str, tmp_path: Path, server: RedisServer,
+                    model: CausalLM) -> tuple[SessionStore, int, int]:
+    """A store holding ``x`` and ``x2`` (``x`` and 6 more tokens: a child span of ``x``'s);
+    the store, ``x``'s span and ``x2``'s."""
+    if codec == "tokens":
+        store = _tokens_store(kind, tmp_path, server)
+        level = "ngram"
+    elif kind == "directory":
+        store = SessionStore.directory(tmp_path / "store", model)
+        level = "rows"
+    else:
+        store = SessionStore.redis(server.url, model, prefix=f"c{uuid.uuid4().hex[:10]}")
+        level = "rows"
+    spans = []
+    for name, tokens in (("x", TOKENS["x"]), ("x2", [*TOKENS["x"], 1, 2, 3, 4, 5, 6])):
+        kv = None if codec == "tokens" else model.prefill(tokens)
+        spans.append(store.put(name, tokens, kv, level=level, namespace="n").span)
+    return _cold(store, codec, model), spans[0], spans[1]
+
+
+def _cold(store: SessionStore, codec: str, model: CausalLM) -> SessionStore:
+    """The same backend behind a store that keeps nothing hot."""
+    factory = (lambda level: TokensCodec(512, level)) if codec == "tokens" else model_codecs(model)
+    return SessionStore(store.backend, factory, hot_bytes=0)
+
+
+@pytest.mark.parametrize("codec", ["tokens", "model"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_byte_after_the_token_code_is_refused(kind: str, codec: str, tmp_path: Path,
+                                                redis_server: RedisServer,
+                                                fuzz_model: CausalLM) -> None:
+    """Issue 44: a span record with a byte appended after its token code (the CRC recomputed)
+    decoded to the same session; a record keeps no code length, so the decoder checks the code
+    is the encoder's bits packed to whole bytes."""
+    store, span, _ = _canonical_case(kind, codec, tmp_path, redis_server, fuzz_model)
+    record = read_span(_record_bytes(store, span))
+    for extra in (b"\x00", b"\x80"):
+        code = record.token_code
+        _record_bytes(store, span, write_span(dataclasses.replace(record, token_code=BitStream(
+            code.data + extra, 8 * len(code.data) + 8))))
+        with pytest.raises(CorruptRecordError, match="token code is not the one its writer"):
+            store.get("x", namespace="n")
+    _record_bytes(store, span, write_span(record))
+    assert store.get("x2", namespace="n").tokens[:30] == TOKENS["x"]
+
+
+@pytest.mark.parametrize("codec", ["tokens", "model"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_chain_leaf_whose_start_is_not_canonical_is_refused(
+        kind: str, codec: str, tmp_path: Path, redis_server: RedisServer,
+        fuzz_model: CausalLM) -> None:
+    """Issue 44: a chain leaf whose ``start`` was raised past its parent's end (the CRC
+    recomputed) cut the same prefix and decoded to the same session. Span invariant 2 allows
+    only the writer's start."""
+    store, _, leaf = _canonical_case(kind, codec, tmp_path, redis_server, fuzz_model)
+    record = read_span(_record_bytes(store, leaf))
+    assert record.start == len(TOKENS["x"])
+    for start in (record.start + 1, record.start + 20):
+        _record_bytes(store, leaf, write_span(dataclasses.replace(record, start=start)))
+        with pytest.raises(CorruptRecordError, match=rf"span {leaf}'s record starts at token "
+                                                     rf"{start}, but its parent span"):
+            store.get("x2", namespace="n")
+        deep = store.audit_deep(namespace="n")
+        assert "x2" in {d.session for d in deep.damaged}
+    _record_bytes(store, leaf, write_span(record))
+    assert store.get("x2", namespace="n").tokens == [*TOKENS["x"], 1, 2, 3, 4, 5, 6]

@@ -37,7 +37,7 @@ from seqkv.trie import (
     trie_from_bytes,
     trie_to_bytes,
 )
-from seqkv.trie.errors import TrieLimitError
+from seqkv.trie.errors import TrieFileError, TrieLimitError
 from seqkv.trie.persistence import (
     _ERRORS,
     FORMAT_VERSION,
@@ -149,6 +149,12 @@ def test_a_failed_save_leaves_the_old_file_and_no_temporary(
         save_trie(built_trie(), target)
     assert target.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.trie"]
+
+
+def test_a_folder_is_refused_by_name(tmp_path: Path) -> None:
+    """Issue 44: ``load_trie`` of a folder raised ``IsADirectoryError``."""
+    with pytest.raises(TrieFileError, match=rf"{tmp_path} is a folder, not a trie file"):
+        load_trie(tmp_path)
 
 
 def test_empty_file() -> None:

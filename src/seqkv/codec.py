@@ -748,8 +748,13 @@ class _Pending:
         """After the decode and its verification: the token code is the one its writer writes
         (``code_form``); the tokens are right, so a difference is a non-canonical file."""
         form = self.item.session.code_form
-        if self.decoder is not None and form != "bytes" and not self.decoder.canonical(
-                floor=form == "floored"):
+        if self.decoder is None:
+            return
+        if form == "bytes" and not self.decoder.canonical_bytes():
+            raise CorruptFileError(
+                "the token code is not the one its writer writes for the tokens it decodes to "
+                "(bytes appended or dropped, or bits changed past the code's end)")
+        if form != "bytes" and not self.decoder.canonical(floor=form == "floored"):
             raise CorruptFileError(
                 "the file's token code is not the one its writer writes for the tokens it "
                 "decodes to (bits appended, dropped or changed past the code's end)")

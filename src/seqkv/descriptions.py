@@ -23,11 +23,11 @@ Invariants:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any, Protocol, get_args
 
+from seqkv import environment
 from seqkv.digests import Digest, model_digest, profile_digest
 from seqkv.errors import SeqKVError
 from seqkv.files import write_atomically
@@ -76,8 +76,10 @@ def profile_of(raw: object) -> ExecutionProfile | None:
 
 
 def default_root() -> Path:
-    home = os.environ.get("SEQKV_HOME")
-    base = Path(home) if home else Path.home() / ".cache" / "seqkv"
+    """``$SEQKV_HOME/descriptions`` (an absolute path, else ``EnvironmentVariableError``), by
+    default ``~/.cache/seqkv/descriptions``."""
+    home = environment.path("SEQKV_HOME")
+    base = home if home is not None else Path.home() / ".cache" / "seqkv"
     return base / "descriptions"
 
 

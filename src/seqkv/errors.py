@@ -143,6 +143,11 @@ class IntegerBackendError(InvalidConfigError):
     that is unknown, contradicts the other, or names an instruction set this CPU lacks."""
 
 
+class EnvironmentVariableError(InvalidConfigError):
+    """A ``SEQKV_*`` environment variable set to a value seqkv does not accept; the message
+    names the variable and the values it accepts (``seqkv.environment``)."""
+
+
 class KernelBackendError(InvalidConfigError):
     """A kernel backend name (argument or ``$SEQKV_KERNELS``) that is not one of the backends."""
 

@@ -25,7 +25,8 @@ Invariants:
    ``ArithmeticEncoder.finish``'s bits, so the decoder guards its information and checks the
    bits are canonical), ``trimmed`` (``.skv`` formats 3 and 4: ``finish``'s bits with every
    trailing zero dropped, checked canonical, no guard) or ``bytes`` (whole bytes, padding
-   included: a store span, a format-1/2 file; neither check) (enforced by the codec).
+   included: a store span, a format-1/2 file; no guard, checked canonical at whole bytes, so a
+   byte appended after the code is refused) (enforced by the codec).
 """
 
 from __future__ import annotations

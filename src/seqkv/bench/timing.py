@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from seqkv import environment
 from seqkv.bench.figures import baselines_root
 from seqkv.bench.texts import shipped_text
 from seqkv.codec import compress, decompress
@@ -290,7 +291,7 @@ def run_gate(model: CausalLM, rounds: int = DEFAULT_ROUNDS, root: Path | None = 
     there is none (or ``SEQKV_TIMING_HISTORY=none``), against ``HISTORY_RUNS`` runs recorded
     first into a temporary history. Returns the verdict and the history compared with."""
     profile = timing_profile()
-    history = [] if os.environ.get(HISTORY_ENV) == "none" else read_history(
+    history = [] if environment.choice(HISTORY_ENV, ("none",)) == "none" else read_history(
         history_path(profile, root))
     kind = f"recorded ({len(history)} runs)"
     if not [run for run in history if run.clean]:

@@ -35,6 +35,7 @@ Invariants:
 6. ``canonical`` is True exactly when the stream's bits are the ones ``finish`` writes for the
    symbols decoded so far (with or without the floor): re-encoding is mirrored as the decoder
    runs, so no second pass is needed (enforced; a bit appended, dropped or changed is refused).
+   ``canonical_bytes`` is the same at whole bytes, for writers that keep no bit length.
 """
 
 from __future__ import annotations
@@ -171,17 +172,34 @@ class ArithmeticDecoder:
         self._emitted.extend([1 - bit] * self._pending)
         self._pending = 0
 
+    def _finished_bits(self, floor: bool) -> list[int]:
+        """The bits ``ArithmeticEncoder.finish`` writes for the symbols decoded so far, with or
+        without the floor of invariant 2."""
+        bits = [*self._emitted, *([0] if self._low < _QUARTER else [1]),
+                *([1 if self._low < _QUARTER else 0] * (self._pending + 1))]
+        length = _trimmed_length(bits, self._position - _STATE_BITS, floor)
+        return bits[:length] + [0] * max(0, length - len(bits))
+
     def canonical(self, floor: bool) -> bool:
         """Whether the stream is exactly what ``ArithmeticEncoder.finish`` writes for the symbols
         decoded so far: with the floor of invariant 2 (``floor``) or trimmed to its last one bit
         (the writers before it)."""
-        bits = [*self._emitted, *([0] if self._low < _QUARTER else [1]),
-                *([1 if self._low < _QUARTER else 0] * (self._pending + 1))]
-        length = _trimmed_length(bits, self._position - _STATE_BITS, floor)
-        if length != self._bits.shape[0]:
-            return False
-        padded = bits[:length] + [0] * max(0, length - len(bits))
-        return bool(np.array_equal(np.asarray(padded, dtype=np.uint8), self._bits))
+        bits = self._finished_bits(floor)
+        return len(bits) == self._bits.shape[0] and bool(
+            np.array_equal(np.asarray(bits, dtype=np.uint8), self._bits))
+
+    def canonical_bytes(self) -> bool:
+        """Whether the stream's bytes are what a writer of whole bytes (a store span, a ``.skv``
+        file of format 1 or 2) packs from ``finish``'s bits, floored or trimmed, zero-padded to
+        a byte: no byte appended or dropped, no bit changed past the code's end."""
+        stream = np.concatenate([self._bits, np.zeros(-self._bits.shape[0] % 8, np.uint8)])
+        for floor in (True, False):
+            bits = self._finished_bits(floor)
+            bits += [0] * (-len(bits) % 8)
+            if len(bits) == stream.shape[0] and bool(
+                    np.array_equal(np.asarray(bits, dtype=np.uint8), stream)):
+                return True
+        return False
 
     def decode(self, cumulative: CumulativeTable) -> int:
         """The next symbol under ``cumulative``."""

@@ -33,7 +33,11 @@ Invariants:
    then checked against ``seqkv.limits`` (enforced; ``tests/test_fuzz_record.py``).
 2. ``read_span(write_span(r)) == r`` for every version-2 record (checked by a hypothesis round
    trip), and a version-2 record is read only in the form ``write_span`` writes (minimal
-   varints, zero padding, known flags).
+   varints, zero padding, known flags). What this reader cannot tell without decoding, the
+   store's decoders check: a byte after the token code (the code must be the encoder's bits
+   packed to whole bytes: ``ArithmeticDecoder.canonical_bytes``, both codecs) and a ``start``
+   outside its parent's own tokens (``seqkv.store.chains`` invariant 5), each
+   ``CorruptRecordError`` (enforced; ``tests/test_store_integrity.py``).
 3. ``parent`` sits at a fixed place (after one byte and one varint) so a Redis Lua script can
    read it without parsing the rest (enforced by the layout; used by the delete cascade).
 """

@@ -26,10 +26,23 @@ Invariants:
 2. A folder appears whole or not at all: it is written beside its place and renamed into it;
    of two processes writing the same folder, the first rename wins.
 3. The cache only saves time: whatever fails in it (a folder that cannot be read or written, a
-   full disk, no home folder) or when it is off, the model loads from the GGUF as before. A key
+   full disk, no home folder) or when it is off, the model loads from the GGUF as before. Only
+   a ``SEQKV_MODEL_CACHE`` that is neither off nor an absolute path is an error
+   (``seqkv.environment``). A key
    whose folder fails its check right after it was written (a model whose conversion does not
    round-trip) is marked and not cached again.
 4. Folders are written with the process's umask (a shared cache stays readable by its users).
+5. What the check of invariant 1 covers: the folder against its own manifest, which the folder
+   holds too. Damage that leaves the two disagreeing (a changed weight, config or tokenizer, a
+   truncated file, a missing manifest) is caught for every model; an edit that changes a weight
+   and recomputes the manifest's digest is not, except for the embedded model: its loader passes
+   the weight digest the package ships outside the cache (``shipped_weights_sha256``: the first
+   line of ``seqkv/data/baselines/figures/integer.json``) as ``expected_weights``, and a folder
+   whose weights have another digest is discarded and rebuilt from the GGUF, never loaded
+   (enforced; ``tests/test_gguf_cache.py``). For any other GGUF file nothing outside the cache
+   vouches for its weights: a cache writable by someone else is trusted as far as its manifest
+   goes. A conversion that itself gives other weights than the shipped digest (another
+   transformers or gguf release) is then never cached (invariant 3's mark).
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import importlib.resources
 import json
 import logging
 import os
@@ -52,6 +66,8 @@ from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils.quantization_config import GgufConfig
 
+from seqkv import environment
+from seqkv.errors import EnvironmentVariableError
 from seqkv.models.adapter import CausalLM
 
 _LOG = logging.getLogger(__name__)
@@ -70,12 +86,13 @@ _STALE_SECONDS = 3600  # a .partial-* folder this old belongs to no running writ
 
 
 def cache_root() -> Path | None:
-    """The model cache's folder, or None when ``SEQKV_MODEL_CACHE=off``."""
-    explicit = os.environ.get("SEQKV_MODEL_CACHE")
-    if explicit is not None and explicit.strip().lower() in {"off", "0", "no", "false"}:
+    """The model cache's folder, or None when ``SEQKV_MODEL_CACHE=off``; a value that is
+    neither off nor an absolute path is ``EnvironmentVariableError``."""
+    if environment.switched_off("SEQKV_MODEL_CACHE"):
         return None
-    if explicit:
-        return Path(explicit)
+    explicit = environment.path("SEQKV_MODEL_CACHE", off=True)
+    if explicit is not None:
+        return explicit
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "seqkv" / "models"
 
@@ -92,9 +109,25 @@ def cache_key(file: Path) -> str:
     return digest.hexdigest()[:32]
 
 
-def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM]) -> CausalLM:
-    """The model of the GGUF ``file``: from its converted copy when one passes its check, else
-    from ``load_gguf()``, whose result is then written to the cache for the next process.
+def shipped_weights_sha256() -> str | None:
+    """The embedded model's weight digest as the package ships it (invariant 5), or None when
+    the baseline cannot be read."""
+    path = Path(str(importlib.resources.files("seqkv") / "data" / "baselines" / "figures"
+                    / "integer.json"))
+    try:
+        with path.open("rb") as stream:
+            head = json.loads(stream.readline(1 << 16))
+    except (OSError, ValueError):
+        return None
+    digest = head.get("model_weights_sha256") if isinstance(head, dict) else None
+    return digest if isinstance(digest, str) and len(digest) == 64 else None
+
+
+def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM],
+                       expected_weights: str | None = None) -> CausalLM:
+    """The model of the GGUF ``file``: from its converted copy when one passes its check (and,
+    given ``expected_weights``, has weights of that digest: invariant 5), else from
+    ``load_gguf()``, whose result is then written to the cache for the next process.
     Only ``load_gguf`` raises: a cache that fails in any way is passed by."""
     try:
         root = cache_root()
@@ -102,25 +135,29 @@ def load_through_cache(file: Path, name: str, load_gguf: Callable[[], CausalLM])
         if folder is not None and folder.with_suffix(_UNCACHEABLE).exists():
             folder = None
         if folder is not None and folder.is_dir():
-            cached = _read(folder, name)
+            cached = _read(folder, name, expected_weights)
             if cached is not None:
                 return cached
             shutil.rmtree(folder, ignore_errors=True)
+    except EnvironmentVariableError:
+        raise  # a bad SEQKV_MODEL_CACHE is the caller's error, not the cache's (invariant 3)
     # NOTE: broad on purpose (invariant 3): no home folder (RuntimeError), a cache folder that
     # cannot be entered (PermissionError), an unreadable file (left to load_gguf to name).
     except Exception as error:
         _LOG.warning("the model cache is passed by (%s): loading the GGUF file", error)
         folder = None
     model = load_gguf()
-    if folder is not None and _write(folder, model) and _read(folder, name) is None:
+    if folder is not None and _write(folder, model) and _read(
+            folder, name, expected_weights) is None:
         shutil.rmtree(folder, ignore_errors=True)  # it does not round-trip: never again
         with contextlib.suppress(OSError):
             folder.with_suffix(_UNCACHEABLE).touch()
     return model
 
 
-def _read(folder: Path, name: str) -> CausalLM | None:
-    """The model in ``folder`` if it is whole and is the model it recorded; None otherwise."""
+def _read(folder: Path, name: str, expected_weights: str | None = None) -> CausalLM | None:
+    """The model in ``folder`` if it is whole, is the model it recorded and (given
+    ``expected_weights``) has weights of that digest; None otherwise."""
     try:
         manifest = json.loads((folder / _MANIFEST).read_text("utf-8"))
         model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True,
@@ -147,6 +184,11 @@ def _read(folder: Path, name: str) -> CausalLM | None:
     if not same:
         _LOG.warning("the model cache folder %s holds another model than its GGUF file: "
                      "loading the GGUF file", folder)
+        return None
+    if expected_weights is not None and identity.weights_sha256 != expected_weights:
+        _LOG.warning("the model cache folder %s holds weights of digest %s, not the embedded "
+                     "model's %s: loading the GGUF file", folder, identity.weights_sha256[:16],
+                     expected_weights[:16])
         return None
     return loaded
 

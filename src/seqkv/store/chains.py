@@ -16,6 +16,11 @@ Invariants:
 4. No span is decoded whose record claims tokens past the caller's ``max_tokens`` (default: its
    codec's ``max_tokens``, the model's context): ``SessionTooLongError`` before any forward
    (enforced in ``_pending``, which reads every record before ``states`` decodes one).
+5. A record's ``start`` is the one its writer writes: past its parent span's first token and
+   at most its parent's chain length (the writer's parent is the span holding token
+   ``start - 1``); any other start is ``CorruptRecordError`` before the span decodes, even one
+   that would decode to the same tokens (a start past the parent's end cuts the same prefix)
+   (enforced in ``_decode_group``, both backends).
 """
 
 from __future__ import annotations
@@ -97,6 +102,16 @@ class ChainDecoder:
                 f"{'max_tokens' if max_tokens is not None else 'its model context'} of "
                 f"{limit:,}: refused before any forward")
 
+    @staticmethod
+    def _check_start(span: SpanId, record: SpanRecord, parent: ChainState) -> None:
+        """Invariant 5: a span starts inside its parent's own tokens."""
+        first = parent.spans[-1][1]
+        if not first < record.start <= len(parent.tokens):
+            raise CorruptRecordError(
+                f"span {span}'s record starts at token {record.start:,}, but its parent span "
+                f"{record.parent} holds tokens {first:,} to {len(parent.tokens) - 1:,}: a span "
+                "continues its parent inside the parent's own tokens; the record was damaged")
+
     def states(self, tenant: Tenant, chains: Sequence[tuple[StoredSpan, ...]],
                max_tokens: int | None = None) -> dict[SpanId, ChainState]:
         """The chain state of every span in ``chains`` (and of what decoding them needed)."""
@@ -121,8 +136,10 @@ class ChainDecoder:
                       states: dict[SpanId, ChainState]) -> None:
         codec, _ = self._registry.for_index(index)
         items = []
-        for _, record in spans:
+        for span, record in spans:
             parent = None if record.parent is None else states[SpanId(record.parent)]
+            if parent is not None:
+                self._check_start(span, record, parent)
             prefix = None if parent is None else parent.prefix(record.start)
             dictionary = (None if record.dictionary is None
                           else self._dictionaries.required(tenant, record.dictionary))

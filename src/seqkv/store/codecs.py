@@ -304,13 +304,18 @@ class TokensCodec:
                     f"a tokens-only span declares {record.count:,} tokens: more than a "
                     f"model-free decode allows ({MODEL_FREE_MAX_TOKENS:,} tokens, "
                     f"{MAX_MODEL_FREE_WORK:,} token x vocabulary steps)")
-            tail = decode_tokens(self._level, self._vocab, before, record.count,
-                                 ArithmeticDecoder(record.token_code),
+            decoder = ArithmeticDecoder(record.token_code)
+            tail = decode_tokens(self._level, self._vocab, before, record.count, decoder,
                                  TraceColumns(with_entropy=False))
             try:
                 verify(session_of(record, self._level, base), before + tail, None, 0, False)
             except DecodeVerificationError as error:
                 raise StoreVerificationError(f"{error} (a tokens-only span)") from error
+            if not decoder.canonical_bytes():
+                raise CorruptRecordError(
+                    "a tokens-only span's token code is not the one its writer writes for the "
+                    "tokens it decodes to (bytes appended after it, or bits changed past its "
+                    "end): the record was damaged")
             results.append(DecodedSpan(tail, None))
         return results
 

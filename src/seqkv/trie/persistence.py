@@ -88,6 +88,7 @@ from seqkv.limits import MAX_HEAD_DIM, MAX_KV_HEADS, MAX_LAYERS, MAX_VARINT
 from seqkv.trie.errors import (
     CorruptTrieFileError,
     NotATrieFileError,
+    TrieFileError,
     TrieLimitError,
     TruncatedTrieFileError,
     UnsupportedTrieVersionError,
@@ -186,8 +187,14 @@ def load_trie(
     budget_bytes: int | None = None,
     policy: EvictionPolicy | EvictionPolicyName = "lru",
 ) -> PrefixTrie:
-    """Read a trie ``save_trie`` wrote; each kind of damage raises its own error."""
-    return trie_from_bytes(Path(path).read_bytes(), budget_bytes=budget_bytes, policy=policy)
+    """Read a trie ``save_trie`` wrote; each kind of damage raises its own error (a folder
+    at ``path``: ``TrieFileError`` naming it)."""
+    try:
+        data = Path(path).read_bytes()
+    except IsADirectoryError:
+        raise TrieFileError(f"{os.fspath(path)} is a folder, not a trie file: pass the file "
+                            "save_trie wrote") from None
+    return trie_from_bytes(data, budget_bytes=budget_bytes, policy=policy)
 
 
 def trie_to_bytes(trie: PrefixTrie) -> bytes:

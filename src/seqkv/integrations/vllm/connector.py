@@ -22,7 +22,6 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from seqkv import environment
 from seqkv.digests import Digest
 from seqkv.errors import ConnectorConfigError
 from seqkv.integrations.vllm.cold import ColdTier
@@ -91,8 +91,8 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         layout: LayoutName = "cpu" if vllm_config.device_config.device_type == "cpu" else "nhd"
         space = KeySpace(digest, kv_dtype, block_size, layout, self.settings.warm.config_bytes())
         tier = WarmTier(self.settings.warm_dir, self.settings.warm_budget_bytes)
-        trace = os.environ.get(TRACE_ENV)
-        self._trace = None if not trace else TraceWriter(
+        trace = environment.path(TRACE_ENV, "file")
+        self._trace = None if trace is None else TraceWriter(
             trace, "scheduler" if role == KVConnectorRole.SCHEDULER else "worker")
         self._scheduler: SchedulerCore | None = None
         self._worker: WorkerCore | None = None

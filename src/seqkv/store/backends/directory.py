@@ -38,6 +38,13 @@ Invariants:
    or file error becomes a ``SeqKVError`` naming the store (enforced: ``_read``, ``_write``,
    ``seqkv.store.backends.base`` invariant 6); a chain is read by a recursive query bounded by
    its session's length, then walked with a loop guard.
+7. A record is read only from a regular file of at most ``MAX_RECORD_BYTES``: every read
+   (``_record``, for ``get`` and for ``audit``/``gc``'s frame check) opens it with
+   ``O_NOFOLLOW | O_NONBLOCK`` and checks ``fstat`` before reading, so a symbolic link (to
+   ``/dev/zero``, say), a FIFO, a device or a folder in a record's place is ``CorruptRecordError``
+   naming the span at once, never followed, waited on or read without end (enforced; tested in
+   ``tests/test_store_integrity.py`` and ``tests/test_fuzz_store.py``). Assumed: the store's own
+   folders (``records`` and its ``<hh>`` subfolders) are not replaced by links.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from __future__ import annotations
 import os
 import secrets
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -109,6 +117,11 @@ WITH RECURSIVE chain(id, parent, depth) AS (
 SELECT id, parent FROM chain
 """
 _BUSY_MS = 60_000
+# NOTE: twice Redis's default largest value (``proto-max-bulk-len``, 512 MiB), which bounds the
+# Redis backend's records: a record file past it is damage, refused before it is read.
+MAX_RECORD_BYTES = 1 << 30
+_READ_CHUNK = 1 << 24
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 class DirectoryBackend:
@@ -252,16 +265,51 @@ class DirectoryBackend:
         return [None if key not in found or not is_int(found[key]) else SpanId(found[key])
                 for key in keys]  # a malformed entry is no candidate (``gc`` drops it)
 
+    def _record(self, span: int) -> bytes | None:
+        """Span ``span``'s record file, read only if it is a regular file of at most
+        ``MAX_RECORD_BYTES`` (invariant 7); None when it is missing."""
+        what = f"span {span}'s record in {self._root}"
+        try:
+            handle = os.open(self._path(span), _OPEN_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            # NOTE: O_NOFOLLOW makes a symbolic link ELOOP (Linux) or EMLINK (FreeBSD).
+            link = self._path(span).is_symlink()
+            raise CorruptRecordError(
+                f"{what} is a symbolic link, not a regular file: the store was damaged" if link
+                else f"{what} cannot be read: {error.strerror or error}") from None
+        try:
+            info = os.fstat(handle)
+            if not stat.S_ISREG(info.st_mode):
+                raise CorruptRecordError(f"{what} is not a regular file (mode "
+                                         f"{stat.filemode(info.st_mode)}): the store was damaged")
+            if info.st_size > MAX_RECORD_BYTES:
+                raise CorruptRecordError(f"{what} holds {info.st_size:,} bytes, more than a "
+                                         f"record may ({MAX_RECORD_BYTES:,}): the store was "
+                                         "damaged")
+            chunks: list[bytes] = []
+            left = info.st_size
+            while left > 0:
+                chunk = os.read(handle, min(left, _READ_CHUNK))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            return b"".join(chunks)
+        except OSError as error:
+            raise CorruptRecordError(f"{what} cannot be read: {error.strerror or error}"
+                                     ) from None
+        finally:
+            os.close(handle)
+
     def _records(self, spans: Sequence[int]) -> list[bytes] | None:
         out = []
         for span in spans:
-            try:
-                out.append(self._path(span).read_bytes())
-            except FileNotFoundError:
+            record = self._record(span)
+            if record is None:
                 return None  # deleted by a concurrent release after our read
-            except OSError as error:
-                raise CorruptRecordError(f"span {span}'s record in {self._root} cannot be read: "
-                                         f"{error.strerror or error}") from None
+            out.append(record)
         return out
 
     @staticmethod
@@ -380,6 +428,10 @@ class DirectoryBackend:
                     (ns, plan.dictionary)).fetchone() is None:
                 raise DictionaryGoneError(plan.dictionary)
             span = plan.parent
+            if plan.record is not None and len(plan.record) > MAX_RECORD_BYTES:
+                raise StoreError(f"a span record of {len(plan.record):,} bytes is more than the "
+                                 f"directory store holds ({MAX_RECORD_BYTES:,}): put a shorter "
+                                 "session, or append it in parts")
             if plan.record is not None:
                 cursor = db.execute(
                     "INSERT INTO spans(ns, parent, refcount, nbytes) VALUES (?, ?, 0, ?)",
@@ -463,12 +515,9 @@ class DirectoryBackend:
     def _frame_matches(self, span: int, parent: int | None) -> bool:
         """Whether span's record (if present) has a valid frame naming ``parent``."""
         try:
-            data = self._path(span).read_bytes()
-        except FileNotFoundError:
-            return True  # counted as a missing record
-        except OSError:
-            return False
-        try:
+            data = self._record(span)
+            if data is None:
+                return True  # counted as a missing record
             return read_frame(data).parent == parent
         except CorruptRecordError:
             return False
