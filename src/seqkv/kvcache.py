@@ -38,9 +38,10 @@ CACHE_KEYWORDS = ("cache", "past_key_values")
 
 def cache_keyword(module: torch.nn.Module) -> str:
     """The keyword ``module.forward`` takes its KV cache under (``CACHE_KEYWORDS``)."""
-    # NOTE: not memoized: a signature is read in tens of microseconds, a forward takes
+    # NOTE: the class's forward, as an instance may wrap its own in a (*args, **kwargs) (hooks,
+    # tests); not memoized: a signature is read in tens of microseconds, a forward takes
     # milliseconds, and a memo would be module-global state.
-    parameters = inspect.signature(module.forward).parameters  # follows __wrapped__
+    parameters = inspect.signature(type(module).forward).parameters  # follows __wrapped__
     for keyword in CACHE_KEYWORDS:
         if keyword in parameters:
             return keyword
