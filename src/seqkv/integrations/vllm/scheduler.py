@@ -313,7 +313,7 @@ class SchedulerCore:
             "seqkv_warm_saved_blocks": 0 if state is None else state.saved_blocks,
         }
         if self.settings.cold_store is not None:
-            result["seqkv_cold_session"] = session_id
+            # NOTE: the session's id and status are the cold tier's ticket's (ColdTicket.params)
             result["seqkv_cold_namespace"] = store_id(tenant or "default", "t-")
         return FinishedRequest(result, tuple(int(t) for t in request.all_token_ids),
                                store_id(tenant or "default", "t-"), session_id)
