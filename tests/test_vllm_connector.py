@@ -306,6 +306,8 @@ def test_a_corrupted_warm_entry_is_recomputed_never_loaded(
     result = engine.prefill(request, before_load=damage_entry)
     second_block = request.block_ids[1]
     assert result.load_errors == {second_block}
+    # The response counts only the good prefix the engine kept (block 0).
+    assert engine.finish(request)["seqkv_warm_loaded_tokens"] == 16
     # vLLM recomputes from the failed block: the logits are the recompute's, not a lossy load's
     # of block 1 (the first block's warm KV still stands).
     reference = recompute_logits(real_model, prompt)
@@ -536,3 +538,30 @@ def test_a_cold_ticket_names_the_id_the_session_is_stored_under() -> None:
     # Reservations end with their puts: the store now holds the ids.
     assert cold.put("chat", [4], "t").session == "chat:4"
     cold.shutdown()
+
+
+@pytest.mark.real_model
+def test_a_damaged_first_block_reports_no_loaded_tokens_and_is_deleted(
+        engine: Engine, prompt: list[int]) -> None:
+    """Block 0 damaged: the whole prompt is recomputed, the response says 0 loaded tokens, and
+    the entry is gone (then saved anew from the recompute), so the next request loads it."""
+    engine.prefill(Request("a", prompt))
+    keys = engine.scheduler.space.block_keys(prompt, "")
+    target = engine.worker.tier.path(keys[0])
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+
+    def flip() -> None:
+        data = target.read_bytes()
+        target.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+
+    damaged = target.read_bytes()
+    result = engine.prefill(request, before_load=flip)
+    assert result.load_errors == {request.block_ids[0]}
+    params = engine.finish(request)
+    assert params["seqkv_warm_loaded_tokens"] == 0 and params["seqkv_warm_lossy"] is False
+    assert engine.worker.counters().damaged_deleted == 1
+    assert target.read_bytes() != damaged[:100] + bytes([damaged[100] ^ 1]) + damaged[101:]
+    again = Request("c", prompt, kv_transfer_params={"seqkv_warm": True})
+    later = engine.prefill(again)
+    assert later.matched == len(prompt) // 16 * 16 and not later.load_errors
+    engine.close()
