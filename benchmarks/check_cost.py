@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from seqkv.kvcache import with_cache
 from seqkv.models import load_default_model
 from seqkv.models.adapter import CausalLM
 from seqkv.schedule import pinned_threads, schedule_threads
@@ -75,7 +76,7 @@ def time_prefills(model: CausalLM, tokens: list[int], count: int) -> Prefills:
     cpu, wall = time.process_time(), time.perf_counter()
     with pinned_threads(schedule_threads("prefill")):
         for _ in range(count):
-            model.model(input_ids=ids, cache=DynamicCache(), use_cache=True)
+            model.model(input_ids=ids, **with_cache(model.model, DynamicCache()), use_cache=True)
     return Prefills(count, time.perf_counter() - wall, time.process_time() - cpu)
 
 

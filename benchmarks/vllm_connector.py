@@ -32,7 +32,7 @@ from vllm_prompts import token_prompt
 
 from seqkv.delta.predictors import NoPrediction, PreviousToken
 from seqkv.digests import Digest, tokens_digest
-from seqkv.kvcache import cache_from_tensor, kv_digest
+from seqkv.kvcache import cache_from_tensor, kv_digest, with_cache
 from seqkv.models import CausalLM, load_default_model
 from seqkv.store import SessionStore
 from seqkv.warm import WarmCodec, WarmConfig, WarmModel
@@ -125,7 +125,8 @@ def teacher_forced(model: CausalLM, prompts: list[list[int]], continuations: lis
         sequence = prompt + continuation
         kv = model.kv_tensor(model.prefill(prompt))[:, :, :, :loaded]
         ids = torch.tensor([sequence[loaded:]])
-        exact = model.model(input_ids=ids, cache=cache_from_tensor(kv)).logits[0].float()
+        exact = model.model(input_ids=ids,
+                            **with_cache(model.model, cache_from_tensor(kv))).logits[0].float()
         span = slice(len(prompt) - loaded - 1, len(sequence) - loaded - 1)
         targets = torch.tensor(continuation)
         reference = torch.log_softmax(exact[span], -1)
@@ -134,7 +135,8 @@ def teacher_forced(model: CausalLM, prompts: list[list[int]], continuations: lis
                 prefix = kv.to(torch.bfloat16).float()
             else:
                 _, prefix = warm_entries(warm_model, kv, config)
-            logits = model.model(input_ids=ids, cache=cache_from_tensor(prefix)).logits[0]
+            logits = model.model(input_ids=ids,
+                                 **with_cache(model.model, cache_from_tensor(prefix))).logits[0]
             other = torch.log_softmax(logits.float()[span], -1)
             agree[name].append(float((other.argmax(-1) == reference.argmax(-1)).float().mean()))
             diff = (other.gather(1, targets[:, None]) - reference.gather(1, targets[:, None]))

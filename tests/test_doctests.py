@@ -11,6 +11,7 @@ MODULES = (
     "seqkv.codec",
     "seqkv.digests",
     "seqkv.formats.framing",
+    "seqkv.kvcache",
     "seqkv.progress",
     "seqkv.levels.drafts",
     "seqkv.models.integer.blocks",

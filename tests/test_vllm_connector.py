@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,9 +20,10 @@ from seqkv.integrations.vllm import (
     PagedLayout,
     WarmTier,
 )
+from seqkv.integrations.vllm.cold import DROPPED, FAILURES_KEPT
 from seqkv.integrations.vllm.settings import check_parallelism
 from seqkv.models import CausalLM
-from seqkv.store import SessionStore
+from seqkv.store import SessionExistsError, SessionStore
 from seqkv.types import KVGeometry
 from seqkv.warm import WarmModel, decompress_warm
 from vllm_driver import Engine, Request, recompute_logits
@@ -302,6 +306,8 @@ def test_a_corrupted_warm_entry_is_recomputed_never_loaded(
     result = engine.prefill(request, before_load=damage_entry)
     second_block = request.block_ids[1]
     assert result.load_errors == {second_block}
+    # The response counts only the good prefix the engine kept (block 0).
+    assert engine.finish(request)["seqkv_warm_loaded_tokens"] == 16
     # vLLM recomputes from the failed block: the logits are the recompute's, not a lossy load's
     # of block 1 (the first block's warm KV still stands).
     reference = recompute_logits(real_model, prompt)
@@ -415,13 +421,15 @@ def test_cold_tier_keeps_finished_sessions_exactly(
     engine.prefill(request)
     engine.decode(request, 3)
     finished = engine.scheduler.finished(request)
-    assert finished.params["seqkv_cold_session"] == "chat-1"
-    future = cold.put(finished.session, finished.tokens, finished.tenant)
-    assert future.result() == "chat-1"
+    ticket = cold.put(finished.session, finished.tokens, finished.tenant)
+    assert ticket.params() == {"seqkv_cold_session": "chat-1", "seqkv_cold_status": "queued"}
+    assert ticket.future is not None and ticket.future.result() == "chat-1"
     session = store.get("chat-1", namespace="tenant-a")
     assert session.tokens == request.all_token_ids and session.kv_exact
     # A second session of the same id gets a suffix, never overwrites.
-    assert cold.put("chat-1", prompt, "tenant-a").result() == "chat-1:2"
+    again = cold.put("chat-1", prompt, "tenant-a")
+    assert again.session == "chat-1:2" and again.future is not None
+    assert again.future.result() == "chat-1:2"
     # A cold-only hit reports 0 tokens to the engine: the engine recomputes.
     cold_only = Request("b", prompt, kv_transfer_params={"seqkv_warm": True}, cache_salt="x")
     assert engine.scheduler.match(cold_only, 0) == 0
@@ -433,7 +441,8 @@ def test_cold_tier_keeps_finished_sessions_exactly(
 def test_corrupted_cold_entry_is_refused(real_model: CausalLM, prompt: list[int],
                                          tmp_path: Path) -> None:
     store = SessionStore.directory(tmp_path / "cold", real_model)
-    ColdTier(store).put("s", prompt, "t").result()
+    future = ColdTier(store).put("s", prompt, "t").future
+    assert future is not None and future.result() == "s"
     records = [p for p in (tmp_path / "cold" / "records").rglob("*") if p.is_file()]
     assert records
     for path in records:  # the span records (the SQLite index is left alone)
@@ -442,3 +451,117 @@ def test_corrupted_cold_entry_is_refused(real_model: CausalLM, prompt: list[int]
         path.write_bytes(bytes(data))
     with pytest.raises(SeqKVError):
         SessionStore.directory(tmp_path / "cold", real_model).get("s", namespace="t")
+
+
+class _FakeStore:
+    """A session store's ``exists`` and ``put``: ``put`` waits for ``release`` and raises what
+    ``errors`` holds next (else stores)."""
+
+    def __init__(self, errors: list[BaseException] | None = None) -> None:
+        self.held: set[tuple[str, str]] = set()
+        self.errors = list(errors or [])
+        self.release = threading.Event()
+        self.release.set()
+
+    def exists(self, session_id: str, *, namespace: str) -> bool:
+        return (namespace, session_id) in self.held
+
+    def put(self, session_id: str, tokens: list[int], *, level: str,
+            namespace: str) -> SimpleNamespace:
+        self.release.wait(10)
+        if self.errors:
+            raise self.errors.pop(0)
+        if (namespace, session_id) in self.held:
+            raise SessionExistsError(session_id)
+        self.held.add((namespace, session_id))
+        return SimpleNamespace(record_bytes=len(tokens))
+
+
+def _cold(store: _FakeStore, max_pending: int = 64) -> ColdTier:
+    return ColdTier(store, max_pending=max_pending)  # type: ignore[arg-type]
+
+
+def test_every_cold_failure_is_counted_and_logged_once_per_cause(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Any exception, not only seqkv's own: the put under vLLM's transformers failed with
+    ``InvalidKVError`` and nothing said so (issue 45)."""
+    errors: list[BaseException] = [RuntimeError("boom")] * 3 + [ValueError("bad")]
+    errors += [KeyError("k")] * (FAILURES_KEPT + 1)
+    cold = _cold(_FakeStore(errors), max_pending=len(errors) + 1)
+    with caplog.at_level(logging.ERROR, logger="seqkv.integrations.vllm.cold"):
+        tickets = [cold.put(f"s{i}", [1, 2], "t") for i in range(len(errors) + 1)]
+        cold.drain()
+    assert [t.status for t in tickets] == ["queued"] * len(tickets)
+    assert all(t.future is not None and t.future.result() is None for t in tickets[:-1])
+    assert tickets[-1].future is not None and tickets[-1].future.result() == tickets[-1].session
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.args[2] for r in logged if isinstance(r.args, tuple)] == [
+        "RuntimeError", "ValueError", "KeyError"]
+    assert all(r.exc_info for r in logged)  # with the traceback
+    counters = cold.counters()
+    assert counters.failures == len(errors) and counters.sessions == 1
+    assert counters.causes == (("RuntimeError", 3), ("ValueError", 1),
+                               ("KeyError", FAILURES_KEPT + 1))
+    assert len(cold.failures) == FAILURES_KEPT  # bounded: the latest only
+    assert cold.failures[-1].cause == "KeyError"
+    cold.shutdown()
+
+
+def test_the_cold_backlog_drops_the_newest_put() -> None:
+    store = _FakeStore()
+    store.release.clear()  # the first put holds the thread: the rest wait
+    cold = _cold(store, max_pending=2)
+    tickets = [cold.put(f"s{i}", [1], "t") for i in range(4)]
+    assert [t.status for t in tickets] == ["queued", "queued", "dropped", "dropped"]
+    assert tickets[2].future is None
+    store.release.set()
+    cold.drain()
+    counters = cold.counters()
+    assert (counters.sessions, counters.dropped, counters.failures) == (2, 2, 2)
+    assert counters.causes == ((DROPPED, 2),) and counters.pending == 0
+    assert store.held == {("t", "s0"), ("t", "s1")}
+    cold.shutdown()
+
+
+def test_a_cold_ticket_names_the_id_the_session_is_stored_under() -> None:
+    store = _FakeStore()
+    store.held.add(("t", "chat"))  # stored earlier
+    store.release.clear()
+    cold = _cold(store)
+    first, second = cold.put("chat", [1], "t"), cold.put("chat", [2], "t")  # both queued
+    other = cold.put("chat", [3], "u")  # another namespace
+    assert (first.session, second.session, other.session) == ("chat:2", "chat:3", "chat")
+    store.release.set()
+    cold.drain()
+    assert [t.future.result() if t.future else None for t in (first, second, other)] == [
+        "chat:2", "chat:3", "chat"]
+    # Reservations end with their puts: the store now holds the ids.
+    assert cold.put("chat", [4], "t").session == "chat:4"
+    cold.shutdown()
+
+
+@pytest.mark.real_model
+def test_a_damaged_first_block_reports_no_loaded_tokens_and_is_deleted(
+        engine: Engine, prompt: list[int]) -> None:
+    """Block 0 damaged: the whole prompt is recomputed, the response says 0 loaded tokens, and
+    the entry is gone (then saved anew from the recompute), so the next request loads it."""
+    engine.prefill(Request("a", prompt))
+    keys = engine.scheduler.space.block_keys(prompt, "")
+    target = engine.worker.tier.path(keys[0])
+    request = Request("b", prompt, kv_transfer_params={"seqkv_warm": True})
+
+    def flip() -> None:
+        data = target.read_bytes()
+        target.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+
+    damaged = target.read_bytes()
+    result = engine.prefill(request, before_load=flip)
+    assert result.load_errors == {request.block_ids[0]}
+    params = engine.finish(request)
+    assert params["seqkv_warm_loaded_tokens"] == 0 and params["seqkv_warm_lossy"] is False
+    assert engine.worker.counters().damaged_deleted == 1
+    assert target.read_bytes() != damaged[:100] + bytes([damaged[100] ^ 1]) + damaged[101:]
+    again = Request("c", prompt, kv_transfer_params={"seqkv_warm": True})
+    later = engine.prefill(again)
+    assert later.matched == len(prompt) // 16 * 16 and not later.load_errors
+    engine.close()

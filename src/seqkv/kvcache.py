@@ -12,9 +12,17 @@ Invariants:
    tests: logits and KV of token steps across many moves to new buffers, from an empty cache
    and from a stored prefix); a tensor it returned never changes afterwards (it writes only
    past every view it gave out, or into a new buffer; checked across crops).
+4. A model is always handed its cache under the keyword its own ``forward`` declares
+   (``with_cache``): transformers renamed ``past_key_values`` to ``cache`` (5.19, which vLLM
+   pins, takes ``past_key_values``; 5.24 takes ``cache``), and a forward that does not know the
+   keyword swallows it in ``**kwargs`` and fills a cache of its own, leaving the caller's empty
+   (enforced; a model that declares neither is refused by name; checked by tests with both
+   signatures).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 import torch
@@ -22,7 +30,40 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from seqkv.digests import Digest, digest
-from seqkv.errors import InvalidKVError
+from seqkv.errors import InvalidKVError, ModelLoadError
+
+CACHE_KEYWORDS = ("cache", "past_key_values")
+"""The keywords a transformers ``forward`` takes its KV cache under, newest first."""
+
+
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The keyword ``module.forward`` takes its KV cache under (``CACHE_KEYWORDS``)."""
+    # NOTE: the class's forward, as an instance may wrap its own in a (*args, **kwargs) (hooks,
+    # tests); not memoized: a signature is read in tens of microseconds, a forward takes
+    # milliseconds, and a memo would be module-global state.
+    parameters = inspect.signature(type(module).forward).parameters  # follows __wrapped__
+    for keyword in CACHE_KEYWORDS:
+        if keyword in parameters:
+            return keyword
+    import transformers
+
+    raise ModelLoadError(
+        f"{type(module).__name__}.forward takes its KV cache under none of {CACHE_KEYWORDS} "
+        f"(transformers {transformers.__version__}): seqkv supports transformers releases "
+        "whose models take `cache` or `past_key_values`"
+    )
+
+
+def with_cache(module: torch.nn.Module, cache: Cache) -> dict[str, Cache]:
+    """``{keyword: cache}`` for ``module(**with_cache(module, cache), ...)``, under the keyword
+    ``module.forward`` declares (invariant 4 of the module docstring).
+
+    >>> class Old(torch.nn.Module):
+    ...     def forward(self, input_ids, past_key_values=None, **kwargs): ...
+    >>> list(with_cache(Old(), DynamicCache()))
+    ['past_key_values']
+    """
+    return {cache_keyword(module): cache}
 
 
 def kv_digest(kv: torch.Tensor) -> Digest:

@@ -44,6 +44,7 @@ from transformers import DynamicCache
 from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.coding.frequencies import cumulative_from_counts, table_and_log2p
 from seqkv.coding.ngram import AdaptiveNgram
+from seqkv.kvcache import with_cache
 from seqkv.mixing.dictionary import Dictionary, build_dictionary
 from seqkv.mixing.fixedpoint import FixedPoint
 from seqkv.mixing.match import DictionaryIndex
@@ -210,7 +211,8 @@ def model_tables(model: CausalLM, tokens: Sequence[int], chunk: int = 256) -> Ba
     cache = DynamicCache()
     for begin in range(0, len(inputs), chunk):
         ids = torch.tensor([inputs[begin : begin + chunk]], dtype=torch.long)  # [1, C]
-        logits = model.model(input_ids=ids, cache=cache, use_cache=True).logits[0]  # [C, V]
+        logits = model.model(input_ids=ids, **with_cache(model.model, cache),
+                             use_cache=True).logits[0]  # [C, V]
         rows = logits.float().numpy()
         for r in range(rows.shape[0]):
             counts[offset + begin + r] = np.diff(table_and_log2p(rows[r])[0])

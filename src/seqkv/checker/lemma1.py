@@ -46,7 +46,7 @@ from typing import Literal
 import torch
 from transformers import DynamicCache
 
-from seqkv.kvcache import batch_row
+from seqkv.kvcache import batch_row, with_cache
 from seqkv.levels.portable import integer_predictor, integer_threads
 from seqkv.models.adapter import CausalLM
 from seqkv.models.integer.forward import IntegerForward, IntKVState, IntSequence
@@ -166,8 +166,8 @@ def _prefill(model: CausalLM, tokens: Sequence[int], threads: int, chunk: int | 
     with pinned_threads(threads):
         step = chunk or len(tokens)
         for start in range(0, len(tokens), step):
-            model.model(input_ids=ids[:, start : start + step], cache=cache, use_cache=True,
-                        logits_to_keep=1)
+            model.model(input_ids=ids[:, start : start + step], **with_cache(model.model, cache),
+                        use_cache=True, logits_to_keep=1)
     if batch == 1:
         return model.kv_tensor(cache)
     return batch_row(cache, 0)

@@ -34,6 +34,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from seqkv.checker.estimators import FloatArray, Interval
 from seqkv.errors import InsufficientSamplesError
+from seqkv.kvcache import with_cache
 from seqkv.models.adapter import CausalLM
 
 # The next-token logits of a text's positions: its whole ``[T, V]`` matrix, or the rows one
@@ -63,7 +64,8 @@ class ModelSource:
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self._model.model(input_ids=ids, cache=self._cache).logits[:, -1]  # [B, V]
+        logits = self._model.model(input_ids=ids, **with_cache(self._model.model, self._cache)
+                                   ).logits[:, -1]  # [B, V]
         return torch.log_softmax(logits.double().cpu(), dim=-1)
 
     def start(self, batch: int) -> torch.Tensor:
@@ -214,7 +216,7 @@ class PaddedContexts:
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         ids = tokens.reshape(-1, 1).to(self._model.device)  # [B, 1]
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
-        logits = self._model.model(input_ids=ids, cache=self._cache,
+        logits = self._model.model(input_ids=ids, **with_cache(self._model.model, self._cache),
                                    attention_mask=self._mask,
                                    position_ids=self._positions).logits[:, -1]  # [B, V]
         self._positions = self._positions + 1

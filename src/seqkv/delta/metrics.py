@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from seqkv.errors import InsufficientSamplesError, InvalidKVError, UnsupportedModelError
-from seqkv.kvcache import cache_from_tensor
+from seqkv.kvcache import cache_from_tensor, with_cache
 from seqkv.models.adapter import CausalLM
 from seqkv.models.backbones import Backbone, backbone_for
 
@@ -95,7 +95,7 @@ def _continue(model: CausalLM, kv: torch.Tensor, continuation: Sequence[int]
     cache = cache_from_tensor(kv.to(model.device, model.dtype))
     ids = torch.tensor([list(continuation)], dtype=torch.long, device=model.device)  # [1, C]
     with torch.inference_mode():
-        output = model.model(input_ids=ids, cache=cache, use_cache=True,
+        output = model.model(input_ids=ids, **with_cache(model.model, cache), use_cache=True,
                              output_hidden_states=True)
     hidden = tuple(output.hidden_states[: model.num_layers])
     return torch.log_softmax(output.logits[0].double().cpu(), dim=-1), hidden  # [C, V]

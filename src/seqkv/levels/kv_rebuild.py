@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from seqkv.kvcache import cache_from_tensor
+from seqkv.kvcache import cache_from_tensor, with_cache
 from seqkv.levels.row_streams import recompute_kv
 from seqkv.models.adapter import CausalLM
 from seqkv.models.rows import row_forward
@@ -46,7 +46,8 @@ def prefill_kv(model: CausalLM, tail: Sequence[int],
                  else cache_from_tensor(prefix.kv.to(model.device, model.dtype)))
         if cache is None:
             return model.kv_tensor(model.prefill(list(tail)))
-        model.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)  # as prefill
+        model.model(input_ids=ids, **with_cache(model.model, cache), use_cache=True,
+                    logits_to_keep=1)  # as prefill
         return model.kv_tensor(cache)
 
 

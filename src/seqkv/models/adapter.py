@@ -36,7 +36,13 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from seqkv.errors import EmptyInputError, InvalidTokensError
-from seqkv.kvcache import AppendingCache, cache_from_tensor, tensor_from_cache
+from seqkv.kvcache import (
+    AppendingCache,
+    cache_from_tensor,
+    cache_keyword,
+    tensor_from_cache,
+    with_cache,
+)
 from seqkv.schedule import current_profile, pinned_threads, schedule_threads
 from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity, Schedule
 
@@ -58,11 +64,14 @@ class Stepper:
         self._model = model
         # appends in place: a step on a long cache does not copy it (``AppendingLayer``)
         self.cache = AppendingCache() if cache is None else cache
+        # read once: a step is short enough on a small model for a signature read to show
+        self._keyword = cache_keyword(model)
+        self._backbone_keyword = cache_keyword(model.base_model)
 
     @torch.inference_mode()
     def step(self, token: int) -> npt.NDArray[np.float32]:
         ids = torch.tensor([[token]], dtype=torch.long, device=self._model.device)  # [1, 1]
-        output = self._model(input_ids=ids, cache=self.cache, use_cache=True)
+        output = self._model(input_ids=ids, **{self._keyword: self.cache}, use_cache=True)
         logits: npt.NDArray[np.float32] = output.logits[0, -1].float().cpu().numpy()
         return logits
 
@@ -71,7 +80,8 @@ class Stepper:
         """Append ``token``'s keys and values as ``step`` does, without computing the logits
         (the backbone alone: the same KV bits, a fifth less work on SmolLM2-135M)."""
         ids = torch.tensor([[token]], dtype=torch.long, device=self._model.device)  # [1, 1]
-        self._model.base_model(input_ids=ids, cache=self.cache, use_cache=True)
+        self._model.base_model(input_ids=ids, **{self._backbone_keyword: self.cache},
+                               use_cache=True)
 
 
 class CausalLM:
@@ -245,7 +255,8 @@ class CausalLM:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, T]
         cache = DynamicCache()
         with pinned_threads(schedule_threads("prefill")):
-            self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+            self.model(input_ids=ids, **with_cache(self.model, cache), use_cache=True,
+                       logits_to_keep=1)
         return cache
 
     def kv_tensor(self, cache: DynamicCache) -> torch.Tensor:

@@ -41,6 +41,7 @@ from transformers import DynamicCache
 from seqkv.descriptions import default_root
 from seqkv.digests import model_digest
 from seqkv.files import write_atomically
+from seqkv.kvcache import with_cache
 from seqkv.models.adapter import CausalLM
 from seqkv.models.backbones import backbone_for
 from seqkv.schedule import pinned_threads
@@ -88,7 +89,8 @@ def _split_by_forward(model: CausalLM, group: list[int]) -> list[tuple[int, ...]
         cache = DynamicCache()
         ids = [token] if start is None else [start, token]
         with pinned_threads():  # the token-by-token coder's schedule: one thread
-            model.model(input_ids=torch.tensor([ids], device=model.device), cache=cache,
+            model.model(input_ids=torch.tensor([ids], device=model.device),
+                        **with_cache(model.model, cache),
                         use_cache=True)
         kv = model.kv_tensor(cache)[:, :, :, -1]  # [L, 2, H, D]: the token's position
         outcomes.setdefault(kv.contiguous().numpy().tobytes(), []).append(token)

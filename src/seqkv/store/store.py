@@ -521,6 +521,12 @@ class SessionStore:
         if not self._backend.delete(tenant.key, name):
             raise self._not_found(name, tenant)
 
+    def exists(self, session_id: str, *, namespace: str) -> bool:
+        """Whether the namespace holds ``session_id`` (one index lookup, nothing decoded)."""
+        name = check_session_id(session_id)
+        (found,) = self._backend.fetch_sessions(Tenant.of(namespace).key, [name])
+        return found is not None
+
     def list(self, *, namespace: str) -> list[SessionName]:
         """The namespace's session ids, sorted."""
         return self._backend.names(Tenant.of(namespace).key)

@@ -60,7 +60,7 @@ from seqkv.delta.predictors.base import (
 )
 from seqkv.errors import DeltaConfigError
 from seqkv.kernels import topk_expectation
-from seqkv.kvcache import cache_from_tensor
+from seqkv.kvcache import cache_from_tensor, with_cache
 from seqkv.models.adapter import CausalLM
 
 DEFAULT_K = 20
@@ -102,7 +102,7 @@ def forward_candidates(
     mask = candidate_mask(prefix, rows, model.dtype).to(model.device)  # [1, 1, R, P + R]
     keep = torch.tensor([0 if keep_row is None else keep_row], device=model.device)
     output = model.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                         cache=cache, use_cache=True, logits_to_keep=keep)
+                         **with_cache(model.model, cache), use_cache=True, logits_to_keep=keep)
     written = model.kv_tensor(cache)[:, :, :, prefix:, :]  # [L, 2, H, R, D]
     logits = None if keep_row is None else output.logits[0, -1].float().cpu()  # [V]
     return written, logits
@@ -115,7 +115,8 @@ def start_distribution(model: CausalLM) -> torch.Tensor | None:
     if start is None:
         return None
     ids = torch.tensor([[start]], dtype=torch.long, device=model.device)  # [1, 1]
-    logits = model.model(input_ids=ids, cache=DynamicCache(), use_cache=True).logits
+    logits = model.model(input_ids=ids, **with_cache(model.model, DynamicCache()),
+                         use_cache=True).logits
     return torch.softmax(logits[0, -1].double().cpu(), dim=-1)
 
 

@@ -8,11 +8,13 @@ Invariants:
    a one-worker executor).
 2. ``drain`` returns after everything submitted before it finished, and re-raises the first
    failure (enforced).
-3. ``pending`` counts submitted work not yet finished (enforced).
+3. ``pending`` counts submitted work not yet finished; any thread may read it (enforced: a
+   lock around the list of futures).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -27,21 +29,25 @@ class BackgroundQueue:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name,
                                             initializer=initializer)
         self._futures: list[Future[object]] = []
+        self._lock = threading.Lock()
 
     def submit(self, work: Callable[[], _Result]) -> Future[_Result]:
         future = self._executor.submit(work)
-        self._futures = [f for f in self._futures if not f.done()]
-        self._futures.append(future)  # type: ignore[arg-type]
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            self._futures.append(future)  # type: ignore[arg-type]
         return future
 
     @property
     def pending(self) -> int:
-        self._futures = [f for f in self._futures if not f.done()]
-        return len(self._futures)
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            return len(self._futures)
 
     def drain(self) -> None:
         """Wait for everything queued (tests, benchmarks, shutdown)."""
-        futures, self._futures = self._futures, []
+        with self._lock:
+            futures, self._futures = self._futures, []
         for future in futures:
             future.result()
 

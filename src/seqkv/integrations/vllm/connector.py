@@ -100,7 +100,8 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerCore(self.settings, space, tier)
             if self.settings.cold_store is not None:
-                self._cold = _open_cold(self.settings.cold_store, str(model_config.model))
+                self._cold = _open_cold(self.settings.cold_store, str(model_config.model),
+                                        self.settings.cold_queue)
         else:
             self._worker = WorkerCore(WarmModel(Digest(digest), geometry), self.settings.warm,
                                       PagedLayout(layout, geometry, block_size), tier,
@@ -204,12 +205,13 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         assert self._scheduler is not None
         finished = self._scheduler.finished(request)
+        params: dict[str, Any] = dict(finished.params)
         if self._cold is not None:
-            self._cold.put(finished.session, finished.tokens, finished.tenant)
+            params |= self._cold.put(finished.session, finished.tokens, finished.tenant).params()
         if self._trace:
             self._trace.write("request_finished", request=request.request_id,
-                              tokens=list(finished.tokens), params=dict(finished.params))
-        return False, dict(finished.params)
+                              tokens=list(finished.tokens), params=params)
+        return False, params
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -250,7 +252,7 @@ def check_cpu_layout(layout: PagedLayout, dtype: torch.dtype) -> None:
         )
 
 
-def _open_cold(url: str, model_path: str) -> ColdTier:
+def _open_cold(url: str, model_path: str, max_pending: int) -> ColdTier:
     """The cold tier's store, with seqkv's own copy of the model (the store codes tokens under
     it; the engine's weights are not reachable from the scheduler process)."""
     from seqkv.models import load_model
@@ -259,4 +261,4 @@ def _open_cold(url: str, model_path: str) -> ColdTier:
     model = load_model(model_path)
     store = (SessionStore.directory(url.removeprefix("dir:"), model) if url.startswith("dir:")
              else SessionStore.redis(url, model))
-    return ColdTier(store)
+    return ColdTier(store, max_pending=max_pending)

@@ -31,6 +31,9 @@ Invariants:
 5. A preempted request keeps its keys and save progress (its entries are content-addressed and
    already written) and forgets its block table, which vLLM sends again in full on resumption
    (enforced).
+6. ``seqkv_warm_loaded_tokens`` counts the loaded tokens the engine kept: a load that failed
+   from block k on counts only the blocks before k (0 when the first failed), read from the
+   engine's ``num_computed_tokens`` at the request's next step (enforced; checked by the driver).
 """
 
 from __future__ import annotations
@@ -133,6 +136,9 @@ class _Request:
     pending: tuple[int, int] | None = None
     """A warm load ``[first block, end block)`` to plan at the next step."""
     loaded_tokens: int = 0
+    load_span: tuple[int, int] | None = None
+    """The tokens ``[start, end)`` of the last planned load, until the engine reports how many
+    of them it kept (its ``num_computed_tokens`` at the request's next step)."""
     saved_blocks: int = 0
 
 
@@ -234,6 +240,7 @@ class SchedulerCore:
         first, end = state.pending
         state.pending = None
         keys = self._keys_upto(state, end)
+        state.load_span = (first * self.block_size, end * self.block_size)
         self._pins.pop(state.request.request_id, None)
         loads.append(BlockOrder(state.request.request_id, tuple(keys[first:end]),
                                tuple(state.block_ids[first:end])))
@@ -285,8 +292,14 @@ class SchedulerCore:
                 state.block_ids = [] if new_blocks is None else list(new_blocks[0])
             elif new_blocks is not None:
                 state.block_ids += new_blocks[0]
-            self._plan_load(state, loads)
             done = cached.num_computed_tokens[index]
+            if state.load_span is not None:
+                # NOTE: a failed load truncates the request to its first failed block: what the
+                # engine kept of the load is what the response reports (invariant 6).
+                start, end = state.load_span
+                state.loaded_tokens -= end - min(end, max(start, done))
+                state.load_span = None
+            self._plan_load(state, loads)
             if done < state.saved * self.block_size:
                 # The engine truncated the request (a failed load): blocks past ``done`` are
                 # recomputed in this step and saved from it, not from the failed step.
@@ -313,7 +326,7 @@ class SchedulerCore:
             "seqkv_warm_saved_blocks": 0 if state is None else state.saved_blocks,
         }
         if self.settings.cold_store is not None:
-            result["seqkv_cold_session"] = session_id
+            # NOTE: the session's id and status are the cold tier's ticket's (ColdTicket.params)
             result["seqkv_cold_namespace"] = store_id(tenant or "default", "t-")
         return FinishedRequest(result, tuple(int(t) for t in request.all_token_ids),
                                store_id(tenant or "default", "t-"), session_id)

@@ -16,6 +16,8 @@ key                    default                     meaning
 ``warm_save``          ``true``                    code full blocks into the warm tier
 ``warm_queue``         16                          save batches queued before new ones drop
 ``cold_store``         none (cold tier off)        ``dir:PATH`` or ``redis://HOST:PORT/DB``
+``cold_queue``         64                          finished sessions queued for coding before
+                                                   new ones drop (``seqkv_cold_status``)
 ``model_digest``       the model folder's digest   16 hex digits naming the weights
 =====================  ==========================  ===============================================
 
@@ -60,13 +62,16 @@ class ConnectorSettings:
     warm_queue: int = 16
     """Save batches (one per engine step) queued for coding before new ones are dropped."""
     cold_store: str | None = None
+    cold_queue: int = 64
+    """Finished sessions queued for the cold tier before new ones are dropped (a cold put codes
+    every token: seconds to minutes on a slow CPU)."""
     model_digest: str | None = None
 
     @classmethod
     def parse(cls, extra: Mapping[str, object]) -> ConnectorSettings:
         known = {"warm_dir", "warm_budget_bytes", "warm_bits", "warm_quantizer",
                  "warm_predictor", "warm_group", "warm_default", "warm_save", "warm_queue",
-                 "cold_store", "model_digest"}
+                 "cold_store", "cold_queue", "model_digest"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ConnectorConfigError(
@@ -109,6 +114,10 @@ class ConnectorSettings:
         assert isinstance(queue, int)
         if queue < 1:
             raise ConnectorConfigError(f"warm_queue must be >= 1, got {queue}")
+        cold_queue = typed("cold_queue", int, 64)
+        assert isinstance(cold_queue, int)
+        if cold_queue < 1:
+            raise ConnectorConfigError(f"cold_queue must be >= 1, got {cold_queue}")
         budget = typed("warm_budget_bytes", int, DEFAULT_BUDGET)
         assert isinstance(budget, int)
         if budget < 0:
@@ -132,6 +141,7 @@ class ConnectorSettings:
             warm_save=bool(typed("warm_save", bool, True)),
             warm_queue=queue,
             cold_store=cold,
+            cold_queue=cold_queue,
             model_digest=digest,
         )
 

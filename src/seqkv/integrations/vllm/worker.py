@@ -9,7 +9,9 @@ Invariants:
 1. A load decodes only entries that pass every check of ``seqkv.warm.entry`` (checksum, model,
    tag = the block's key, geometry, payload length, finite scales); every block whose entry is
    missing or fails is reported by ``take_load_errors`` and never written with wrong KV: the
-   engine recomputes it (enforced; checked by the driver with corrupted entries).
+   engine recomputes it (enforced; checked by the driver with corrupted entries). An entry
+   that was read and failed is deleted, so later requests do not match it and fail again; the
+   recompute saves the block anew (enforced; checked by the driver).
 2. Saves skip every request whose load failed in the same step (its new blocks were computed
    over invalid KV) (enforced). Saves copy the blocks out of the paged cache inside ``save``
    (before the engine can free or reuse them), then code and write them on one background
@@ -58,6 +60,8 @@ class WorkerCounters:
     """Coding and writing, on the background thread."""
     dropped_saves: int
     evicted: int
+    damaged_deleted: int
+    """Entries deleted because they failed a load's checks."""
 
 
 def _lower_priority() -> None:
@@ -100,7 +104,7 @@ class WorkerCore:
         self._lock = threading.Lock()
         self._loaded = self._load_errors = self._loaded_bytes = 0
         self._load_seconds = 0.0
-        self._saved = self._saved_bytes = self._dropped = 0
+        self._saved = self._saved_bytes = self._dropped = self._damaged_deleted = 0
         self._save_seconds = 0.0
 
     def register(self, caches: Mapping[str, torch.Tensor]) -> None:
@@ -132,6 +136,7 @@ class WorkerCore:
         started = time.perf_counter()
         good_blocks: list[int] = []
         good_requests: list[str] = []
+        good_keys: list[bytes] = []
         payloads: list[bytes] = []
         read = 0
         for order in plan.loads:
@@ -145,13 +150,14 @@ class WorkerCore:
                     header, payload = read_entry(data, self.model, entry_tag(key))
                     if header.config != self.config or header.num_tokens != (
                             self.layout.block_size):
-                        self._fail(block, order.request_id)
+                        self._fail(block, order.request_id, key)
                         continue
                 except SeqKVError:
-                    self._fail(block, order.request_id)
+                    self._fail(block, order.request_id, key)
                     continue
                 good_blocks.append(block)
                 good_requests.append(order.request_id)
+                good_keys.append(key)
                 payloads.append(payload)
         loaded = 0
         if payloads:
@@ -159,7 +165,8 @@ class WorkerCore:
                 kv = self.codec.decode(payloads)  # [n, L, 2, H, B, D]
                 blocks = good_blocks
             except SeqKVError:
-                kv, blocks = self._decode_each(good_blocks, good_requests, payloads)
+                kv, blocks = self._decode_each(good_blocks, good_requests, good_keys,
+                                               payloads)
             if blocks:
                 self.layout.scatter(self._caches, blocks, kv)
                 loaded = len(blocks)
@@ -168,25 +175,30 @@ class WorkerCore:
         self._load_seconds += time.perf_counter() - started
         return loaded
 
-    def _decode_each(self, blocks: list[int], requests: list[str], payloads: list[bytes]
-                     ) -> tuple[torch.Tensor, list[int]]:
+    def _decode_each(self, blocks: list[int], requests: list[str], keys: list[bytes],
+                     payloads: list[bytes]) -> tuple[torch.Tensor, list[int]]:
         """Decode one by one, to isolate the entries a batch decode refused."""
         kept: list[torch.Tensor] = []
         kept_blocks: list[int] = []
-        for block, request, payload in zip(blocks, requests, payloads, strict=True):
+        for block, request, key, payload in zip(blocks, requests, keys, payloads, strict=True):
             try:
                 kept.append(self.codec.decode([payload]))
                 kept_blocks.append(block)
             except SeqKVError:
-                self._fail(block, request)
+                self._fail(block, request, key)
         if not kept:
             return torch.empty(0), []
         return torch.cat(kept), kept_blocks
 
-    def _fail(self, block: int, request: str) -> None:
+    def _fail(self, block: int, request: str, damaged: bytes | None = None) -> None:
+        """Report ``block``; delete the entry ``damaged`` (read, and failed a check)."""
         self._errors.add(block)
         self._failed_requests.add(request)
         self._load_errors += 1
+        if damaged is not None:
+            self.tier.delete(damaged)
+            with self._lock:
+                self._damaged_deleted += 1
 
     def take_load_errors(self) -> set[int]:
         """``get_block_ids_with_load_errors``: failed blocks since the last call."""
@@ -239,4 +251,5 @@ class WorkerCore:
         with self._lock:
             return WorkerCounters(self._loaded, self._load_errors, self._loaded_bytes,
                                   self._load_seconds, self._saved, self._saved_bytes,
-                                  self._save_seconds, self._dropped, self.tier.evicted)
+                                  self._save_seconds, self._dropped, self.tier.evicted,
+                                  self._damaged_deleted)
