@@ -26,7 +26,10 @@ def _doctor(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
 
 @pytest.fixture
 def fresh_native(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """native.load's choice made again under this test's environment, and forgotten after."""
+    """native.load's choice made again under this test's environment (no path forced by the
+    caller's), and forgotten after."""
+    monkeypatch.delenv(native.ISA_ENV, raising=False)
+    monkeypatch.delenv(native.BACKEND_ENV, raising=False)
     native.load.cache_clear()
     yield monkeypatch
     native.load.cache_clear()

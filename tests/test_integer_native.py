@@ -47,6 +47,9 @@ def reload(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., native.Nat
     """``native.load()`` under the given environment variables (the cached library is
     forgotten before and after)."""
 
+    monkeypatch.delenv(native.ISA_ENV, raising=False)  # the caller's forced path, if any
+    monkeypatch.delenv(native.BACKEND_ENV, raising=False)
+
     def load(**environment: str) -> native.NativeKernels | None:
         for name, value in environment.items():
             monkeypatch.setenv(name, value)
