@@ -21,6 +21,7 @@ from seqkv.integrations.vllm import (
     WarmTier,
 )
 from seqkv.integrations.vllm.cold import DROPPED, FAILURES_KEPT
+from seqkv.integrations.vllm.plan import BlockOrder, StepPlan
 from seqkv.integrations.vllm.settings import check_parallelism
 from seqkv.models import CausalLM
 from seqkv.store import SessionExistsError, SessionStore
@@ -360,6 +361,33 @@ def test_blocks_lost_at_load_are_saved_again(engine: Engine, prompt: list[int]) 
     # Every block was deleted, the retry recomputed them and saved them again.
     fresh = Request("c", prompt, kv_transfer_params={"seqkv_warm": True})
     assert engine.scheduler.match(fresh, 0) == len(prompt) // 16 * 16
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_a_block_being_saved_is_not_queued_again(
+        engine: Engine, prompt: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two requests' saves of the same blocks while the first is still being written (a prompt
+    sent again before the background save ends): each block is coded and written once; once
+    written, a block may be queued again (after an eviction, say)."""
+    keys = engine.scheduler.space.block_keys(prompt, "")[:2]
+    release, written = threading.Event(), []
+    write = engine.worker.tier.write
+
+    def held_write(key: bytes, data: bytes) -> None:
+        assert release.wait(60)
+        written.append(key)
+        write(key, data)
+
+    monkeypatch.setattr(engine.worker.tier, "write", held_write)
+    for request in ("a", "b"):
+        engine.worker.save(StepPlan(saves=(BlockOrder(request, tuple(keys), (0, 1)),)))
+    release.set()
+    engine.worker.drain()
+    assert written == keys and engine.worker.counters().saved_blocks == 2
+    engine.worker.save(StepPlan(saves=(BlockOrder("c", tuple(keys), (0, 1)),)))
+    engine.worker.drain()
+    assert written == [*keys, *keys]
     engine.close()
 
 

@@ -106,6 +106,10 @@ class WorkerCore:
         self._load_seconds = 0.0
         self._saved = self._saved_bytes = self._dropped = self._damaged_deleted = 0
         self._save_seconds = 0.0
+        # NOTE: keys copied out and queued, not yet written: a request that arrives while
+        # another's saves of the same blocks run (the same prompt twice in a row) would code
+        # them again, since the scheduler plans saves from what the tier holds.
+        self._in_flight: set[bytes] = set()
 
     def register(self, caches: Mapping[str, torch.Tensor]) -> None:
         """``register_kv_caches``: the engine's per-layer paged tensors, in model order."""
@@ -217,8 +221,13 @@ class WorkerCore:
             with self._lock:
                 self._dropped += sum(len(o.keys) for o in orders)
             return
-        keys = [k for o in orders for k in o.keys]
-        blocks = [b for o in orders for b in o.block_ids]
+        with self._lock:  # each key once, and none whose save is already under way
+            chosen = dict(pair for o in orders for pair in zip(o.keys, o.block_ids, strict=True)
+                          if pair[0] not in self._in_flight)
+            self._in_flight.update(chosen)
+        if not chosen:
+            return
+        keys, blocks = list(chosen), list(chosen.values())
         copied = self.layout.gather(self._caches, blocks)  # [n, L, 2, H, B, D], engine dtype
         protected = plan.protected
         self._queue.submit(lambda: self._code_and_write(keys, copied, protected))
@@ -226,19 +235,23 @@ class WorkerCore:
     def _code_and_write(self, keys: list[bytes], kv: torch.Tensor,
                         protected: frozenset[bytes]) -> None:
         started = time.perf_counter()
-        payloads, _ = self.codec.encode(kv.to(torch.float32))
-        written = 0
-        for key, payload in zip(keys, payloads, strict=True):
-            header = EntryHeader(self.model.digest, entry_tag(key), self.config,
-                                 self.model.geometry, self.layout.block_size)
-            data = write_entry(header, payload)
-            self.tier.write(key, data)
-            written += len(data)
-        self.tier.evict(protected)
-        with self._lock:
-            self._saved += len(keys)
-            self._saved_bytes += written
-            self._save_seconds += time.perf_counter() - started
+        try:
+            payloads, _ = self.codec.encode(kv.to(torch.float32))
+            written = 0
+            for key, payload in zip(keys, payloads, strict=True):
+                header = EntryHeader(self.model.digest, entry_tag(key), self.config,
+                                     self.model.geometry, self.layout.block_size)
+                data = write_entry(header, payload)
+                self.tier.write(key, data)
+                written += len(data)
+            self.tier.evict(protected)
+            with self._lock:
+                self._saved += len(keys)
+                self._saved_bytes += written
+                self._save_seconds += time.perf_counter() - started
+        finally:
+            with self._lock:
+                self._in_flight.difference_update(keys)
 
     def drain(self) -> None:
         """Wait for every queued save (tests, benchmarks, shutdown)."""
