@@ -23,6 +23,7 @@ import torch
 
 from seqkv import cli
 from seqkv.cli.store import open_store
+from seqkv.codec import MODEL_FREE_MAX_TOKENS
 from seqkv.coding.arithmetic import BitStream
 from seqkv.errors import InvalidArgumentTypeError, InvalidTokensError
 from seqkv.formats.span import read_span, write_span
@@ -213,8 +214,21 @@ def test_the_default_limit_is_the_models_context(fuzz_model: CausalLM, tmp_path:
     store = SessionStore.directory(tmp_path / "store", fuzz_model)
     store.put("s", TOKENS["x"], level="tokens", namespace="n")
     _damage_length(store, "s", "129")
-    with pytest.raises(SessionTooLongError, match="its model context"):
+    with pytest.raises(SessionTooLongError, match="its codec limit"):
         store.get("s", namespace="n")
+
+
+def test_a_model_free_store_caps_a_row_as_files_are_capped(tmp_path: Path) -> None:
+    """A tokens-only store refuses a row claiming more than ``MODEL_FREE_MAX_TOKENS`` before
+    any decode (a forged count drove 2**17 tokens of work), as a model-free ``.skv`` is."""
+    store = SessionStore(DirectoryBackend(tmp_path), lambda level: TokensCodec(8))
+    store.put("s", [1, 2, 3, 4], level="plain", namespace="n")
+    _damage_length(store, "s", str(MODEL_FREE_MAX_TOKENS + 1))
+    started = time.process_time()
+    with pytest.raises(SessionTooLongError, match=f"more than {MODEL_FREE_MAX_TOKENS:,} "
+                                                  r"\(its codec limit\)"):
+        store.get("s", namespace="n")
+    assert time.process_time() - started < 2
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

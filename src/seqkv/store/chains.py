@@ -99,7 +99,7 @@ class ChainDecoder:
             raise SessionTooLongError(
                 f"span {span}'s record claims tokens {record.start:,} to "
                 f"{record.start + record.count - 1:,}, past "
-                f"{'max_tokens' if max_tokens is not None else 'its model context'} of "
+                f"{'max_tokens' if max_tokens is not None else 'its codec limit'} of "
                 f"{limit:,}: refused before any forward")
 
     @staticmethod

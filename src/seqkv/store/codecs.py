@@ -250,7 +250,9 @@ class TokensCodec:
 
     @property
     def max_tokens(self) -> int | None:
-        return None
+        """The model-free token cap that files have (``seqkv.codec.MODEL_FREE_MAX_TOKENS``): a
+        row or span claiming more is refused before any decode, as a ``.skv`` file is."""
+        return MODEL_FREE_MAX_TOKENS
 
     def identity(self) -> CodecIdentity:
         return self._identity

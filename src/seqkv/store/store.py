@@ -493,7 +493,7 @@ class SessionStore:
         if limit is not None and chain.entry.length > limit:
             raise SessionTooLongError(
                 f"session {name!r}'s row claims {chain.entry.length:,} tokens, more than "
-                f"{limit:,} ({'max_tokens' if max_tokens is not None else 'its model context'}): "
+                f"{limit:,} ({'max_tokens' if max_tokens is not None else 'its codec limit'}): "
                 "refused before any forward; pass a larger max_tokens if the session is yours")
 
     def _check_row(self, tenant: Tenant, name: SessionName, found: SessionChain,
