@@ -20,8 +20,10 @@ from seqkv.integrations.vllm import (
     PagedLayout,
     WarmTier,
 )
-from seqkv.integrations.vllm.cold import DROPPED, FAILURES_KEPT
+from seqkv.integrations.vllm.cold import DROPPED, FAILURES_KEPT, ColdCounters
+from seqkv.integrations.vllm.counters import CounterLog
 from seqkv.integrations.vllm.plan import BlockOrder, StepPlan
+from seqkv.integrations.vllm.scheduler import SchedulerCounters
 from seqkv.integrations.vllm.settings import check_parallelism
 from seqkv.models import CausalLM
 from seqkv.store import SessionExistsError, SessionStore
@@ -593,3 +595,39 @@ def test_a_damaged_first_block_reports_no_loaded_tokens_and_is_deleted(
     later = engine.prefill(again)
     assert later.matched == len(prompt) // 16 * 16 and not later.load_errors
     engine.close()
+
+
+def test_counters_are_logged_at_the_interval_and_at_shutdown(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One line per interval from the hooks' ticks, in the counters' field order, and one at
+    shutdown; a log at interval 0 writes nothing."""
+    now = [0.0]
+    reads = []
+
+    def read() -> tuple[object, ...]:
+        reads.append(now[0])
+        return (SchedulerCounters(1, 16, 1, 2, 1), ColdCounters(3, 2, 40, 900, 1, 0, 0,
+                                                                 (("InvalidKVError", 1),)))
+
+    log = CounterLog("scheduler", read, 60, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="seqkv.integrations.vllm.counters"):
+        for now[0] in (10.0, 59.0, 61.0, 100.0, 125.0):
+            log.tick()
+        log.flush()
+        CounterLog("worker", read, 0, clock=lambda: now[0]).flush()
+    assert reads == [61.0, 125.0, 125.0]  # read only when a line is written
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert lines[0] == ("seqkv connector scheduler: scheduler.matches=1 "
+                        "scheduler.matched_tokens=16 scheduler.planned_loads=1 "
+                        "scheduler.planned_saves=2 scheduler.finished=1 cold.queued=3 "
+                        "cold.sessions=2 cold.tokens=40 cold.bytes=900 cold.failures=1 "
+                        "cold.dropped=0 cold.pending=0 cold.causes=InvalidKVError:1")
+
+
+def test_the_counters_interval_is_a_setting() -> None:
+    assert ConnectorSettings.parse({}).counters_log_seconds == 60
+    assert ConnectorSettings.parse({"counters_log_seconds": 0}).counters_log_seconds == 0
+    for bad in (-1, True, "60", float("inf")):
+        with pytest.raises(ConnectorConfigError, match="counters_log_seconds"):
+            ConnectorSettings.parse({"counters_log_seconds": bad})

@@ -35,6 +35,7 @@ from seqkv import environment
 from seqkv.digests import Digest
 from seqkv.errors import ConnectorConfigError
 from seqkv.integrations.vllm.cold import ColdTier
+from seqkv.integrations.vllm.counters import CounterLog
 from seqkv.integrations.vllm.keys import KeySpace, folder_digest
 from seqkv.integrations.vllm.paged import LayoutName, PagedLayout
 from seqkv.integrations.vllm.plan import StepPlan
@@ -102,10 +103,20 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if self.settings.cold_store is not None:
                 self._cold = _open_cold(self.settings.cold_store, str(model_config.model),
                                         self.settings.cold_queue)
+            self._counters = CounterLog("scheduler", self._scheduler_counters,
+                                        self.settings.counters_log_seconds)
         else:
             self._worker = WorkerCore(WarmModel(Digest(digest), geometry), self.settings.warm,
                                       PagedLayout(layout, geometry, block_size), tier,
                                       max_pending=self.settings.warm_queue)
+            worker = self._worker
+            self._counters = CounterLog("worker", lambda: (worker.counters(),),
+                                        self.settings.counters_log_seconds)
+
+    def _scheduler_counters(self) -> tuple[object, ...]:
+        assert self._scheduler is not None
+        cold = () if self._cold is None else (self._cold.counters(),)
+        return (self._scheduler.counters(), *cold)
 
     # Worker side.
 
@@ -142,6 +153,7 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         assert self._worker is not None
         plan = self._plan()
         self._worker.save(plan)
+        self._counters.tick()
         if self._trace and plan.saves:
             self._trace.write("wait_for_save", blocks=[list(o.block_ids) for o in plan.saves])
 
@@ -153,6 +165,7 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return errors
 
     def shutdown(self) -> None:
+        self._counters.flush()
         if self._worker is not None:
             self._worker.shutdown()
         if self._cold is not None:
@@ -183,6 +196,7 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> SeqKVMetadata:
         assert self._scheduler is not None
         plan = self._scheduler.plan(scheduler_output)
+        self._counters.tick()
         if self._trace:
             new = scheduler_output.scheduled_new_reqs
             cached = scheduler_output.scheduled_cached_reqs

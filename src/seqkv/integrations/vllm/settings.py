@@ -19,6 +19,7 @@ key                    default                     meaning
 ``cold_queue``         64                          finished sessions queued for coding before
                                                    new ones drop (``seqkv_cold_status``)
 ``model_digest``       the model folder's digest   16 hex digits naming the weights
+``counters_log_seconds`` 60                        log each side's counters this often (0: off)
 =====================  ==========================  ===============================================
 
 Per request (``SamplingParams(extra_args={"kv_transfer_params": {...}})``): ``seqkv_warm``
@@ -66,12 +67,14 @@ class ConnectorSettings:
     """Finished sessions queued for the cold tier before new ones are dropped (a cold put codes
     every token: seconds to minutes on a slow CPU)."""
     model_digest: str | None = None
+    counters_log_seconds: float = 60.0
+    """Each side logs its counters at most this often (``counters.CounterLog``); 0: never."""
 
     @classmethod
     def parse(cls, extra: Mapping[str, object]) -> ConnectorSettings:
         known = {"warm_dir", "warm_budget_bytes", "warm_bits", "warm_quantizer",
                  "warm_predictor", "warm_group", "warm_default", "warm_save", "warm_queue",
-                 "cold_store", "cold_queue", "model_digest"}
+                 "cold_store", "cold_queue", "model_digest", "counters_log_seconds"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ConnectorConfigError(
@@ -128,6 +131,12 @@ class ConnectorSettings:
                 c not in "0123456789abcdef" for c in digest)):
             raise ConnectorConfigError(
                 f"model_digest must be 16 lowercase hex digits, got {digest!r}")
+        interval = extra.get("counters_log_seconds", 60.0)
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
+                0 <= interval < float("inf")):
+            raise ConnectorConfigError(
+                f"kv_connector_extra_config['counters_log_seconds'] must be a number >= 0, got "
+                f"{interval!r}")
         cold = typed("cold_store", str, None)
         assert cold is None or isinstance(cold, str)
         if cold is not None and not (cold.startswith("dir:") or cold.startswith("redis://")):
@@ -143,6 +152,7 @@ class ConnectorSettings:
             cold_store=cold,
             cold_queue=cold_queue,
             model_digest=digest,
+            counters_log_seconds=float(interval),
         )
 
 
