@@ -41,10 +41,17 @@ def cache_keyword(module: torch.nn.Module) -> str:
     # NOTE: the class's forward, as an instance may wrap its own in a (*args, **kwargs) (hooks,
     # tests); not memoized: a signature is read in tens of microseconds, a forward takes
     # milliseconds, and a memo would be module-global state.
-    parameters = inspect.signature(type(module).forward).parameters  # follows __wrapped__
-    for keyword in CACHE_KEYWORDS:
-        if keyword in parameters:
-            return keyword
+    # A wrapper that hides the signature (a (*args, **kwargs) patched onto the class) passes
+    # the keyword through to the forward it wraps, whose base model (``base_model``, a
+    # transformers ``PreTrainedModel`` property) declares the same keyword.
+    base = getattr(module, "base_model", None)
+    candidates = [module, *([base] if isinstance(base, torch.nn.Module) and base is not module
+                            else [])]
+    for candidate in candidates:
+        parameters = inspect.signature(type(candidate).forward).parameters  # follows __wrapped__
+        for keyword in CACHE_KEYWORDS:
+            if keyword in parameters:
+                return keyword
     import transformers
 
     raise ModelLoadError(
