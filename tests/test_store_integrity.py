@@ -267,7 +267,7 @@ def test_cli_audit_deep_gc_and_max_tokens(kind: str, use_tiny: CausalLM, tmp_pat
 
 def test_model_codecs_give_the_context_as_the_limit(fuzz_model: CausalLM) -> None:
     assert model_codecs(fuzz_model)("tokens").max_tokens == 128
-    assert TokensCodec(8).max_tokens is None
+    assert TokensCodec(8).max_tokens == MODEL_FREE_MAX_TOKENS  # as a model-free .skv file
 
 
 def test_a_span_claiming_more_than_max_tokens_is_refused_before_decoding(
