@@ -127,19 +127,19 @@ def measure(args: argparse.Namespace, write: Callable[[Report], None]) -> Report
         for row in report.paths:  # paths alternate within each measurement
             for name, engine in engines[row.path].items():
                 row.step_ms[name] = _steps(engine, context, steps)
-        prefills = []
+        prefills: list[float] = []
+        forwards: dict[tuple[str, str], list[float]] = {}  # (path, predictor): ms per repeat
         for _ in range(args.repeats):
             for row in report.paths:
                 if row.path == "torch":
                     continue
                 for name, engine in engines[row.path].items():
-                    ms = _timed(lambda e=engine: e.forward([(e.new_sequence(), rows)]))
-                    row.forward_ms.setdefault(name, [])  # type: ignore[arg-type]
-                    row.forward_ms[name].append(ms)  # type: ignore[attr-defined]
+                    forwards.setdefault((row.path, name), []).append(
+                        _timed(lambda e=engine: e.forward([(e.new_sequence(), rows)])))
             prefills.append(_timed(lambda: model.prefill(rows)))
     for row in report.paths:
-        row.forward_ms = {name: statistics.median(values)  # type: ignore[arg-type]
-                          for name, values in row.forward_ms.items()}
+        row.forward_ms = {name: statistics.median(times)
+                          for (path, name), times in forwards.items() if path == row.path}
     report.prefill_ms = statistics.median(prefills)
     report.load_after = load_average()
     write(report)

@@ -71,7 +71,6 @@ import ctypes
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import mpmath  # type: ignore[import-untyped]
 import numpy as np
@@ -139,7 +138,7 @@ _SMALL_ROWS = 16
 _ATTENTION_ROWS = 32
 _NATIVE_MAX_HEAD_DIM = 1024  # native.c's per-vector and per-head buffers
 
-Backend = Literal["auto", "native", "torch"]
+Backend = native.Backend
 
 
 def int_matmul(a: torch.Tensor, b: torch.Tensor, pad: bool | None = None) -> torch.Tensor:

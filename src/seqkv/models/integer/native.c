@@ -5,9 +5,8 @@
  * forward's decoder layers are one call (seqkv_layers), the final norm and output layer
  * another (seqkv_head), over plain C arrays; seqkv_integer_tables builds the coder's tables.
  * Every helper computes exactly what its torch counterpart computes (forward.py names each one);
- * the tests compare the two paths' logits, KV and tables bit for bit. The forward needs AVX-512
- * VNNI (its products run only on packed weights); seqkv_has_packed says whether this build has
- * it.
+ * the tests compare the two paths' logits, KV and tables bit for bit, on every instruction set
+ * below that the CPU runs; seqkv_isa says which one this build is.
  *
  * Exactness rules (each result is one defined integer on every C99 compiler and CPU):
  *   - right shifts go through asr(), a floor shift written without implementation-defined
@@ -478,9 +477,6 @@ static int64_t linear_packed_portable(const int8_t *planes, int64_t rows, int64_
 /* The instruction set this library was built for: 0 plain C, 1 AVX2, 2 AVX-VNNI, 3 AVX-512
  * VNNI, 4 NEON with the dot product (native.py's ISAS, in this order). */
 int64_t seqkv_isa(void) { return SEQKV_ISA; }
-
-/* Kept for callers of earlier releases: every build runs the packed forward. */
-int64_t seqkv_has_packed(void) { return 1; }
 
 /* seqkv_linear with weights packed for vpdpbusd: for plane p and block b of 16 rows,
  * packed[((p * blocks + b) * k / 4 + q) * 64 + 4 * lane + i] = weight[p * n_out + 16 b + lane,

@@ -200,12 +200,11 @@ def _build(isa: Isa) -> Path:
         return _compiled(compiler, flags, isa)
 
 
-def _compiled(compiler: list[str], flags: tuple[str, ...], isa: Isa | None = None,
-              source: Path = _SOURCE) -> Path:
-    """The library ``compiler flags source`` builds, from the cache or built now; with ``isa``,
+def _compiled(compiler: list[str], flags: tuple[str, ...], isa: Isa | None = None) -> Path:
+    """The library ``compiler flags native.c`` builds, from the cache or built now; with ``isa``,
     checked in a child process to load and to be that path (a failed check removes the file
     and builds it once more)."""
-    text = source.read_bytes()
+    text = _SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join([text, " ".join(compiler + list(flags)).encode(),
                                      _machine().encode()]))
     directory = _cache_dir()
@@ -216,7 +215,7 @@ def _compiled(compiler: list[str], flags: tuple[str, ...], isa: Isa | None = Non
             handle, partial = tempfile.mkstemp(suffix=".so", dir=directory)
             os.close(handle)
             try:
-                subprocess.run([*compiler, *flags, "-o", partial, str(source), *_LIBRARIES],
+                subprocess.run([*compiler, *flags, "-o", partial, str(_SOURCE), *_LIBRARIES],
                                check=True, capture_output=True, text=True, timeout=300)
                 os.replace(partial, target)
             finally:
