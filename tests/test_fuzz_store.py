@@ -7,8 +7,10 @@ database or the keys themselves) is what these cases damage. Each case copies a 
 rotting disk or a hand at ``sqlite3`` or ``redis-cli`` could change (a session row's span or
 length, a row copied from another session or stripped of its binding, a span's parent looping,
 a span missing, a record copied over, cut to one byte or of the wrong kind (and, in a directory,
-a symbolic link to ``/dev/zero`` or a FIFO in a record's place: issue 44), text or non-UTF-8
-where a number belongs, a codec description that is a JSON list, a later schema), then reads the
+a symbolic link to ``/dev/zero`` or a FIFO in a record's place: issue 44), a row's binding
+switched off by the unbound mark of schema 1, or stripped under a schema mark set back to 1 or
+removed (issue 44), text or non-UTF-8 where a number belongs, a codec description that is a JSON
+list, a later schema), then reads the
 affected session with a store that keeps nothing hot. The read must end in a ``SeqKVError``
 within the harness's budget (2 s and 256 MiB per case, ``tests/test_fuzz_harness.py``): every
 damage here changes what the session would read as, so its original output would be luck and
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pytest
@@ -40,6 +42,7 @@ from seqkv.store import SessionStore, model_codecs
 from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
+from seqkv.store.binding import STORE_SCHEMA, UNBOUND
 from seqkv.store.ids import check_namespace, namespace_key
 from test_fuzz_harness import BUDGET, HOSTILE_INTEGERS, case_count, seed
 
@@ -85,6 +88,8 @@ class Editor(Protocol):
     def set_codec(self, description: str | bytes) -> None: ...
 
     def set_schema(self, version: str) -> None: ...
+
+    def drop_schema(self) -> None: ...
 
     def wreck(self) -> None: ...
 
@@ -157,6 +162,9 @@ class DirectoryEditor:
     def set_schema(self, version: str) -> None:
         self._sql("UPDATE meta SET v = ? WHERE k = 'schema'", version)
 
+    def drop_schema(self) -> None:
+        self._sql("DELETE FROM meta WHERE k = 'schema'")
+
     def wreck(self) -> None:
         (self.root / "store.sqlite3").write_bytes(b"not a database " * 300)
 
@@ -176,7 +184,9 @@ class RedisEditor:
         return int(span), int(length), bytes.fromhex(binding[0].decode()) if binding else None
 
     def set_row(self, session: str, span: object, length: object, binding: object) -> None:
-        tail = "" if binding is None else ":" + bytes(binding).hex()  # type: ignore[call-overload]
+        """``binding`` None: no third field; ``UNBOUND``: the mark ``-``."""
+        tail = ("" if binding is None else ":-" if binding == UNBOUND
+                else ":" + bytes(binding).hex())  # type: ignore[call-overload]
         self.client.hset(f"{self.ns}:n", session, f"{span}:{length}{tail}")
 
     def set_garbage_row(self, session: str) -> None:
@@ -219,6 +229,9 @@ class RedisEditor:
     def set_schema(self, version: str) -> None:
         self.client.hset(f"{self.prefix}:meta", "schema", version)
 
+    def drop_schema(self) -> None:
+        self.client.hdel(f"{self.prefix}:meta", "schema")
+
     def wreck(self) -> None:
         self.client.delete(f"{self.ns}:n")
         self.client.set(f"{self.ns}:n", "not a hash")
@@ -239,16 +252,31 @@ class Damage:
 
 
 def _set(session: str, *, span: Callable[[Editor], object] | None = None,
-         length: Callable[[int], object] | None = None, binding: str = "keep",
+         length: Callable[[int], object] | None = None,
+         binding: Literal["keep", "drop", "unbound"] = "keep",
          like: str | None = None) -> Callable[[Editor], None]:
-    """A change of ``session``'s row: its span, its length, its binding kept or dropped, or
-    the whole row of session ``like``."""
+    """A change of ``session``'s row: its span, its length, its binding kept, dropped or
+    replaced by the unbound mark of schema 1, or the whole row of session ``like``."""
 
     def apply(editor: Editor) -> None:
         old_span, old_length, old_binding = editor.row(like or session)
         editor.set_row(session, old_span if span is None else span(editor),
                        old_length if length is None else length(old_length),
-                       old_binding if binding == "keep" else None)
+                       {"keep": old_binding, "drop": None, "unbound": UNBOUND}[binding])
+
+    return apply
+
+
+def _reset_schema(to: str | None) -> Callable[[Editor], None]:
+    """b's binding stripped and its length lowered by 5, then the schema mark set to ``to``
+    (None: removed), as if the store were of schema 1 and b one of its rows."""
+
+    def apply(editor: Editor) -> None:
+        _set("b", length=lambda n: n - 5, binding="drop")(editor)
+        if to is None:
+            editor.drop_schema()
+        else:
+            editor.set_schema(to)
 
     return apply
 
@@ -297,6 +325,14 @@ DAMAGES = [
     Damage("row copied from another session", "a", _set("a", like="c")),
     Damage("row stripped of its binding", "a", _set("a", binding="drop")),
     Damage("another session's row without a binding", "a", _set("a", like="c", binding="drop")),
+    Damage("binding switched off, length lowered by 5", "b",
+           _set("b", length=lambda n: n - 5, binding="unbound")),
+    Damage("binding switched off, span pointed at its prefix's span", "b",
+           _set("b", span=_span_of("a"), length=lambda n: len(A), binding="unbound")),
+    Damage("binding switched off on another session's row", "a",
+           _set("a", like="c", binding="unbound")),
+    Damage("binding stripped, schema mark set back to 1", "b", _reset_schema("1"), True),
+    Damage("binding stripped, schema mark removed", "b", _reset_schema(None), True),
     Damage("self-cycle parent", "b", _with_span("a", lambda e, s: e.set_parent(s, s))),
     Damage("2-cycle parents", "b", _two_cycle),
     Damage("text in length", "a", _set("a", length=lambda n: "twenty")),
@@ -315,7 +351,7 @@ DAMAGES = [
     Damage("codec description nested 100000 deep", "a",
            lambda editor: editor.set_codec("[" * 100_000 + "]" * 100_000)),
     Damage("codec description not UTF-8", "a", lambda editor: editor.set_codec(b"\xff{\xfe")),
-    Damage("a later schema", "a", lambda editor: editor.set_schema("3"), True),
+    Damage("a later schema", "a", lambda editor: editor.set_schema(str(STORE_SCHEMA + 1)), True),
     Damage("schema as text", "a", lambda editor: editor.set_schema("two"), True),
     Damage("database or keys of the wrong kind", "a", lambda editor: editor.wreck(), True),
 ]

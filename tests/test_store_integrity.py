@@ -19,8 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 import torch
 
+from legacy_stores import STORE_V1_TOKENS, redis_store_v1
 from seqkv import cli
 from seqkv.cli.store import open_store
 from seqkv.codec import MODEL_FREE_MAX_TOKENS
@@ -107,7 +109,9 @@ def test_a_schema_1_store_reads_and_audits_as_unbound(tiny_model: CausalLM,
     assert SessionStore.directory(store_v1, tiny_model).audit_deep(
         namespace="n").unbound == ("b", "c", "d")
     db = sqlite3.connect(store_v1 / "store.sqlite3", isolation_level=None)
-    assert dict(db.execute("SELECT k, v FROM meta WHERE k != 'id'")) == {"schema": "2"}
+    assert dict(db.execute("SELECT k, v FROM meta WHERE k != 'id'")) == {"schema": "3"}
+    assert [row[0] for row in db.execute("SELECT name FROM legacy ORDER BY name")] == [
+        "b", "c", "d"]
     # The upgrade marked the old rows; one written by hand in the old form is not one of them.
     db.execute("UPDATE sessions SET binding = NULL WHERE name = 'b'")
     db.close()
@@ -115,29 +119,26 @@ def test_a_schema_1_store_reads_and_audits_as_unbound(tiny_model: CausalLM,
         SessionStore.directory(store_v1, tiny_model).get("b", namespace="n")
 
 
-def test_a_redis_store_of_schema_1_reads_its_rows_unbound(tmp_path: Path,
+def test_a_redis_store_of_schema_1_reads_its_rows_unbound(tiny_model: CausalLM,
                                                           redis_server: RedisServer) -> None:
-    """A Redis store as schema 1 left it (no version recorded, rows "<span>:<length>")."""
+    """The previous release's store as it laid it out on Redis (no version recorded, rows
+    "<span>:<length>"): every session reads, its rows unbound and on the legacy list."""
     prefix = f"v1{uuid.uuid4().hex[:8]}"
-    store = _filled("redis", tmp_path, redis_server)
-    backend = store.backend
-    assert isinstance(backend, RedisBackend)
-    client = backend.client
-    for key in client.scan_iter(match=f"{backend._prefix}:*"):
-        client.restore(prefix.encode() + bytes(key)[len(backend._prefix):], 0, client.dump(key))
-    client.hdel(f"{prefix}:meta", "schema")
+    client = redis.Redis.from_url(redis_server.url)
+    redis_store_v1(client, prefix, "model")
+    old = SessionStore.redis(redis_server.url, tiny_model, prefix=prefix)
+    assert [s.tokens for s in old.get_many(list("abcd"), namespace="n")] == [
+        STORE_V1_TOKENS[k] for k in "abcd"]
+    assert old.audit_deep(namespace="n").unbound == ("a", "b", "c", "d")
+    assert client.hget(f"{prefix}:meta", "schema") == b"3"
     rows = f"{prefix}:{NS_HEX}:n"
-    for name, row in client.hgetall(rows).items():
-        client.hset(rows, name, b":".join(row.split(b":")[:2]))
-    old = _tokens_store("redis", tmp_path, redis_server, prefix)
-    assert old.get("x", namespace="n").tokens == TOKENS["x"]
-    assert old.audit_deep(namespace="n").unbound == ("x", "x-head", "y")
-    assert client.hget(f"{prefix}:meta", "schema") == b"2"
-    assert client.hget(rows, "y").endswith(b":-")
+    assert client.hget(rows, "b").endswith(b":-")
+    assert client.hgetall(f"{prefix}:{NS_HEX}:l") == {
+        name: row.removesuffix(b":-") for name, row in client.hgetall(rows).items()}
     # The upgrade marked the old rows; one written by hand in the old form is not one of them.
-    client.hset(rows, "y", client.hget(rows, "x").removesuffix(b":-"))
-    with pytest.raises(CorruptRecordError, match=r"session 'y'.*no mark of a row of schema 1"):
-        old.get("y", namespace="n")
+    client.hset(rows, "b", client.hget(rows, "b").removesuffix(b":-"))
+    with pytest.raises(CorruptRecordError, match=r"session 'b'.*no mark of a row of schema 1"):
+        old.get("b", namespace="n")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -147,15 +148,15 @@ def test_a_store_of_a_later_schema_is_refused_by_name(kind: str, tmp_path: Path,
     backend = store.backend
     if isinstance(backend, DirectoryBackend):
         db = sqlite3.connect(backend.root / "store.sqlite3", isolation_level=None)
-        db.execute("UPDATE meta SET v = '3' WHERE k = 'schema'")
+        db.execute("UPDATE meta SET v = '4' WHERE k = 'schema'")
         db.close()
-        with pytest.raises(StoreSchemaError, match="schema version 3; this seqkv reads "
-                                                   "versions 1 to 2"):
+        with pytest.raises(StoreSchemaError, match="schema version 4; this seqkv reads "
+                                                   "versions 1 to 3"):
             DirectoryBackend(backend.root)
     else:
         assert isinstance(backend, RedisBackend)
-        backend.client.hset(f"{backend._prefix}:meta", "schema", "3")
-        with pytest.raises(StoreSchemaError, match="schema version 3"):
+        backend.client.hset(f"{backend._prefix}:meta", "schema", "4")
+        with pytest.raises(StoreSchemaError, match="schema version 4"):
             RedisBackend(redis_server.url, backend._prefix)
 
 

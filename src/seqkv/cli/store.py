@@ -12,11 +12,15 @@ portable+mix`` codes with it; ``get`` finds each span's dictionary in the same n
 ``dict-ls`` lists the namespace's dictionaries and names the current one.
 
 ``audit`` recounts the namespace's references (exit status 1 when they do not add up or a row is
-malformed); ``audit --deep`` also decodes every session and names the damaged ones and the
-unbound ones (rows of a store written before schema 2, read but not checked against a
-binding), exit status 1 on any damage. ``gc`` refuses a namespace whose audit finds malformed
-rows. ``get --max-tokens N`` refuses a session claiming more than N tokens (default: the
-model's context) before any forward.
+malformed, an unbound row the legacy list does not hold included); ``audit --deep`` also decodes
+every session and names the damaged ones (an unbound row the upgrade from schema 1 did not list
+as it is among them) and the unbound ones (rows of a store written before schema 2 that the
+legacy list holds, read but not checked against a binding), exit status 1 on any damage. ``gc``
+refuses a namespace whose audit finds malformed rows. ``get --max-tokens N`` refuses a session
+claiming more than N tokens (default: the model's context) before any forward. ``stat SESSION``
+decodes nothing: it checks the row, its chain and its length against its last span, and the
+binding only where the row ends at that span's last token (``binding_checked``); ``get`` and
+``audit --deep`` check the rest.
 """
 
 from __future__ import annotations
@@ -171,7 +175,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         for damaged in deep.damaged:
             print(f"damaged {damaged.session}: {damaged.error}: {damaged.message}")
         for name in deep.unbound:
-            print(f"unbound {name}: written before schema 2; put or append rewrites it")
+            print(f"unbound {name}: written before schema 2 and on the legacy list; put or "
+                  "append rewrites it")
     return 0 if deep.consistent else 1
 
 
@@ -279,7 +284,8 @@ def add_store(commands: common.Subparsers) -> None:
     common_options(ls)
     ls.set_defaults(run=_cmd_ls)
 
-    stat = verbs.add_parser("stat", help="a session's bytes and tokens, or the namespace's")
+    stat = verbs.add_parser("stat", help="a session's bytes and tokens (its row checked without "
+                                          "a decode), or the namespace's")
     stat.add_argument("session_id", metavar="SESSION_ID", nargs="?")
     common_options(stat)
     stat.set_defaults(run=_cmd_stat)
@@ -288,7 +294,7 @@ def add_store(commands: common.Subparsers) -> None:
                                             "decodes every session and names damaged ones")
     audit.add_argument("--deep", action="store_true",
                        help="decode every session, check it against its row's binding, and "
-                            "name the damaged and the unbound (schema 1) ones")
+                            "name the damaged and the unbound (schema 1, listed) ones")
     max_tokens_option(audit)
     common_options(audit)
     audit.set_defaults(run=_cmd_audit)

@@ -47,6 +47,7 @@ from seqkv.store.errors import (
     StoreDamagedError,
     StoreError,
     StoreSchemaError,
+    StoreSchemaMarkError,
     StoreUnavailableError,
     StoreVerificationError,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "StoreDamagedError",
     "StoreError",
     "StoreSchemaError",
+    "StoreSchemaMarkError",
     "StoreUnavailableError",
     "StoreVerificationError",
     "StoredDictionary",

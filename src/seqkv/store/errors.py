@@ -56,6 +56,13 @@ class StoreSchemaError(StoreError):
     reads)."""
 
 
+class StoreSchemaMarkError(StoreSchemaError, CorruptRecordError):
+    """A store whose schema mark says 1 (or is missing) while it holds what only a later schema
+    writes (a row with a binding or the unbound mark, a list of legacy rows, a span record of
+    version 2 or later): the mark was damaged, and upgrading would take damaged rows for rows
+    of schema 1, so the store is refused."""
+
+
 class SessionTooLongError(StoreError, InputTooLongError):
     """A stored session (or a span of its chain) claims more tokens than the caller's
     ``max_tokens`` (default: the model's context): refused before any forward."""

@@ -29,7 +29,11 @@ Invariants:
    row's span holds the session's last token, and its binding (``seqkv.store.binding``) equals
    the one of the decoded tokens and of the KV digest of its span's record; else
    ``CorruptRecordError`` naming the session (enforced in ``_check_row``; a row of schema 1 has
-   no binding and gets the first check only). Every put and append records the binding.
+   no binding and gets the first check only, and reads at all only while the legacy list holds
+   it as it is: ``seqkv.store.binding`` invariant 2). Every put and append records the binding.
+   ``stat`` decodes nothing and checks the same without the decode: the length against its
+   span's record, and the binding where the row ends at its span's last token (enforced in
+   ``stat``; it says which by ``SessionStat.binding_checked``).
 7. A session, or a span of its chain, claiming more tokens than the caller's ``max_tokens``
    (default: its codec's context) is refused before any forward (enforced: ``_limit`` and
    ``seqkv.store.chains`` invariant 4).
@@ -60,6 +64,7 @@ from transformers import DynamicCache
 
 from seqkv.bounds import file_bytes_accounted, raise_unless_all_hold
 from seqkv.codec import DEFAULT_TOLERANCE, Theorem1
+from seqkv.digests import Digest, tokens_digest
 from seqkv.errors import (
     EmptyInputError,
     InvalidArgumentTypeError,
@@ -83,7 +88,7 @@ from seqkv.store.backends.base import (
     StoreBackend,
     is_int,
 )
-from seqkv.store.binding import Binding, session_binding
+from seqkv.store.binding import Binding, digest_binding, session_binding
 from seqkv.store.chains import ChainDecoder
 from seqkv.store.codec import EncodedSpan, SpanCodec
 from seqkv.store.codecs import DEFAULT_STORE_LEVEL
@@ -141,6 +146,9 @@ class SessionStat:
     bytes: int  # records of the session's whole chain
     shared_prefix_bytes: int  # of which in spans that other sessions or spans also reference
     kv_exact: bool
+    # the row's binding was compared (it ends at its span's last token); else only a get checks
+    # it (``SessionStore.stat``)
+    binding_checked: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,19 +508,10 @@ class SessionStore:
                    state: ChainState) -> None:
         """The row against its decoded chain (invariant 6)."""
         entry = found.entry
-        start = state.spans[-1][1]
-        if not start < entry.length <= len(state.tokens):
-            raise CorruptRecordError(
-                f"session {name!r} in namespace {tenant.name!r}: its row claims "
-                f"{entry.length:,} tokens of span {entry.span}, which holds tokens {start:,} to "
-                f"{len(state.tokens) - 1:,}: the row was damaged")
-        if entry.binding is not None and entry.binding != session_binding(
-                tenant.key, name, entry.length, entry.span, state.tokens[: entry.length],
-                self._chains.record(found.chain[-1]).kv_digest):
-            raise CorruptRecordError(
-                f"session {name!r} in namespace {tenant.name!r} fails its binding: its row "
-                "(span, length) or the records of its chain were damaged, moved or copied from "
-                "another session")
+        _check_length(tenant, name, entry, state.spans[-1][1], len(state.tokens))
+        if entry.binding is not None:
+            _check_binding(tenant, name, entry, tokens_digest(state.tokens[: entry.length]),
+                           self._chains.record(found.chain[-1]).kv_digest)
 
     def delete(self, session_id: str, *, namespace: str) -> None:
         """Remove a session; spans no other session needs go with it."""
@@ -532,17 +531,37 @@ class SessionStore:
         return self._backend.names(Tenant.of(namespace).key)
 
     def stat(self, session_id: str, *, namespace: str) -> SessionStat:
-        """A session's size: tokens, bytes of its chain, and how many of them are shared."""
+        """A session's size: tokens, bytes of its chain, and how many of them are shared.
+
+        It decodes nothing, so it checks what a get checks without a decode: the row (its form,
+        its binding or its entry on the legacy list), the chain's walk and records, the row's
+        length against its last span's tokens, and the binding where the row ends at its
+        span's last token (``binding_checked``), compared over the tokens digest the span's
+        record holds. A row ending inside its span has a binding over tokens only a decode
+        gives: ``get`` or ``audit_deep`` checks it, not ``stat``. Each failure is
+        ``CorruptRecordError`` naming the session, as a get's would be.
+        """
         name = check_session_id(session_id)
         tenant = Tenant.of(namespace)
         (found,) = self._backend.fetch_sessions(tenant.key, [name])
         if found is None:
             raise self._not_found(name, tenant)
+        if not found.chain:
+            raise CorruptRecordError(f"session {name!r}'s row names no span: the store's "
+                                     "metadata was damaged")
+        entry = found.entry
+        last = self._chains.record(found.chain[-1])
+        end = last.start + last.count
+        _check_length(tenant, name, entry, last.start, end)
+        checked = entry.binding is not None and entry.length == end
+        if checked:
+            _check_binding(tenant, name, entry, last.tokens_digest, last.kv_digest)
         counts = self._backend.refcounts(tenant.key, [s.span for s in found.chain])
         sizes = [len(s.record) for s in found.chain]
         exact = all(self._chains.record(s).kv_exact for s in found.chain)
-        return SessionStat(name, found.entry.length, len(sizes), sum(sizes),
-                           sum(n for n, c in zip(sizes, counts, strict=True) if c > 1), exact)
+        return SessionStat(name, entry.length, len(sizes), sum(sizes),
+                           sum(n for n, c in zip(sizes, counts, strict=True) if c > 1), exact,
+                           checked)
 
     def gc(self, *, namespace: str) -> GcReport:
         """Remove garbage of crashed writers; repair counts that differ from a recount; remove
@@ -593,3 +612,25 @@ class SessionStore:
     def dictionaries(self, *, namespace: str) -> builtins.list[DictionaryDigest]:
         """The digests of the dictionaries the namespace stores, sorted."""
         return self._dictionaries.digests(Tenant.of(namespace))
+
+
+def _check_length(tenant: Tenant, name: SessionName, entry: SessionEntry, start: int,
+                  end: int) -> None:
+    """The row's length against its span's tokens ``start`` to ``end - 1`` (invariant 6)."""
+    if not start < entry.length <= end:
+        raise CorruptRecordError(
+            f"session {name!r} in namespace {tenant.name!r}: its row claims "
+            f"{entry.length:,} tokens of span {entry.span}, which holds tokens {start:,} to "
+            f"{end - 1:,}: the row was damaged")
+
+
+def _check_binding(tenant: Tenant, name: SessionName, entry: SessionEntry, tokens: Digest,
+                   kv_digest: bytes | None) -> None:
+    """The row's binding against the digest of its ``entry.length`` tokens and its span's KV
+    digest (invariant 6)."""
+    if entry.binding != digest_binding(tenant.key, name, entry.length, entry.span, tokens,
+                                       kv_digest):
+        raise CorruptRecordError(
+            f"session {name!r} in namespace {tenant.name!r} fails its binding: its row "
+            "(span, length) or the records of its chain were damaged, moved or copied from "
+            "another session")

@@ -28,8 +28,14 @@ Invariants every backend keeps:
    walk (a chain loops or runs past ``MAX_CHAIN_SPANS`` or its session's length: enforced) or a
    silently shorter session.
 7. Each session row carries its binding (``seqkv.store.binding``) since store schema 2, or the
-   mark of an unbound row that the upgrade from schema 1 wrote on each older row; a row with
-   neither is refused (enforced by both backends: ``session_entry``).
+   mark of an unbound row that the upgrade from schema 1 wrote on each older row and recorded,
+   with the row's span and length, in the namespace's legacy list. An unbound row is read only
+   while the list holds it with that span and length; a row with neither a binding nor the mark
+   is refused (enforced by both backends: ``session_entry``, given the row and its list entry
+   read in one request). A commit or delete of a session drops its list entry in the same
+   atomic step (enforced per backend), so a damaged row can never become one the list vouches
+   for. A store marked schema 1 (or unmarked) that holds what only a later schema writes is
+   refused, not upgraded (enforced per backend; the rule is ``refuse_schema_1``).
 """
 
 from __future__ import annotations
@@ -41,8 +47,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from seqkv.limits import MAX_POSITIONS
-from seqkv.store.binding import BINDING_BYTES, STORE_SCHEMA, UNBOUND, Binding
-from seqkv.store.errors import CorruptRecordError, StoreSchemaError
+from seqkv.store.binding import (
+    BINDING_BYTES,
+    SCHEMA_1_SPAN_VERSION,
+    STORE_SCHEMA,
+    UNBOUND,
+    Binding,
+)
+from seqkv.store.errors import CorruptRecordError, StoreSchemaError, StoreSchemaMarkError
 from seqkv.store.ids import CodecDigest, NamespaceKey, SessionName, SpanId
 
 MAX_CHAIN_SPANS = 1 << 16
@@ -86,14 +98,30 @@ def stored_int(value: object, what: str, low: int = 0, high: int = MAX_SPAN_ID) 
     return number
 
 
-def session_entry(name: SessionName, span: object, length: object, binding: object
-                  ) -> SessionEntry:
+def session_entry(name: SessionName, span: object, length: object, binding: object,
+                  legacy: tuple[object, object] | None = None) -> SessionEntry:
     """A session row as a backend read it, checked (invariants 6 and 7): ``binding`` is the
-    row's binding, ``UNBOUND`` for a row of schema 1, anything else refused."""
+    row's binding, or ``UNBOUND`` for a row of schema 1 that ``legacy`` (the (span, length)
+    the namespace's legacy list holds for the session, None: none) lists as it is; anything
+    else refused.
+
+    >>> session_entry(SessionName("s"), 4, 9, UNBOUND, (4, 9))
+    SessionEntry(span=4, length=9, binding=None)
+    >>> session_entry(SessionName("s"), 4, 7, UNBOUND, (4, 9))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    seqkv.errors.CorruptRecordError: session 's''s row (span 4, length 7) has no binding ...
+    """
     what = f"session {name!r}'s row"
     checked = SessionEntry(SpanId(stored_int(span, f"{what}'s span", 1)),
                            stored_int(length, f"{what}'s length", 1, MAX_POSITIONS))
     if binding == UNBOUND:
+        if not is_listed(checked, legacy):
+            raise CorruptRecordError(
+                f"{what} (span {checked.span}, length {checked.length}) has no binding and is "
+                f"not a row the upgrade from schema 1 listed"
+                f"{'' if legacy is None else ' as it is'}: the row was damaged (a binding "
+                "cannot be switched off)")
         return checked
     if binding is None:
         raise CorruptRecordError(
@@ -102,6 +130,19 @@ def session_entry(name: SessionName, span: object, length: object, binding: obje
     if not isinstance(binding, bytes) or len(binding) != BINDING_BYTES:
         raise CorruptRecordError(f"{what} has a malformed binding: the row was damaged")
     return SessionEntry(checked.span, checked.length, Binding(binding))
+
+
+def is_listed(entry: SessionEntry, legacy: tuple[object, object] | None) -> bool:
+    """Whether the legacy list's entry ``legacy`` (raw span and length; None: none) names
+    ``entry``'s span and length (invariant 7); a malformed entry lists nothing."""
+    if legacy is None:
+        return False
+    try:
+        listed = (stored_int(legacy[0], "a legacy row's span", 1),
+                  stored_int(legacy[1], "a legacy row's length", 1, MAX_POSITIONS))
+    except CorruptRecordError:
+        return False
+    return listed == (entry.span, entry.length)
 
 
 def walk_chain(label: str, span: SpanId, limit: int,
@@ -150,6 +191,46 @@ def check_schema(recorded: object, where: str) -> int:
             f"the store at {where} has schema version {version}; this seqkv reads versions 1 to "
             f"{STORE_SCHEMA}: use the seqkv release that wrote it")
     return version
+
+
+@dataclass(frozen=True, slots=True)
+class Schema1Evidence:
+    """What an upgrade from schema 1 found that only a later schema writes."""
+
+    marked_rows: int  # session rows with a binding or the unbound mark
+    listed_rows: int  # entries of a legacy list
+    newest_record: int  # the highest span record version found (0: none read)
+
+    @property
+    def contradicts(self) -> bool:
+        """Whether a store holding this cannot be of schema 1."""
+        return (self.marked_rows > 0 or self.listed_rows > 0
+                or self.newest_record > SCHEMA_1_SPAN_VERSION)
+
+
+def refuse_schema_1(evidence: Schema1Evidence, where: str) -> None:
+    """``StoreSchemaMarkError`` when a store marked schema 1 (or unmarked) holds ``evidence``
+    of a later schema (``seqkv.store.binding`` invariant 4).
+
+    >>> refuse_schema_1(Schema1Evidence(0, 0, 1), "x")
+    >>> refuse_schema_1(Schema1Evidence(2, 0, 2), "x")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    seqkv.store.errors.StoreSchemaMarkError: the store at x is marked schema 1 (or not ...
+    """
+    if not evidence.contradicts:
+        return
+    found = [f"{what}: {count}" for count, what in (
+        (evidence.marked_rows, "session rows with a binding or the unbound mark"),
+        (evidence.listed_rows, "rows on a legacy list")) if count]
+    if evidence.newest_record > SCHEMA_1_SPAN_VERSION:
+        found.append(f"span records of version {evidence.newest_record}")
+    raise StoreSchemaMarkError(
+        f"the store at {where} is marked schema 1 (or not marked) but holds "
+        f"{', '.join(found)}, which only schema 2 or later writes: its schema mark was damaged. "
+        "Refused rather than upgraded (an upgrade would take damaged rows for old ones): "
+        f"record schema {STORE_SCHEMA} again (the directory's meta table, Redis' "
+        "<prefix>:meta hash), or restore the store from a backup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +362,9 @@ class AuditReport:
     # rows or records of malformed values (text where a number belongs, a span naming a span the
     # table lacks, a loop, a record too short to name its parent): never expected; ``gc`` refuses
     malformed: int = 0
-    unbound: int = 0  # session rows without a binding (written at schema 1; not damage)
+    # session rows without a binding that the legacy list vouches for (written at schema 1; not
+    # damage); an unbound row the list does not hold is malformed
+    unbound: int = 0
 
     @property
     def consistent(self) -> bool:

@@ -32,8 +32,12 @@ Invariants:
    namespace and digest, and a row needs no orphan sweep.
 5. The schema version (``seqkv.store.binding.STORE_SCHEMA``) is recorded in ``meta``; a store of
    version 1 (none recorded) gains the sessions' ``binding`` column on open, each of its rows the
-   unbound mark (an empty blob), in one transaction; a later version is refused by name
-   (enforced in ``_open_schema``).
+   unbound mark (an empty blob) and a ``legacy`` row holding its span and length, in one
+   transaction, unless it holds a binding or mark, a ``legacy`` row or a span record of version
+   2 or later (refused: ``seqkv.store.binding`` invariant 4); a store of version 2 gains the
+   ``legacy`` rows of its unbound rows that name a version-1 record (invariant 3 there); a later
+   version is refused by name (enforced in ``_open_schema``). Every commit and delete of a
+   session deletes its ``legacy`` row in its transaction (enforced: ``_FORGET_LEGACY``).
 6. Every value read from the database or a record file is checked before use and every SQLite
    or file error becomes a ``SeqKVError`` naming the store (enforced: ``_read``, ``_write``,
    ``seqkv.store.backends.base`` invariant 6); a chain is read by a recursive query bounded by
@@ -70,17 +74,19 @@ from seqkv.store.backends.base import (
     GcReport,
     IdentityCache,
     ParentGoneError,
+    Schema1Evidence,
     SessionChain,
     SessionEntry,
     StoredSpan,
     Survey,
     check_schema,
     is_int,
+    refuse_schema_1,
     session_entry,
     stored_int,
     walk_chain,
 )
-from seqkv.store.binding import STORE_SCHEMA, UNBOUND
+from seqkv.store.binding import SCHEMA_1_SPAN_VERSION, STORE_SCHEMA, UNBOUND, record_version
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
@@ -106,7 +112,15 @@ CREATE TABLE IF NOT EXISTS dicts(ns BLOB NOT NULL, digest TEXT NOT NULL, data BL
 CREATE TABLE IF NOT EXISTS dict_current(ns BLOB PRIMARY KEY, digest TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS span_dicts(span INTEGER PRIMARY KEY, ns BLOB NOT NULL,
     digest TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS legacy(ns BLOB NOT NULL, name TEXT NOT NULL, span INTEGER NOT NULL,
+    length INTEGER NOT NULL, PRIMARY KEY(ns, name)) WITHOUT ROWID;
 """
+# A session's row with its legacy list entry (``seqkv.store.backends.base`` invariant 7).
+_ROW = """
+SELECT s.name, s.span, s.length, s.binding, l.span, l.length FROM sessions s
+LEFT JOIN legacy l ON l.ns = s.ns AND l.name = s.name WHERE s.ns = ?1
+"""
+_FORGET_LEGACY = "DELETE FROM legacy WHERE ns = ? AND name = ?"
 # NOTE: bounded by depth (a loop in the parents would recurse forever); the walk in Python
 # finds the loop or the missing span among the rows.
 _CHAIN = """
@@ -212,19 +226,69 @@ class DirectoryBackend:
         return check_schema(None if row is None else row[0], str(self._root))
 
     def _open_schema(self) -> None:
-        """Check the recorded schema version; upgrade a version-1 store (invariant 5): add
-        the sessions' ``binding`` column and mark every older row unbound."""
+        """Check the recorded schema version; upgrade a store of version 1 or 2 (invariant
+        5)."""
         with self._read() as db:
             if self._schema(db) == STORE_SCHEMA:
                 return
         with self._write() as db:
-            if self._schema(db) == STORE_SCHEMA:
+            version = self._schema(db)
+            if version == STORE_SCHEMA:
                 return
             columns = {str(row[1]) for row in db.execute("PRAGMA table_info(sessions)")}
-            if "binding" not in columns:
-                db.execute("ALTER TABLE sessions ADD COLUMN binding BLOB")
-            db.execute("UPDATE sessions SET binding = ? WHERE binding IS NULL", (UNBOUND,))
+            if version == 1:
+                evidence = self._schema_1_evidence(db, "binding" in columns)
+                refuse_schema_1(evidence, str(self._root))
+                if "binding" not in columns:
+                    db.execute("ALTER TABLE sessions ADD COLUMN binding BLOB")
+                db.execute("INSERT INTO legacy SELECT ns, name, span, length FROM sessions")
+                db.execute("UPDATE sessions SET binding = ?", (UNBOUND,))
+            else:
+                db.executemany("INSERT OR REPLACE INTO legacy VALUES (?, ?, ?, ?)",
+                               self._schema_2_legacy(db))
             db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(STORE_SCHEMA),))
+
+    def _schema_1_evidence(self, db: sqlite3.Connection, bindings: bool) -> Schema1Evidence:
+        """What a store marked schema 1 holds that only a later schema writes (``bindings``:
+        the sessions table has the column)."""
+        marked = 0
+        if bindings:
+            marked = int(db.execute("SELECT count(*) FROM sessions WHERE binding IS NOT NULL"
+                                    ).fetchone()[0])
+        listed = int(db.execute("SELECT count(*) FROM legacy").fetchone()[0])
+        newest = 0
+        for (span,) in db.execute("SELECT id FROM spans"):
+            version = self._record_version(span) if is_int(span) else None
+            newest = max(newest, version or 0)
+            if newest > SCHEMA_1_SPAN_VERSION:
+                break
+        return Schema1Evidence(marked, listed, newest)
+
+    def _schema_2_legacy(self, db: sqlite3.Connection) -> list[tuple[object, ...]]:
+        """The unbound rows of a store of schema 2 that may predate it: those whose span's
+        record is of the version a store of schema 1 holds (``seqkv.store.binding``
+        invariant 3)."""
+        rows = db.execute("SELECT ns, name, span, length FROM sessions WHERE binding = ?",
+                          (UNBOUND,)).fetchall()
+        return [tuple(row) for row in rows
+                if is_int(row[2]) and self._record_version(row[2]) == SCHEMA_1_SPAN_VERSION]
+
+    def _record_version(self, span: int) -> int | None:
+        """The version span ``span``'s record declares in its first byte; None where there is
+        no regular, non-empty file to read it from (invariant 7: never followed or waited on)."""
+        try:
+            handle = os.open(self._path(span), _OPEN_FLAGS)
+        except (OSError, ValueError):
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(handle).st_mode):
+                return None
+            head = os.read(handle, 1)
+        except OSError:
+            return None
+        finally:
+            os.close(handle)
+        return record_version(head[0]) if head else None
 
     def _path(self, span: int) -> Path:
         return self._root / "records" / f"{span % 256:02x}" / f"{span:x}"
@@ -343,11 +407,10 @@ class DirectoryBackend:
 
     def _entry(self, db: sqlite3.Connection, ns: NamespaceKey, name: SessionName
                ) -> SessionEntry | None:
-        row = db.execute("SELECT span, length, binding FROM sessions WHERE ns = ? AND name = ?",
-                         (ns, name)).fetchone()
+        row = db.execute(_ROW + " AND s.name = ?2", (ns, name)).fetchone()
         if row is None:
             return None
-        return session_entry(name, row[0], row[1], row[2])
+        return _checked_row(name, row)
 
     def fetch_sessions(self, ns: NamespaceKey, names: Sequence[SessionName]
                        ) -> list[SessionChain | None]:
@@ -455,6 +518,7 @@ class DirectoryBackend:
             binding = UNBOUND if plan.binding is None else plan.binding(span)
             db.execute("INSERT OR REPLACE INTO sessions(ns, name, span, length, binding) "
                        "VALUES (?, ?, ?, ?, ?)", (ns, plan.session, span, plan.length, binding))
+            db.execute(_FORGET_LEGACY, (ns, plan.session))
             if current is not None:
                 self._release(db, current.span, removed)
         self._unlink(removed)
@@ -468,6 +532,7 @@ class DirectoryBackend:
             if row is None:
                 return False
             db.execute("DELETE FROM sessions WHERE ns = ? AND name = ?", (ns, name))
+            db.execute(_FORGET_LEGACY, (ns, name))
             self._release(db, row[0] if is_int(row[0]) else None, removed)
         self._unlink(removed)
         return True
@@ -500,11 +565,10 @@ class DirectoryBackend:
             if parent is not None and parent not in survey.spans:
                 survey.malformed += 1
             survey.malformed += not self._frame_matches(span, parent)
-        for name, span, length, binding in db.execute(
-                "SELECT name, span, length, binding FROM sessions WHERE ns = ?", (ns,)):
+        for row in db.execute(_ROW, (ns,)).fetchall():
             survey.sessions += 1
             try:
-                entry = session_entry(SessionName(str(name)), span, length, binding)
+                entry = _checked_row(SessionName(str(row[0])), row)
             except CorruptRecordError:
                 survey.malformed += 1
                 continue
@@ -639,3 +703,9 @@ class DirectoryBackend:
         if db is not None and getattr(self._local, "pid", None) == os.getpid():
             db.close()
         self._local.db = None
+
+
+def _checked_row(name: SessionName, row: sqlite3.Row | tuple[object, ...]) -> SessionEntry:
+    """A row of ``_ROW`` (name, span, length, binding, listed span, listed length), checked."""
+    legacy = None if row[4] is None and row[5] is None else (row[4], row[5])
+    return session_entry(name, row[1], row[2], row[3], legacy)

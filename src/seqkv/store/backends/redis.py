@@ -10,6 +10,8 @@ Key layout (``P`` = the key prefix, ``N`` = 32 hex digits of the namespace key):
     P:N:c             hash    span id -> reference count
     P:N:n             hash    session id -> "<span>:<length>:<binding, 32 hex digits>" (rows of
                               schema 1, "<span>:<length>", become "<span>:<length>:-")
+    P:N:l             hash    session id -> "<span>:<length>": the legacy list, the rows of
+                              schema 1 the upgrade marked "-" (``seqkv.store.binding``)
     P:N:i:<hh>        hash    index bucket: key bytes [2:] -> span id; <hh> = hex of bytes [:2]
     P:N:d:<digest>    string  a mixing dictionary's bytes (``seqkv.mixing``), by its digest
     P:N:dcur          string  the digest of the namespace's current dictionary
@@ -32,8 +34,13 @@ Invariants:
    (``seqkv.store.backends.base`` invariant 6) and turns every Redis error into a ``SeqKVError``
    (enforced: ``_request``).
 5. The schema version is recorded in ``P:meta``; on opening a store of version 1 (none recorded)
-   one script marks every row of every namespace unbound (``-``) and records version 2; a later
-   version is refused by name (enforced: ``_open_schema``).
+   one script marks every row of every namespace unbound (``-``), lists it in its namespace's
+   ``P:N:l`` and records the version, unless the store holds a row with a binding or mark, a
+   legacy list or a span record of version 2 or later (then it writes nothing and the store is
+   refused: ``seqkv.store.binding`` invariant 4); on opening a store of version 2 it lists the
+   unbound rows that name a version-1 record (invariant 3 there); a later version is refused by
+   name (enforced: ``_open_schema``). The commit and delete scripts drop the session's legacy
+   entry with its row, and the session-reading scripts read the entry with the row.
    A new span's id is taken (INCR) before its commit, so that the row's binding, a function of
    the span id, is computed here: an id a failed commit took is never used (ids only grow).
 """
@@ -59,15 +66,17 @@ from seqkv.store.backends.base import (
     GcReport,
     IdentityCache,
     ParentGoneError,
+    Schema1Evidence,
     SessionChain,
     SessionEntry,
     StoredSpan,
     check_schema,
+    refuse_schema_1,
     session_entry,
     stored_int,
     walk_chain,
 )
-from seqkv.store.binding import STORE_SCHEMA, UNBOUND
+from seqkv.store.binding import SCHEMA_1_SPAN_VERSION, STORE_SCHEMA, UNBOUND
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
@@ -169,6 +178,7 @@ if record ~= '' then
 end
 redis.call('HINCRBY', ckey, span, 1)
 redis.call('HSET', nkey, name, span .. ':' .. row)
+redis.call('HDEL', p .. ':l', name)
 if current then release(p, string.match(current, '^(%d+):')) end
 return 'ok:' .. span
 """
@@ -178,6 +188,7 @@ local p, name = ARGV[1], ARGV[2]
 local current = redis.call('HGET', p .. ':n', name)
 if not current then return 0 end
 redis.call('HDEL', p .. ':n', name)
+redis.call('HDEL', p .. ':l', name)
 release(p, string.match(current, '^(%d+):'))
 return 1
 """
@@ -192,9 +203,10 @@ return out
 
 _FETCH_SESSIONS = _LIB + """
 local p = ARGV[1]
-local entries, out, seen = {}, {}, {}
+local entries, out, seen, listed = {}, {}, {}, {}
 for i = 2, #ARGV do
   local entry = redis.call('HGET', p .. ':n', ARGV[i])
+  table.insert(listed, redis.call('HGET', p .. ':l', ARGV[i]) or '')
   if entry then
     local span, length = string.match(entry, '^(%d+):(%d+)')
     if span then
@@ -208,7 +220,7 @@ for i = 2, #ARGV do
     table.insert(entries, '')
   end
 end
-return {entries, out}
+return {entries, out, listed}
 """.replace("MAXSPANS", str(MAX_CHAIN_SPANS))
 
 # Mark (from the sessions, through parents) and sweep; with ARGV[2] == '1' also repair.
@@ -239,11 +251,13 @@ end
 local sessions = redis.call('HGETALL', nkey)
 for i = 2, #sessions, 2 do
   local span, length, binding = string.match(sessions[i], '^(%d+):(%d+)(.*)$')
-  if not span or tonumber(length) < 1 or not (binding == ':-' or string.match(binding,
+  local legacy = binding == ':-' and
+      redis.call('HGET', p .. ':l', sessions[i - 1]) == span .. ':' .. length
+  if not span or tonumber(length) < 1 or not (legacy or string.match(binding,
       '^:' .. string.rep('[0-9a-f]', 32) .. '$')) then
     malformed = malformed + 1
   else
-    if binding == ':-' then unbound = unbound + 1 end
+    if legacy then unbound = unbound + 1 end
     counts[span] = (counts[span] or 0) + 1
     local path = {}
     while span do
@@ -380,29 +394,75 @@ redis.call('SET', KEYS[2], ARGV[1])
 return created
 """
 
-# Upgrades a store of schema 1: every row "<span>:<length>" of every namespace becomes
-# "<span>:<length>:-" (unbound), in the one script that records the version.
+# Opens the store's schema (KEYS[1] = P:meta, ARGV[1] = STORE_SCHEMA, ARGV[2] = P): a recorded
+# version it does not upgrade is returned as {'version', v}. A store of schema 1 (none recorded,
+# or '1') is surveyed before anything is written: a row with a third field (a binding or the
+# unbound mark), a legacy list or a span record above the schema-1 version returns {'refused',
+# marked, listed, newest} and writes nothing; else every row "<span>:<length>" becomes
+# "<span>:<length>:-" and is listed in its namespace's P:N:l. A store of schema 2 lists its
+# unbound rows whose span's record is of the schema-1 version. Both record the version.
 _SCHEMA = """
 local version = redis.call('HGET', KEYS[1], 'schema')
-if version then return version end
-local cursor = '0'
-repeat
-  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[2] .. ':*:n', 'COUNT', 1000)
-  cursor = r[1]
-  for _, key in ipairs(r[2]) do
-    if redis.call('TYPE', key)['ok'] == 'hash' then
-      local rows = redis.call('HGETALL', key)
-      for i = 1, #rows, 2 do
-        if string.match(rows[i + 1], '^%d+:%d+$') then
-          redis.call('HSET', key, rows[i], rows[i + 1] .. ':-')
-        end
+if version and version ~= '1' and version ~= '2' then return {'version', version} end
+local p = ARGV[2]
+local function keys(pattern, kind)
+  local found, cursor = {}, '0'
+  repeat
+    local r = redis.call('SCAN', cursor, 'MATCH', pattern, 'COUNT', 1000)
+    cursor = r[1]
+    for _, key in ipairs(r[2]) do
+      if redis.call('TYPE', key)['ok'] == kind then table.insert(found, key) end
+    end
+  until cursor == '0'
+  return found
+end
+local function record_version(key)
+  local head = redis.pcall('GETRANGE', key, 0, 0)
+  if type(head) ~= 'string' or #head ~= 1 then return 0 end
+  return math.floor(string.byte(head) / 16)
+end
+local tables = keys(p .. ':*:n', 'hash')
+local listed = 0
+if version == '2' then
+  for _, key in ipairs(tables) do
+    local ns = string.sub(key, 1, #key - 2)
+    local rows = redis.call('HGETALL', key)
+    for i = 1, #rows, 2 do
+      local span, length = string.match(rows[i + 1], '^(%d+):(%d+):%-$')
+      if span and record_version(ns .. ':s:' .. span) == SCHEMA1SPAN then
+        redis.call('HSET', ns .. ':l', rows[i], span .. ':' .. length)
+        listed = listed + 1
       end
     end
   end
-until cursor == '0'
+else
+  local marked, lists, newest, old = 0, 0, 0, {}
+  for _, key in ipairs(tables) do
+    local rows = redis.call('HGETALL', key)
+    for i = 1, #rows, 2 do
+      if string.match(rows[i + 1], '^%d+:%d+$') then
+        table.insert(old, {key, rows[i], rows[i + 1]})
+      elseif string.match(rows[i + 1], '^[^:]*:[^:]*:') then
+        marked = marked + 1
+      end
+    end
+  end
+  for _, key in ipairs(keys(p .. ':*:l', 'hash')) do lists = lists + redis.call('HLEN', key) end
+  for _, key in ipairs(keys(p .. ':*:s:*', 'string')) do
+    newest = math.max(newest, record_version(key))
+  end
+  if marked > 0 or lists > 0 or newest > SCHEMA1SPAN then
+    return {'refused', marked, lists, newest}
+  end
+  for _, row in ipairs(old) do
+    redis.call('HSET', row[1], row[2], row[3] .. ':-')
+    redis.call('HSET', string.sub(row[1], 1, #row[1] - 2) .. ':l', row[2], row[3])
+    listed = listed + 1
+  end
+end
 redis.call('HSET', KEYS[1], 'schema', ARGV[1])
-return '1'
-"""
+return {'upgraded', listed}
+""".replace("SCHEMA1SPAN", str(SCHEMA_1_SPAN_VERSION))
 
 _REGISTER = """
 local idx = redis.call('HGET', KEYS[2], ARGV[1])
@@ -442,10 +502,19 @@ class RedisBackend:
         self._open_schema()
 
     def _open_schema(self) -> None:
-        """Check the schema version; record it, upgrading a store of version 1 (invariant
+        """Check the schema version; record it, upgrading a store of version 1 or 2 (invariant
         5)."""
-        version = self._run("schema", [str(STORE_SCHEMA), self._prefix], [f"{self._prefix}:meta"])
-        check_schema(version, f"{self._url} (prefix {self._prefix!r})")
+        where = f"{self._url} (prefix {self._prefix!r})"
+        reply = self._run("schema", [str(STORE_SCHEMA), self._prefix], [f"{self._prefix}:meta"])
+        status = reply[0] if isinstance(reply, list) and reply else None
+        if status == b"version" and len(reply) == 2:
+            check_schema(reply[1], where)
+        elif status == b"refused" and len(reply) == 4:
+            refuse_schema_1(Schema1Evidence(*(stored_int(v, "a schema survey's count")
+                                              for v in reply[1:])), where)
+        elif status != b"upgraded":
+            raise CorruptRecordError(f"Redis at {where} answered the schema check with "
+                                     f"{reply!r:.80}: not a Redis that runs the store's scripts")
 
     @property
     def url(self) -> str:
@@ -541,14 +610,14 @@ class RedisBackend:
                        ) -> list[SessionChain | None]:
         if not names:
             return []
-        entries, flat = self._run("sessions", [self._ns(ns), *names])
+        entries, flat, listed = self._run("sessions", [self._ns(ns), *names])
         records = _records(flat)
         out: list[SessionChain | None] = []
-        for name, raw in zip(names, entries, strict=True):
+        for name, raw, legacy in zip(names, entries, listed, strict=True):
             if not raw:
                 out.append(None)
                 continue
-            entry = _entry(name, raw)
+            entry = _entry(name, raw, legacy)
             out.append(SessionChain(entry, _chain_of(f"session {name!r}", entry.span,
                                                      entry.length, records)))
         return out
@@ -660,6 +729,7 @@ class RedisBackend:
 
 _DIGEST = re.compile(rb"[0-9a-f]{64}")
 _ROW = re.compile(rb"(\d{1,19}):(-?\d{1,19})(?::([0-9a-f]{32}|-))?")
+_LISTED = re.compile(rb"(\d{1,19}):(\d{1,19})")
 
 
 def _row(entry: SessionEntry) -> str:
@@ -668,8 +738,9 @@ def _row(entry: SessionEntry) -> str:
     return f"{entry.span}:{entry.length}:{binding}"
 
 
-def _entry(name: SessionName, raw: object) -> SessionEntry:
-    """A session row read from Redis, checked (``seqkv.store.backends.base`` invariant 6)."""
+def _entry(name: SessionName, raw: object, legacy: object = b"") -> SessionEntry:
+    """A session row read from Redis with its legacy list entry (``b""``: none), checked
+    (``seqkv.store.backends.base`` invariants 6 and 7)."""
     match = _ROW.fullmatch(raw) if isinstance(raw, bytes) else None
     if match is None:
         shown = raw[:60] if isinstance(raw, bytes) else raw
@@ -677,7 +748,9 @@ def _entry(name: SessionName, raw: object) -> SessionEntry:
                                  "<span>:<length>:<binding>: the store's metadata was damaged")
     binding = (None if match[3] is None else UNBOUND if match[3] == b"-"
                else bytes.fromhex(match[3].decode("ascii")))
-    return session_entry(name, match[1], match[2], binding)
+    listed = _LISTED.fullmatch(legacy) if isinstance(legacy, bytes) else None
+    return session_entry(name, match[1], match[2], binding,
+                         None if listed is None else (listed[1], listed[2]))
 
 
 def _records(flat: Sequence[object]) -> dict[SpanId, bytes]:
