@@ -206,7 +206,11 @@ local p = ARGV[1]
 local entries, out, seen, listed = {}, {}, {}, {}
 for i = 2, #ARGV do
   local entry = redis.call('HGET', p .. ':n', ARGV[i])
-  table.insert(listed, redis.call('HGET', p .. ':l', ARGV[i]) or '')
+  local legacy = ''
+  if entry and string.sub(entry, -2) == ':-' then
+    legacy = redis.call('HGET', p .. ':l', ARGV[i]) or ''
+  end
+  table.insert(listed, legacy)
   if entry then
     local span, length = string.match(entry, '^(%d+):(%d+)')
     if span then
