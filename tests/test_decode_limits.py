@@ -15,7 +15,6 @@ import pytest
 
 from seqkv import cli
 from seqkv.codec import (
-    MODEL_FREE_MAX_TOKENS,
     DecodeItem,
     compress,
     decode_many,
@@ -34,6 +33,7 @@ from seqkv.errors import (
 )
 from seqkv.formats.framing import frame, unframe
 from seqkv.formats.skv import _ERRORS, MAGIC, read_skv, write_skv
+from seqkv.limits import MODEL_FREE_MAX_TOKENS
 from seqkv.models import CausalLM
 
 TOKENS = [5, 17, 17, 3, 9, 10, 11, 12]

@@ -25,10 +25,10 @@ import torch
 from legacy_stores import STORE_V1_TOKENS, redis_store_v1
 from seqkv import cli
 from seqkv.cli.store import open_store
-from seqkv.codec import MODEL_FREE_MAX_TOKENS
 from seqkv.coding.arithmetic import BitStream
 from seqkv.errors import InvalidArgumentTypeError, InvalidTokensError
 from seqkv.formats.span import read_span, write_span
+from seqkv.limits import MODEL_FREE_MAX_TOKENS
 from seqkv.models import CausalLM
 from seqkv.store import (
     CorruptRecordError,

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from seqkv.errors import EmptyInputError
 from seqkv.formats.framing import encode_varint, frame, unframe
 from seqkv.kvcache import tensor_from_cache
+from seqkv.limits import TRIE_LEGACY_HEADER_BYTES
 from seqkv.models import CausalLM
 from seqkv.trie import (
     CorruptTrieFileError,
@@ -41,7 +42,6 @@ from seqkv.trie.errors import TrieFileError, TrieLimitError
 from seqkv.trie.persistence import (
     _ERRORS,
     FORMAT_VERSION,
-    LEGACY_HEADER_BYTES,
     LEGACY_MAGIC,
     MAGIC,
     compress_kv,
@@ -312,11 +312,11 @@ def test_a_tree_that_costs_more_than_its_size_allows(monkeypatch: pytest.MonkeyP
     for length in range(1, 40):  # a chain of one-token nodes: path work grows as length**2
         trie.insert(list(range(1, length + 1)), [-1.0] * length)
     data = trie_to_bytes(trie)
-    monkeypatch.setattr(persistence, "_PATH_WORK_BASE", 0)
-    monkeypatch.setattr(persistence, "_PATH_WORK_PER_BYTE", 0)
+    monkeypatch.setattr(persistence, "TRIE_PATH_WORK_BASE", 0)
+    monkeypatch.setattr(persistence, "TRIE_PATH_WORK_PER_BYTE", 0)
     with pytest.raises(TrieLimitError, match="path hashing"):
         trie_from_bytes(data)
-    monkeypatch.setattr(persistence, "_PATH_WORK_BASE", 39 * 40 // 2)
+    monkeypatch.setattr(persistence, "TRIE_PATH_WORK_BASE", 39 * 40 // 2)
     assert len(trie_from_bytes(data).nodes()) == 40
 
 
@@ -375,7 +375,7 @@ def test_format_1_a_header_over_its_cap_is_refused_unparsed() -> None:
     def long(header: dict[str, Any], _: bytearray) -> None:
         header["writer"] = "@long@"
 
-    quotes = b'"' + b'\\"' * (LEGACY_HEADER_BYTES // 2) + b'"'
+    quotes = b'"' + b'\\"' * (TRIE_LEGACY_HEADER_BYTES // 2) + b'"'
     with pytest.raises(CorruptTrieFileError, match="more than the"):
         trie_from_bytes(_legacy_with(long, (b'"@long@"', quotes)))
 

@@ -93,6 +93,7 @@ from seqkv.levels import (
     TraceColumns,
     parse_level,
 )
+from seqkv.limits import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_TOKENS, MODEL_FREE_MAX_VOCAB
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryMismatchError, DictionaryUnavailableError
 from seqkv.models.adapter import CausalLM
@@ -779,21 +780,6 @@ def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
     schedule = kv_schedule(model, session) if model is not None and with_kv else None
     return _Pending(item, level, time.perf_counter(), context, vocab,
                     classes=_classes(model, level), kv_schedule=schedule)
-
-
-# NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram
-# level builds a table per token, about 22 ns a vocabulary entry here): a file may ask for at
-# most this much work in all, about 90 s here, which bounds a forged count on a format-3/4 file
-# (format 5 stops it at the information guard).
-MAX_MODEL_FREE_WORK = 1 << 32
-# NOTE: and at most this vocabulary, so that the work per token is bounded too (about 6 ms here):
-# 2**18 = 262,144, the largest vocabularies in use (the format allows 2**22, for a decode that
-# has the model, whose vocabulary the file must then equal).
-MODEL_FREE_MAX_VOCAB = 1 << 18
-# NOTE: with no model there is no context to bound a model-free decode's token count: 131,072
-# tokens, the longest context of the models seqkv runs, unless the caller's ``max_tokens`` says
-# otherwise (README, "Bounded decoding").
-MODEL_FREE_MAX_TOKENS = 1 << 17
 
 
 # NOTE: what a decode holds per token beyond its KV (README, "Bounded decoding"): the decoded

@@ -32,9 +32,9 @@ from seqkv.digests import Digest, model_digest, profile_digest
 from seqkv.errors import SeqKVError
 from seqkv.files import write_atomically
 from seqkv.formats.framing import load_json
+from seqkv.limits import MAX_DESCRIPTION_BYTES
 from seqkv.types import ExecutionProfile, ModelIdentity, Schedule
 
-_ENTRY_LIMIT_BYTES = 64 * 1024
 # What each annotation of ``ModelIdentity`` and ``ExecutionProfile`` admits from JSON.
 _SCHEDULES = get_args(Schedule)
 
@@ -130,8 +130,8 @@ class Descriptions:
         path = self._path(kind, digest)
         try:
             with open(path, "rb") as stream:
-                data = stream.read(_ENTRY_LIMIT_BYTES + 1)
-            raw = load_json(data, "an entry", _Unreadable, _ENTRY_LIMIT_BYTES, 1)
+                data = stream.read(MAX_DESCRIPTION_BYTES + 1)
+            raw = load_json(data, "an entry", _Unreadable, MAX_DESCRIPTION_BYTES, 1)
         except (OSError, _Unreadable):
             return None
         return raw if isinstance(raw, dict) else None

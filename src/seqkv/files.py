@@ -25,15 +25,14 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-# NOTE: the longest file name most file systems allow (ext4, xfs, btrfs, tmpfs: 255 bytes).
-_NAME_MAX = 255
+from seqkv.limits import MAX_NAME_BYTES
 
 
 def temporary_name(target: Path) -> Path:
     """A fresh hidden name beside ``target`` (shortened when the target's name is long)."""
     token = secrets.token_hex(8)
     name = f".{target.name}.{token}.tmp"
-    if len(os.fsencode(name)) > _NAME_MAX:
+    if len(os.fsencode(name)) > MAX_NAME_BYTES:
         name = f".seqkv.{token}.tmp"
     return target.with_name(name)
 

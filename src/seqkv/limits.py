@@ -10,6 +10,16 @@ Invariants:
 2. ``MAX_VARINT`` is exact in a double (``2**53 - 1``): the store's Redis scripts read varints
    as Lua numbers, and the Python reader refuses what they could not represent (enforced:
    ``seqkv.formats.framing``; both tested on shared vectors).
+3. Every module-level bound on what an input (a file, a record, a header, a text, a name) may
+   make seqkv allocate, parse or compute is defined here and imported where it is checked;
+   nothing else in ``src/seqkv`` defines one (checked: ``tests/test_limits.py``).
+
+What is not here, on purpose: constants that define what bytes mean (the arithmetic coder's
+state bits, the fixed-point fractions of the integer model and the mixer, the residual code's
+alphabet, the framing's one-byte section count), parameters of a coding model (the match
+model's length clamp), tuning (threads, chunk rows, drafts, cache budgets) and the C kernels'
+own buffer sizes (``native.c``). Changing one of those changes the bits a file holds or how fast
+it is made, not what a reader accepts.
 """
 
 from __future__ import annotations
@@ -17,10 +27,11 @@ from __future__ import annotations
 # NOTE: 2**31 positions: more than any model's context, so a count beyond it is corruption
 # without asking the model; the decoder then bounds it by the model's own context.
 MAX_POSITIONS = 1 << 31
-# The segments level's N (``seqkv.levels.segments``): more gives rows nothing to share.
+# The segments level's N (``seqkv.levels.segments``): a bound keeps a crafted or mistyped level
+# from allocating N sequences' KV, and more segments give the rows nothing more to share.
 MAX_SEGMENTS = 64
-# Layers a file may name (the portable level's layer count; a KV's first axis): beyond any
-# model seqkv runs (SmolLM2-135M: 30).
+# Layers a file may name (the portable level's ``portable:N``; a KV's first axis): beyond any
+# model seqkv runs (SmolLM2-135M: 30); the model's own count is checked too.
 MAX_LAYERS = 1024
 MAX_KV_HEADS = 1024
 MAX_HEAD_DIM = 1 << 16
@@ -33,3 +44,74 @@ MAX_VARINT = (1 << 53) - 1
 MAX_VARINT_BYTES = 8
 # User-given ids and namespaces (``seqkv.namespaces``).
 MAX_ID_LENGTH = 128
+
+# Sizes a coded file or its reader may reach.
+# NOTE: the most tokens a decode may produce without a model, whose context would bound it:
+# 131,072 tokens, the longest context of the models seqkv runs, unless the caller's
+# ``max_tokens`` says otherwise (README, "Bounded decoding"; ``seqkv.codec.token_limit``).
+MODEL_FREE_MAX_TOKENS = 1 << 17
+# NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram
+# level builds a table per token): a file may ask for at most this much work in all, which
+# bounds a forged count on a format-3/4 file (format 5 stops it at the information guard).
+MAX_MODEL_FREE_WORK = 1 << 32
+# NOTE: and at most this vocabulary, so that the work per token is bounded too: 2**18 = 262,144,
+# the largest vocabularies in use (``MAX_VOCAB`` allows 2**22, for a decode that has the model,
+# whose vocabulary the file must then equal).
+MODEL_FREE_MAX_VOCAB = 1 << 18
+
+# The JSON header of format-1 and format-2 ``.skv`` files (``seqkv.formats.skv_legacy``).
+# NOTE: their writers wrote headers of about 1.4 KB, nested 3 levels deep; these bounds are
+# generous for them and refuse a crafted header before it is parsed.
+LEGACY_SKV_HEADER_BYTES = 64 * 1024
+LEGACY_SKV_HEADER_DEPTH = 4
+LEGACY_SKV_STRING = 256
+LEGACY_SKV_THREADS = 4096
+
+# A warm entry's header (``seqkv.warm.entry``): its geometry fields (layers, KV heads, head
+# dimension) and its token count and group size.
+MAX_WARM_GEOMETRY = 1 << 20
+MAX_WARM_TOKENS = 1 << 24
+
+# Saved tries (``seqkv.trie.persistence``).
+# NOTE: deflate emits at least one bit per 258 bytes of a run, so no zlib stream inflates to
+# more than about 1,032 times its size: a node whose KV claims more than that is corrupt,
+# refused before anything is inflated.
+TRIE_ZLIB_MAX_RATIO = 1032
+# NOTE: the byte planes of real float KV do not compress much: the low mantissa bytes of fp32,
+# fp16 and bf16 alike are close to random, so no real KV shrinks more than about 2x. A file's KV
+# may inflate to at most this ratio of its KV bytes, plus ``TRIE_KV_INFLATE_SLACK`` for the zlib
+# overhead of tiny test tensors; more is a bomb (a node of zeros inside TRIE_ZLIB_MAX_RATIO:
+# 261 KB held 270 MB), refused before anything is inflated.
+TRIE_KV_MAX_RATIO = 16
+TRIE_KV_INFLATE_SLACK = 1 << 20
+# NOTE: format-1 writers wrote about 110 bytes of JSON per node; 8 MiB (some 75,000 nodes) is
+# well below the readers' 256 MiB budget.
+TRIE_LEGACY_HEADER_BYTES = 8 << 20
+# Format-1 headers nest 4 levels deep (header, nodes, a node, its KV extent).
+TRIE_LEGACY_HEADER_DEPTH = 4
+# NOTE: restoring a node hashes its whole path (``PrefixTrie.from_snapshot``). Real tries need
+# far less than 64 positions per file byte (their nodes hold KV and whole tails of sessions); a
+# crafted chain of one-token nodes would need thousands.
+TRIE_PATH_WORK_BASE = 1 << 22
+TRIE_PATH_WORK_PER_BYTE = 64
+
+# The session store (``seqkv.store``).
+# The most spans a chain may hold; a chain also holds at most its session's length of spans
+# (each span codes at least one token after its parent's start).
+MAX_CHAIN_SPANS = 1 << 16
+MAX_SPAN_ID = (1 << 63) - 1
+# NOTE: twice Redis's default largest value (``proto-max-bulk-len``, 512 MiB), which bounds the
+# Redis backend's records: a record file past it is damage, refused before it is read.
+MAX_RECORD_BYTES = 1 << 30
+# Same-named sessions the connector's cold tier numbers (``name:2`` ...) before it refuses one.
+MAX_SESSION_NAME_SUFFIX = 100
+
+# Local files a user names or seqkv reads.
+# NOTE: the longest file name most file systems allow (ext4, xfs, btrfs, tmpfs: 255 bytes).
+MAX_NAME_BYTES = 255
+# NOTE: no tokenizer seqkv runs makes tokens longer than 64 bytes on average over a text (the
+# shipped sample: 4.4 bytes per token), so a text over 64 bytes per position of the model's
+# context is refused before it is tokenized.
+MAX_TEXT_BYTES_PER_POSITION = 64
+# A description entry (``seqkv.descriptions``): flat JSON of a few hundred bytes when written.
+MAX_DESCRIPTION_BYTES = 64 * 1024

@@ -39,18 +39,12 @@ from seqkv.coding.residual_code import MAX_TOLERANCE, MIN_TOLERANCE, is_toleranc
 from seqkv.errors import EmptyInputError, InputTooLongError, OutputError, UsageError
 from seqkv.files import write_all_atomically
 from seqkv.levels import CodingLevel, parse_level
-from seqkv.limits import MAX_POSITIONS
+from seqkv.limits import MAX_NAME_BYTES, MAX_POSITIONS, MAX_TEXT_BYTES_PER_POSITION
 from seqkv.models import CausalLM, load_default_model, load_model
 from seqkv.progress import Progress, ProgressSink
 
 MODEL_HELP = "local HF model folder or .gguf file (default: embedded SmolLM2-135M-Instruct)"
 STDIO = "-"
-# NOTE: no tokenizer seqkv runs makes tokens longer than 64 bytes on average over a text (the
-# shipped sample: 4.4 bytes per token), so a text over 64 bytes per position of the model's
-# context is refused before it is tokenized.
-MAX_TEXT_BYTES_PER_POSITION = 64
-# NOTE: the longest file name most file systems allow (ext4, xfs, btrfs, tmpfs).
-_NAME_MAX = 255
 
 
 class Parser(argparse.ArgumentParser):
@@ -188,9 +182,9 @@ def _check_output(text: str, create_parents: bool) -> None:
     if not text or text.endswith(os.sep):
         raise argparse.ArgumentTypeError(f"{text!r} names a folder, not a file")
     path = Path(text)
-    if len(os.fsencode(path.name)) > _NAME_MAX:
+    if len(os.fsencode(path.name)) > MAX_NAME_BYTES:
         raise argparse.ArgumentTypeError(
-            f"the file name of {text} is longer than {_NAME_MAX} bytes")
+            f"the file name of {text} is longer than {MAX_NAME_BYTES} bytes")
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a directory: name a file")
     if path.exists() and not path.is_file():
@@ -203,7 +197,7 @@ def _check_folder(folder: Path, create: bool, text: str) -> None:
     in the folder ``mkdir -p`` would make)."""
     probe = folder
     while create and not probe.exists() and probe != probe.parent:
-        if any(len(os.fsencode(part)) > _NAME_MAX for part in probe.parts):
+        if any(len(os.fsencode(part)) > MAX_NAME_BYTES for part in probe.parts):
             raise argparse.ArgumentTypeError(f"a folder name in {text} is too long")
         probe = probe.parent
     if not probe.exists():

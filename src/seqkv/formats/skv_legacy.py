@@ -25,7 +25,7 @@ Invariants:
    covers the positions, scales one per group, ``num_bits`` fits the code, escapes match their
    count); a file that passes the checksum but holds anything else is CorruptFileError
    (enforced; ``tests/test_fuzz_skv.py``).
-3. The JSON header is parsed only after its size (``MAX_HEADER_BYTES``) and nesting depth are
+3. The JSON header is parsed only after its size (``LEGACY_SKV_HEADER_BYTES``) and nesting depth are
    checked (in time linear in its size), and with NaN, Infinity and repeated keys refused
    (enforced: ``seqkv.formats.framing``).
 4. ``upgraded`` refuses, before any decoding, a file that the reader's model cannot have coded
@@ -56,7 +56,16 @@ from seqkv.errors import (
     UnsupportedVersionError,
 )
 from seqkv.formats.framing import load_json
-from seqkv.limits import MAX_GROUPS, MAX_POSITIONS, MAX_SEGMENTS, MAX_VOCAB
+from seqkv.limits import (
+    LEGACY_SKV_HEADER_BYTES,
+    LEGACY_SKV_HEADER_DEPTH,
+    LEGACY_SKV_STRING,
+    LEGACY_SKV_THREADS,
+    MAX_GROUPS,
+    MAX_POSITIONS,
+    MAX_SEGMENTS,
+    MAX_VOCAB,
+)
 from seqkv.session import CodedSession, PrefixRef
 from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity, Schedule
 
@@ -68,12 +77,6 @@ _LEVELS = ("tokens", "rows", "segments", "ngram", "plain")
 _MODEL_FREE = ("ngram", "plain")
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
 _SHA256 = re.compile("[0-9a-f]{64}")
-# NOTE: the writers of formats 1 and 2 wrote headers of about 1.4 KB, nested 3 levels deep;
-# these bounds are generous for them and refuse a crafted header before it is parsed.
-MAX_HEADER_BYTES = 64 * 1024
-_MAX_DEPTH = 4
-_MAX_STRING = 256
-_MAX_THREADS = 4096
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,8 @@ def read_legacy(data: bytes) -> LegacyFile:
     offset += token_len
     words = body[offset : offset + words_len]
     escapes = body[offset + words_len :]
-    raw = load_json(header_bytes, "the .skv header", CorruptFileError, MAX_HEADER_BYTES,
-                    _MAX_DEPTH)
+    raw = load_json(header_bytes, "the .skv header", CorruptFileError,
+                    LEGACY_SKV_HEADER_BYTES, LEGACY_SKV_HEADER_DEPTH)
     return _parse(raw, version, token_data, words, escapes)
 
 
@@ -167,8 +170,8 @@ def _number(value: Any, name: str) -> float:
 
 
 def _str(value: Any, name: str, choices: tuple[str, ...] = ()) -> str:
-    if not isinstance(value, str) or len(value) > _MAX_STRING:
-        raise _fail(f"{name} must be a string of at most {_MAX_STRING} characters, not "
+    if not isinstance(value, str) or len(value) > LEGACY_SKV_STRING:
+        raise _fail(f"{name} must be a string of at most {LEGACY_SKV_STRING} characters, not "
                     f"{_show(value)}")
     if choices and value not in choices:
         raise _fail(f"{name} must be one of {', '.join(choices)}, not {_show(value)}")
@@ -250,7 +253,7 @@ def _parse(raw: Any, version: int, token_data: bytes, words: bytes,
             dtype=_str(profile["dtype"], "profile.dtype", _DTYPES),
             device_class=_str(profile["device_class"], "profile.device_class"),
             cpu_capability=_str(profile["cpu_capability"], "profile.cpu_capability"),
-            num_threads=_int(profile["num_threads"], "profile.num_threads", 1, _MAX_THREADS),
+            num_threads=_int(profile["num_threads"], "profile.num_threads", 1, LEGACY_SKV_THREADS),
             torch_version=_str(profile["torch_version"], "profile.torch_version"),
             transformers_version=_str(profile["transformers_version"],
                                       "profile.transformers_version")),

@@ -62,6 +62,7 @@ from seqkv.levels.base import (
 from seqkv.levels.drafts import PromptLookup
 from seqkv.levels.kv_rebuild import prefill_kv
 from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, LookupDrafter, StreamDrafter
+from seqkv.limits import MAX_LAYERS
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.mixer import MixingPredictor
 from seqkv.models.adapter import CausalLM
@@ -107,7 +108,6 @@ def integer_threads(engine: IntegerForward) -> int:
     return NATIVE_THREADS if engine.backend == "native" else TORCH_PATH_THREADS
 
 
-MAX_LAYERS = 1024  # a bound on what a file may ask for; the model's own count is checked too
 # NOTE: encode buffers kept per model for this many encodes running at once (more allocate
 # their own and drop them). A set is the logits of a 256-row forward and 64 rows of tables
 # (100 + 50 MB on SmolLM2): numpy asks for transparent huge pages for arrays this large, and a

@@ -44,8 +44,6 @@ from seqkv.bounds import (
 )
 from seqkv.codec import (
     DEFAULT_TOLERANCE,
-    MAX_MODEL_FREE_WORK,
-    MODEL_FREE_MAX_TOKENS,
     DecodeItem,
     decode_many,
     encode,
@@ -64,6 +62,7 @@ from seqkv.formats.span import SpanRecord
 from seqkv.levels import CodingLevel, parse_level
 from seqkv.levels.base import TraceColumns
 from seqkv.levels.model_free import ModelFreeLevel, code_tokens, decode_tokens
+from seqkv.limits import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_TOKENS
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryError
 from seqkv.models.adapter import CausalLM
@@ -250,7 +249,7 @@ class TokensCodec:
 
     @property
     def max_tokens(self) -> int | None:
-        """The model-free token cap that files have (``seqkv.codec.MODEL_FREE_MAX_TOKENS``): a
+        """The model-free token cap that files have (``seqkv.limits.MODEL_FREE_MAX_TOKENS``): a
         row or span claiming more is refused before any decode, as a ``.skv`` file is."""
         return MODEL_FREE_MAX_TOKENS
 

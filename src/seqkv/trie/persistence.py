@@ -40,10 +40,10 @@ Invariants:
    sections' lengths, the tree's shape (parents before children, pre-order, one child per first
    token, namespaces inherited), tokens (>= 0, the minimal width), log2-probabilities (finite,
    <= 0), statistics (<= the clock), the KV layout, each node's KV size against its
-   compressed size (zlib inflates at most ``ZLIB_MAX_RATIO`` times) and the file's KV sizes
+   compressed size (zlib inflates at most ``TRIE_ZLIB_MAX_RATIO`` times) and the file's KV sizes
    together against its KV bytes (``kv_inflate_limit``) before anything is inflated, streaming,
    with the node's size as a cap. A format-1 JSON header is parsed only below
-   ``LEGACY_HEADER_BYTES``. A crafted file with a valid checksum ends in a ``TrieFileError``
+   ``TRIE_LEGACY_HEADER_BYTES``. A crafted file with a valid checksum ends in a ``TrieFileError``
    (enforced; ``tests/test_fuzz_trie.py``).
 4. Loading costs at most ``path_work_limit(file bytes)`` token positions of path hashing, the
    loader's one cost beyond the file's size (every node hashes its whole path); a file whose
@@ -84,7 +84,19 @@ from seqkv.formats.framing import (
     load_json,
     unframe,
 )
-from seqkv.limits import MAX_HEAD_DIM, MAX_KV_HEADS, MAX_LAYERS, MAX_VARINT
+from seqkv.limits import (
+    MAX_HEAD_DIM,
+    MAX_KV_HEADS,
+    MAX_LAYERS,
+    MAX_VARINT,
+    TRIE_KV_INFLATE_SLACK,
+    TRIE_KV_MAX_RATIO,
+    TRIE_LEGACY_HEADER_BYTES,
+    TRIE_LEGACY_HEADER_DEPTH,
+    TRIE_PATH_WORK_BASE,
+    TRIE_PATH_WORK_PER_BYTE,
+    TRIE_ZLIB_MAX_RATIO,
+)
 from seqkv.trie.errors import (
     CorruptTrieFileError,
     NotATrieFileError,
@@ -115,41 +127,17 @@ _ERRORS = FramingErrors(EmptyInputError, NotATrieFileError, UnsupportedTrieVersi
 _WHAT = "the trie file"
 _ZLIB_LEVEL = 6
 _SECTIONS = 6
-# NOTE: deflate emits at least one bit per 258 bytes of a run, so no zlib stream inflates to
-# more than about 1,032 times its size: a node whose KV claims more than that is corrupt,
-# refused before anything is inflated.
-ZLIB_MAX_RATIO = 1032
-# NOTE: the byte planes of real float KV do not compress much (0.845 of the size measured above):
-# the low mantissa bytes of fp32, fp16 and bf16 alike are close to random, so no real KV shrinks
-# more than about 2x. A file's KV may inflate to at most this ratio of its KV bytes, plus
-# ``KV_INFLATE_SLACK`` for the zlib overhead of tiny test tensors; more is a bomb (a node of
-# zeros inside ZLIB_MAX_RATIO: 261 KB held 270 MB), refused before anything is inflated.
-KV_MAX_RATIO = 16
-KV_INFLATE_SLACK = 1 << 20
-# NOTE: format-1 writers wrote about 110 bytes of JSON per node; 8 MiB (some 75,000 nodes)
-# parses in about 0.2 s and well below the readers' 256 MiB budget.
-LEGACY_HEADER_BYTES = 8 << 20
-# NOTE: a trie serves one model; 1,024 layers, heads and a head dimension of 65,536 are beyond
-# any model seqkv runs (SmolLM2-135M: 30, 3, 64).
-# NOTE: restoring a node hashes its whole path (``PrefixTrie.from_snapshot``): measured here at
-# about 4.3 million token positions a second (a 3,000-node chain, 4.5 million positions, loads
-# in 1.0 s). Real tries need far less than 64 positions per file byte (their nodes hold KV and
-# whole tails of sessions); a crafted chain of one-token nodes would need thousands.
-_PATH_WORK_BASE = 1 << 22
-_PATH_WORK_PER_BYTE = 64
-# NOTE: format-1 headers nest 4 levels deep (header, nodes, a node, its KV extent).
-_LEGACY_DEPTH = 4
 
 
 def kv_inflate_limit(kv_bytes: int) -> int:
     """The most bytes a file's ``kv_bytes`` of compressed KV may inflate to, all nodes
     together."""
-    return KV_MAX_RATIO * kv_bytes + KV_INFLATE_SLACK
+    return TRIE_KV_MAX_RATIO * kv_bytes + TRIE_KV_INFLATE_SLACK
 
 
 def path_work_limit(file_bytes: int) -> int:
     """The most token positions of path hashing a file of ``file_bytes`` may ask for."""
-    return _PATH_WORK_BASE + _PATH_WORK_PER_BYTE * file_bytes
+    return TRIE_PATH_WORK_BASE + TRIE_PATH_WORK_PER_BYTE * file_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +217,7 @@ def decompress_kv(data: bytes, shape: tuple[int, ...], dtype: torch.dtype) -> to
     itemsize = torch.empty((), dtype=dtype).element_size()
     numel = math.prod(shape)
     size = numel * itemsize
-    if size > ZLIB_MAX_RATIO * len(data) + 64:
+    if size > TRIE_ZLIB_MAX_RATIO * len(data) + 64:
         raise CorruptTrieFileError(f"a KV section of {len(data):,} bytes cannot inflate to the "
                                    f"{size:,} bytes of its shape {list(shape)}")
     raw = inflate(data, size, "a KV section", CorruptTrieFileError)
@@ -434,7 +422,7 @@ def _read_legacy(data: bytes) -> _Parsed:
     if reserved:
         raise _corrupt(f"has reserved field {reserved}, not 0")
     header = load_json(body[prefix.size : prefix.size + header_len], "the trie file's header",
-                       CorruptTrieFileError, LEGACY_HEADER_BYTES, _LEGACY_DEPTH)
+                       CorruptTrieFileError, TRIE_LEGACY_HEADER_BYTES, TRIE_LEGACY_HEADER_DEPTH)
     payload = body[prefix.size + header_len :]
     return _parse_legacy(header, payload)
 
@@ -544,7 +532,7 @@ def _assemble(parsed: _Parsed, file_bytes: int) -> TrieSnapshot:
             raise TrieLimitError(
                 f"the trie file's KV of {len(parsed.kv):,} compressed bytes declares "
                 f"{inflated:,} bytes, more than the {kv_inflate_limit(len(parsed.kv)):,} real KV "
-                f"compresses from (at most {KV_MAX_RATIO}x): a decompression bomb")
+                f"compresses from (at most {TRIE_KV_MAX_RATIO}x): a decompression bomb")
     records = []
     offset = 0
     for node in nodes:

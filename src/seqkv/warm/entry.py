@@ -37,6 +37,7 @@ from seqkv.errors import (
     WarmTagMismatchError,
 )
 from seqkv.formats.framing import FramingErrors, SectionReader, encode_varint, frame, unframe
+from seqkv.limits import MAX_WARM_GEOMETRY, MAX_WARM_TOKENS
 from seqkv.quantizers.bitpack import MAX_BITS
 from seqkv.types import KVGeometry
 from seqkv.warm.config import QUANTIZER_IDS, WarmConfig, WarmModel, predictor_from_ids
@@ -46,8 +47,6 @@ VERSION = 1
 _ERRORS = FramingErrors(CorruptFileError, NotASeqKVFileError, UnsupportedVersionError,
                         TruncatedFileError, CorruptFileError)
 _WHAT = "the warm entry"
-_MAX_GEOMETRY = 1 << 20
-_MAX_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ def _read_header(data: bytes) -> EntryHeader:
     kind = reader.u8("predictor")
     if kind > 1:
         raise reader.fail(f"names unknown predictor {kind}")
-    group = reader.varint("group size", 1, _MAX_TOKENS) if kind else 1
+    group = reader.varint("group size", 1, MAX_WARM_TOKENS) if kind else 1
     reference = reader.u8("reference") if kind else 0
     if reference > 1:
         raise reader.fail(f"names unknown reference {reference}")
@@ -92,10 +91,10 @@ def _read_header(data: bytes) -> EntryHeader:
         raise reader.fail(f"names unknown quantizer {quantizer}")
     bits = reader.u8("bits")
     seed = reader.varint("seed")
-    layers = reader.varint("layers", 1, _MAX_GEOMETRY)
-    heads = reader.varint("kv heads", 1, _MAX_GEOMETRY)
-    head_dim = reader.varint("head dim", 2, _MAX_GEOMETRY)
-    tokens = reader.varint("token count", 1, _MAX_TOKENS)
+    layers = reader.varint("layers", 1, MAX_WARM_GEOMETRY)
+    heads = reader.varint("kv heads", 1, MAX_WARM_GEOMETRY)
+    head_dim = reader.varint("head dim", 2, MAX_WARM_GEOMETRY)
+    tokens = reader.varint("token count", 1, MAX_WARM_TOKENS)
     reader.finish()
     if bits > MAX_BITS and QUANTIZER_IDS[quantizer] not in ("int8", "fp8"):
         raise reader.fail(f"has bits {bits} beyond {MAX_BITS}")

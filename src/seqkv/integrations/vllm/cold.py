@@ -38,11 +38,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from seqkv.integrations.vllm.background import BackgroundQueue
+from seqkv.limits import MAX_SESSION_NAME_SUFFIX
 from seqkv.store import SessionStore
 
 logger = logging.getLogger(__name__)
 
-_MAX_SUFFIX = 100
 FAILURES_KEPT = 64
 """Latest failures kept in full (session, cause, message); older ones only counted."""
 CAUSES_KEPT = 32
@@ -131,7 +131,7 @@ class ColdTier:
         return ColdTicket(name, "queued", future)
 
     def _reserve(self, session: str, namespace: str) -> str:
-        for attempt in range(1, _MAX_SUFFIX + 1):
+        for attempt in range(1, MAX_SESSION_NAME_SUFFIX + 1):
             name = session if attempt == 1 else f"{session}:{attempt}"
             with self._lock:
                 if (namespace, name) in self._reserved:
@@ -141,7 +141,7 @@ class ColdTier:
             with self._lock:
                 self._reserved.add((namespace, name))
             return name
-        raise ValueError(f"{_MAX_SUFFIX} sessions of id {session!r} exist")
+        raise ValueError(f"{MAX_SESSION_NAME_SUFFIX} sessions of id {session!r} exist")
 
     def _put(self, name: str, tokens: list[int], namespace: str) -> str | None:
         try:

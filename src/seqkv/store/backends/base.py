@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from seqkv.limits import MAX_POSITIONS
+from seqkv.limits import MAX_CHAIN_SPANS, MAX_POSITIONS, MAX_SPAN_ID
 from seqkv.store.binding import (
     BINDING_BYTES,
     SCHEMA_1_SPAN_VERSION,
@@ -56,11 +56,6 @@ from seqkv.store.binding import (
 )
 from seqkv.store.errors import CorruptRecordError, StoreSchemaError, StoreSchemaMarkError
 from seqkv.store.ids import CodecDigest, NamespaceKey, SessionName, SpanId
-
-MAX_CHAIN_SPANS = 1 << 16
-"""The most spans a chain may hold; a chain also holds at most its session's length of spans
-(each span codes at least one token after its parent's start)."""
-MAX_SPAN_ID = (1 << 63) - 1
 
 
 def is_int(value: object) -> bool:

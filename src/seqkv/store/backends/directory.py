@@ -64,8 +64,8 @@ from pathlib import Path
 
 from seqkv.files import write_atomically
 from seqkv.formats.span import read_frame
+from seqkv.limits import MAX_CHAIN_SPANS, MAX_RECORD_BYTES
 from seqkv.store.backends.base import (
-    MAX_CHAIN_SPANS,
     AuditReport,
     ByteCounts,
     CodecIdentity,
@@ -131,9 +131,6 @@ WITH RECURSIVE chain(id, parent, depth) AS (
 SELECT id, parent FROM chain
 """
 _BUSY_MS = 60_000
-# NOTE: twice Redis's default largest value (``proto-max-bulk-len``, 512 MiB), which bounds the
-# Redis backend's records: a record file past it is damage, refused before it is read.
-MAX_RECORD_BYTES = 1 << 30
 _READ_CHUNK = 1 << 24
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 

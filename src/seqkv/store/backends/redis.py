@@ -56,8 +56,8 @@ from typing import Any
 import redis
 
 from seqkv.formats.span import read_frame
+from seqkv.limits import MAX_CHAIN_SPANS
 from seqkv.store.backends.base import (
-    MAX_CHAIN_SPANS,
     AuditReport,
     ByteCounts,
     CodecIdentity,
