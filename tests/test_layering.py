@@ -22,7 +22,7 @@ PROOF_READERS = {"checker", "proofs", "cli"}
 # what a user runs.
 LAYERS: dict[str, int] = {
     **dict.fromkeys(("errors", "limits", "types", "digests", "files", "version", "namespaces",
-                     "progress", "environment"),
+                     "progress", "environment", "eviction"),
                     0),
     **dict.fromkeys(("coding", "session", "schedule", "kvcache"), 1),
     **dict.fromkeys(("formats", "descriptions"), 2),

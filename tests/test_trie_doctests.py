@@ -11,7 +11,6 @@ MODULES = (
     "seqkv.trie.keys",
     "seqkv.trie.metric",
     "seqkv.trie.radix",
-    "seqkv.trie.eviction",
     "seqkv.trie.clusters",
     "seqkv.trie.hashed_blocks",
     "seqkv.trie.bench",

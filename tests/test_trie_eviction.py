@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from seqkv.errors import EvictionConfigError
 from seqkv.trie import (
     EvictionPolicy,
     LRUPolicy,
@@ -13,7 +14,6 @@ from seqkv.trie import (
     ProbabilityWeightedPolicy,
     make_policy,
 )
-from seqkv.trie.errors import TrieConfigError
 from seqkv.trie.node import TrieNode
 
 
@@ -123,5 +123,5 @@ def test_the_queue_stays_bounded_under_many_touches() -> None:
 
 
 def test_unknown_policy_name() -> None:
-    with pytest.raises(TrieConfigError, match="unknown eviction policy"):
+    with pytest.raises(EvictionConfigError, match="unknown eviction policy"):
         make_policy("mru")  # type: ignore[arg-type]

@@ -148,6 +148,10 @@ class EnvironmentVariableError(InvalidConfigError):
     names the variable and the values it accepts (``seqkv.environment``)."""
 
 
+class EvictionConfigError(InvalidConfigError):
+    """An eviction policy name that ``seqkv.eviction.make_policy`` does not know."""
+
+
 class KernelBackendError(InvalidConfigError):
     """A kernel backend name (argument or ``$SEQKV_KERNELS``) that is not one of the backends."""
 

@@ -14,7 +14,7 @@ Invariants:
    not kept).
 
 ``get`` moves the entry to the most recently used end; ``put`` may evict. The eviction order is
-plain LRU (``collections.OrderedDict``): the trie's policies (``seqkv.trie.eviction``) rank
+plain LRU (``collections.OrderedDict``): the trie's policies (``seqkv.eviction``) rank
 ``TrieNode``s by fields these entries do not have (path probabilities), so they are not reused.
 """
 

@@ -11,6 +11,13 @@ Invariants:
    classes, functions and constants only).
 """
 
+from seqkv.eviction import (
+    EvictionPolicy,
+    EvictionPolicyName,
+    LRUPolicy,
+    ProbabilityWeightedPolicy,
+    make_policy,
+)
 from seqkv.trie.bench import TrieBenchResult, WorkloadSpec, generate_workload, run_trie_bench
 from seqkv.trie.clusters import Cluster, ClusterReport, cluster_sessions, cluster_trie_sessions
 from seqkv.trie.errors import (
@@ -25,13 +32,6 @@ from seqkv.trie.errors import (
     TruncatedTrieFileError,
     UnknownSessionError,
     UnsupportedTrieVersionError,
-)
-from seqkv.trie.eviction import (
-    EvictionPolicy,
-    EvictionPolicyName,
-    LRUPolicy,
-    ProbabilityWeightedPolicy,
-    make_policy,
 )
 from seqkv.trie.hashed_blocks import BlockAllocation, HashedBlockCache, HashedBlockStats
 from seqkv.trie.inputs import KVLayout

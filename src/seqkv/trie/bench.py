@@ -50,9 +50,9 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from seqkv.eviction import EvictionPolicyName
 from seqkv.trie.clusters import cluster_sessions
 from seqkv.trie.errors import TrieConfigError
-from seqkv.trie.eviction import EvictionPolicyName
 from seqkv.trie.hashed_blocks import VLLM_BLOCK_SIZE, BlockSessionId, HashedBlockCache
 from seqkv.trie.keys import SessionId
 from seqkv.trie.radix import PrefixTrie

@@ -74,6 +74,7 @@ import numpy.typing as npt
 import torch
 
 from seqkv.errors import EmptyInputError
+from seqkv.eviction import EvictionPolicy, EvictionPolicyName
 from seqkv.files import write_atomically
 from seqkv.formats.framing import (
     FramingErrors,
@@ -105,7 +106,6 @@ from seqkv.trie.errors import (
     TruncatedTrieFileError,
     UnsupportedTrieVersionError,
 )
-from seqkv.trie.eviction import EvictionPolicy, EvictionPolicyName
 from seqkv.trie.inputs import KVLayout
 from seqkv.trie.keys import Namespace
 from seqkv.trie.radix import NodeRecord, PrefixTrie, TrieSnapshot

@@ -59,6 +59,7 @@ import numpy.typing as npt
 import torch
 
 from seqkv.errors import InvalidKVError
+from seqkv.eviction import EvictionPolicy, EvictionPolicyName, EvictionQueue, make_policy
 from seqkv.session import Prefix
 from seqkv.trie.errors import (
     PrefixHashMismatchError,
@@ -66,7 +67,6 @@ from seqkv.trie.errors import (
     TrieConfigError,
     UnknownSessionError,
 )
-from seqkv.trie.eviction import EvictionPolicy, EvictionPolicyName, EvictionQueue, make_policy
 from seqkv.trie.inputs import KVLayout, as_log2_probs, as_token_array, check_kv
 from seqkv.trie.keys import (
     DEFAULT_NAMESPACE,

@@ -1,4 +1,5 @@
-"""Eviction of unreferenced leaves: the policy protocol, LRU, probability-weighted, and the queue.
+"""Eviction of the prefix trie's unreferenced leaves: the policy protocol, LRU,
+probability-weighted, and the queue.
 
 Motivation: a memory budget needs a rule for what to drop. As in SGLang's RadixAttention, only
 leaves that no live session references can go; after a leaf goes, its parent may become such a
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from seqkv.trie.errors import TrieConfigError
-from seqkv.trie.node import TrieNode
+from seqkv.errors import EvictionConfigError
+
+if TYPE_CHECKING:
+    from seqkv.trie.node import TrieNode
 
 EvictionPolicyName = Literal["lru", "probability"]
 """The policies :func:`make_policy` builds."""
@@ -82,7 +85,7 @@ def make_policy(name: EvictionPolicyName) -> EvictionPolicy:
         return LRUPolicy()
     if name == "probability":
         return ProbabilityWeightedPolicy()
-    raise TrieConfigError(f"unknown eviction policy {name!r}: use 'lru' or 'probability'")
+    raise EvictionConfigError(f"unknown eviction policy {name!r}: use 'lru' or 'probability'")
 
 
 class EvictionQueue:
