@@ -128,7 +128,7 @@ def test_only_the_checker_reads_the_proofs() -> None:
 
 
 @pytest.mark.parametrize("module", ["seqkv.types", "seqkv.digests", "seqkv.limits",
-                                    "seqkv.session", "seqkv.formats.framing",
+                                    "seqkv.eviction", "seqkv.session", "seqkv.formats.framing",
                                     "seqkv.formats.skv", "seqkv.formats.span",
                                     "seqkv.descriptions", "seqkv.namespaces"])
 def test_shared_modules_import_neither_torch_nor_transformers(module: str) -> None:

@@ -1,4 +1,5 @@
-"""Eviction: LRU and probability-weighted order, protection of locked paths and roots, the queue."""
+"""The trie's eviction: LRU and probability-weighted order, protection of locked paths and roots,
+the ledger's heap (``seqkv.eviction``, tested on its own in ``tests/test_eviction.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from seqkv.trie import (
     ProbabilityWeightedPolicy,
     make_policy,
 )
+from seqkv.trie.errors import TrieConfigError
 from seqkv.trie.node import TrieNode
 
 
@@ -119,9 +121,11 @@ def test_the_queue_stays_bounded_under_many_touches() -> None:
     trie.insert([1, 2], ones(2), lock=False)
     for _ in range(1000):
         trie.match([1, 2])
-    assert len(trie._queue) <= 2 * trie.sizes().nodes + 64
+    assert trie._ledger.queued <= 2 * len(trie._ledger) + 64
 
 
 def test_unknown_policy_name() -> None:
+    with pytest.raises(TrieConfigError, match="unknown eviction policy"):
+        PrefixTrie(policy="mru")  # type: ignore[arg-type]
     with pytest.raises(EvictionConfigError, match="unknown eviction policy"):
         make_policy("mru")  # type: ignore[arg-type]

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from seqkv.eviction import ByteLRU
 from seqkv.mixing.dictionary import Dictionary, DictionaryDigest
 from seqkv.mixing.errors import CorruptDictionaryError, DictionaryUnavailableError
 from seqkv.store.backends.base import StoreBackend
 from seqkv.store.errors import DictionaryNamespaceError
-from seqkv.store.hot import ByteLRU
 from seqkv.store.ids import NamespaceKey, StoreNamespace, Tenant
 
 # NOTE: 64 MiB holds ~30 dictionaries of the default policy's largest (2**20 tokens at 2 bytes).

@@ -14,70 +14,19 @@ Invariants:
    not kept).
 
 ``get`` moves the entry to the most recently used end; ``put`` may evict. The eviction order is
-plain LRU (``collections.OrderedDict``): the trie's policies (``seqkv.eviction``) rank
-``TrieNode``s by fields these entries do not have (path probabilities), so they are not reused.
+plain LRU, kept by ``seqkv.eviction.ByteLRU`` (the ledger the connector's warm tier and the
+prefix trie use too).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import torch
 
+from seqkv.eviction import ByteLRU
 from seqkv.session import Prefix
 from seqkv.store.ids import NamespaceKey, SpanId
-
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
-
-
-class ByteLRU(Generic[K, V]):
-    """A byte-bounded LRU map; ``size`` gives an entry's bytes."""
-
-    def __init__(self, capacity_bytes: int, size: Callable[[V], int]) -> None:
-        self._capacity = capacity_bytes
-        self._size = size
-        self._entries: OrderedDict[K, V] = OrderedDict()
-        self._nbytes = 0
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: K) -> V | None:
-        value = self._entries.get(key)
-        if value is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self._entries.move_to_end(key)
-        return value
-
-    def discard(self, key: K) -> None:
-        """Forget ``key`` (e.g. its span was deleted)."""
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._nbytes -= self._size(old)
-
-    def put(self, key: K, value: V) -> None:
-        size = self._size(value)
-        if size > self._capacity:
-            return
-        self.discard(key)
-        self._entries[key] = value
-        self._nbytes += size
-        while self._nbytes > self._capacity:
-            _, evicted = self._entries.popitem(last=False)
-            self._nbytes -= self._size(evicted)
-
 
 HotKey = tuple[str, NamespaceKey, SpanId]
 

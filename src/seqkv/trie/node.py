@@ -3,8 +3,8 @@
 Motivation: a serving trie holds many thousands of small nodes, so they are slotted dataclasses
 (no per-instance ``__dict__``; a test checks it), and everything a query needs is a field: the
 edge's tokens and log2-probabilities, the KV of the span, the depth and cumulative
-log2-probability from the namespace root, the content hash of the whole prefix ending here, a
-reference count, and access statistics.
+log2-probability from the namespace root, the content hash of the whole prefix ending here, and
+access statistics.
 
 A node is the end of the prefix ``root .. node``; its edge holds the last ``len(tokens)`` tokens of
 that prefix. Roots (one per namespace) hold no tokens.
@@ -13,8 +13,9 @@ Invariants (kept by ``PrefixTrie``, which owns every node; ``PrefixTrie.audit`` 
 1. ``depth == parent.depth + len(tokens)`` and ``path_log2_prob == parent.path_log2_prob +
    sum(log2_probs)`` up to float rounding (checked).
 2. ``kv`` is ``None`` or ``[layers, 2, kv_heads, len(tokens), head_dim]`` (checked).
-3. ``ref_count`` is the number of live sessions whose path runs through this node, so a node's
-   count is at most its parent's (checked); roots are never counted.
+3. A node's references (the live sessions whose path runs through it) and its place in the
+   eviction order are kept by the trie's ``seqkv.eviction.EvictionLedger``, not here (checked by
+   ``PrefixTrie.audit``); roots are never counted.
 4. A parent's ``children`` are keyed by each child's first token; no edge is empty except a
    root's (checked).
 5. Nodes are never merged back after an eviction, so a prefix hash, once a node boundary, stays one
@@ -52,11 +53,9 @@ class TrieNode:
     prefix_hash: PrefixHash
     nbytes: int  # KV bytes of the span, actual if kv is held, nominal otherwise
     children: dict[int, TrieNode] = field(default_factory=dict)
-    ref_count: int = 0
     hit_count: int = 0  # lookups (match, insert, resolve) whose path ran through this node
     last_access: int = 0  # the trie's logical clock at the last such lookup
     created: int = 0  # the logical clock when the node was created
-    heap_version: int = 0  # the eviction heap's entries for this node carry its version
     alive: bool = True  # False once evicted
     # the compressed KV as a file held it (``seqkv.trie.persistence``), saved back as it was;
     # None once ``kv`` changes (a split) or for KV never loaded
@@ -74,11 +73,6 @@ class TrieNode:
     @property
     def is_leaf(self) -> bool:
         return not self.children
-
-    @property
-    def evictable(self) -> bool:
-        """An unreferenced, live, non-root leaf: the only kind of node eviction removes."""
-        return self.alive and self.parent is not None and not self.children and self.ref_count == 0
 
     @property
     def surprisal_bits(self) -> float:

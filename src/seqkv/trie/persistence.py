@@ -108,6 +108,7 @@ from seqkv.trie.errors import (
 )
 from seqkv.trie.inputs import KVLayout
 from seqkv.trie.keys import Namespace
+from seqkv.trie.node import TrieNode
 from seqkv.trie.radix import NodeRecord, PrefixTrie, TrieSnapshot
 
 MAGIC = b"\x89SKT"
@@ -173,7 +174,7 @@ def load_trie(
     path: str | os.PathLike[str],
     *,
     budget_bytes: int | None = None,
-    policy: EvictionPolicy | EvictionPolicyName = "lru",
+    policy: EvictionPolicy[TrieNode] | EvictionPolicyName = "lru",
 ) -> PrefixTrie:
     """Read a trie ``save_trie`` wrote; each kind of damage raises its own error (a folder
     at ``path``: ``TrieFileError`` naming it)."""
@@ -194,7 +195,7 @@ def trie_from_bytes(
     data: bytes,
     *,
     budget_bytes: int | None = None,
-    policy: EvictionPolicy | EvictionPolicyName = "lru",
+    policy: EvictionPolicy[TrieNode] | EvictionPolicyName = "lru",
 ) -> PrefixTrie:
     snapshot = _decode(data)
     try:

@@ -28,10 +28,14 @@ Invariants:
    against a list of sequences, ``tests/test_trie_state_machine.py``).
 2. Namespaces never share a node: each has its own root, and prefix hashes include the namespace
    (enforced).
-3. ``evictable + protected == total`` in tokens and bytes, kept incrementally and re-derived by
-   ``audit`` from a full traversal (checked). Protected nodes are those with ``ref_count > 0``.
+3. ``evictable + protected == total`` in tokens and bytes, kept incrementally by the trie's
+   ``seqkv.eviction.EvictionLedger`` and re-derived by ``audit`` from a full traversal
+   (checked). A node's references in the ledger are the live sessions whose path runs through it
+   (checked by ``audit``); protected nodes are those with references. Roots are not in the
+   ledger: they hold no tokens, no bytes and no references.
 4. Eviction removes only unreferenced leaves; a node on a live session's path and a namespace
-   root are never evicted (enforced by ``TrieNode.evictable``; checked by the state machine).
+   root are never evicted (enforced: the ledger pops only unreferenced nodes it holds, and its
+   ``eligible`` is ``is_leaf``; checked by the state machine).
 5. Splits and evictions never merge nodes, so a prefix hash returned by ``match`` or ``insert``
    resolves until its node is evicted (enforced).
 6. When ``budget_bytes`` is set, every ``insert`` and ``release`` ends at or under the budget
@@ -58,8 +62,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from seqkv.errors import InvalidKVError
-from seqkv.eviction import EvictionPolicy, EvictionPolicyName, EvictionQueue, make_policy
+from seqkv.errors import EvictionConfigError, InvalidKVError
+from seqkv.eviction import EvictionLedger, EvictionPolicy, EvictionPolicyName, make_policy
 from seqkv.session import Prefix
 from seqkv.trie.errors import (
     PrefixHashMismatchError,
@@ -90,7 +94,6 @@ from seqkv.trie.node import TrieNode
 from seqkv.trie.sequence import ScoredSequence
 
 _TOKEN_AXIS = 3  # [layers, 2, kv_heads, tokens, head_dim]
-_HEAP_SLACK = 64  # the eviction heap is compacted when it outgrows 2 x nodes + this
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +295,7 @@ class PrefixTrie:
         self,
         *,
         budget_bytes: int | None = None,
-        policy: EvictionPolicy | EvictionPolicyName = "lru",
+        policy: EvictionPolicy[TrieNode] | EvictionPolicyName = "lru",
         nominal_kv_bytes_per_token: int = 0,
     ) -> None:
         """A trie with an optional KV budget.
@@ -308,9 +311,14 @@ class PrefixTrie:
             raise TrieConfigError(
                 f"nominal_kv_bytes_per_token must be >= 0, got {nominal_kv_bytes_per_token}"
             )
+        try:
+            self._policy = make_policy(policy) if isinstance(policy, str) else policy
+        except EvictionConfigError as error:
+            raise TrieConfigError(str(error)) from error
         self._lock = threading.RLock()
         self._budget = budget_bytes
-        self._queue = EvictionQueue(make_policy(policy) if isinstance(policy, str) else policy)
+        self._ledger: EvictionLedger[TrieNode] = EvictionLedger(budget_bytes=budget_bytes,
+                                                                eligible=_is_leaf)
         self._nominal = nominal_kv_bytes_per_token
         self._geometry: KVLayout | None = None
         self._roots: dict[Namespace, TrieNode] = {}
@@ -319,10 +327,6 @@ class PrefixTrie:
         self._clock = 0
         self._next_node = 0
         self._next_session = 0
-        self._evictable_tokens = 0
-        self._evictable_bytes = 0
-        self._protected_tokens = 0
-        self._protected_bytes = 0
         self._match_queries = 0
         self._match_tokens = 0
         self._match_hit_tokens = 0
@@ -340,8 +344,8 @@ class PrefixTrie:
         return self._budget
 
     @property
-    def policy(self) -> EvictionPolicy:
-        return self._queue.policy
+    def policy(self) -> EvictionPolicy[TrieNode]:
+        return self._policy
 
     @property
     def nominal_kv_bytes_per_token(self) -> int:
@@ -489,11 +493,8 @@ class PrefixTrie:
                 )
             node: TrieNode | None = end
             while node is not None and node.parent is not None:
-                node.ref_count -= 1
-                if node.ref_count == 0:
-                    self._move_sizes(node, protect=False)
-                    if node.evictable:
-                        self._push(node)
+                if self._ledger.unlock(node):
+                    self._rank(node)
                 node = node.parent
             return self._enforce_budget()[0]
 
@@ -542,10 +543,11 @@ class PrefixTrie:
 
     def sizes(self) -> TrieSizes:
         with self._lock:
+            kept = self._ledger.sizes()
             return TrieSizes(
                 nodes=len(self._index), sessions=len(self._sessions),
-                evictable_tokens=self._evictable_tokens, protected_tokens=self._protected_tokens,
-                evictable_bytes=self._evictable_bytes, protected_bytes=self._protected_bytes,
+                evictable_tokens=kept.evictable_tokens, protected_tokens=kept.protected_tokens,
+                evictable_bytes=kept.evictable_bytes, protected_bytes=kept.protected_bytes,
             )
 
     def stats(self) -> TrieStats:
@@ -570,12 +572,12 @@ class PrefixTrie:
             node = self._index.get(wanted)
             if node is None:
                 raise PrefixNotFoundError(f"no stored prefix has hash {wanted}")
-            return _info(node)
+            return self._info(node)
 
     def nodes(self) -> tuple[NodeInfo, ...]:
         """Every node, namespace by namespace, in pre-order; mutates nothing."""
         with self._lock:
-            return tuple(_info(node) for node in self._preorder())
+            return tuple(self._info(node) for node in self._preorder())
 
     def sessions(self) -> tuple[SessionInfo, ...]:
         with self._lock:
@@ -616,25 +618,29 @@ class PrefixTrie:
                 for node in self._path_to(end)[1:]:
                     refs[node] = refs.get(node, 0) + 1
             for node in self._preorder():
-                _check_node(node, refs.get(node, 0), self._index, self._nominal)
+                held = self._refs(node)
+                _check_node(node, held, refs.get(node, 0), self._index, self._nominal)
                 figures["nodes"] += 1
                 size, nbytes = len(node.tokens), node.nbytes
                 figures["tokens"] += size
                 figures["bytes"] += nbytes
-                kind = "p" if node.ref_count > 0 else "e"
+                kind = "p" if held > 0 else "e"
                 figures[f"{kind}_tokens"] += size
                 figures[f"{kind}_bytes"] += nbytes
-                figures["leaves"] += int(node.evictable)
+                figures["leaves"] += int(self._evictable(node))
             if figures["nodes"] != len(self._index):
                 raise AssertionError("the hash index holds nodes that are not in the trie")
+            if len(self._ledger) != figures["nodes"] - len(self._roots):
+                raise AssertionError("the eviction ledger holds nodes that are not in the trie")
             audit = TrieAudit(
                 nodes=figures["nodes"], total_tokens=figures["tokens"],
                 total_bytes=figures["bytes"], evictable_tokens=figures["e_tokens"],
                 evictable_bytes=figures["e_bytes"], protected_tokens=figures["p_tokens"],
                 protected_bytes=figures["p_bytes"], evictable_leaves=figures["leaves"],
             )
-            kept = (self._evictable_tokens, self._evictable_bytes, self._protected_tokens,
-                    self._protected_bytes)
+            sizes = self._ledger.sizes()
+            kept = (sizes.evictable_tokens, sizes.evictable_bytes, sizes.protected_tokens,
+                    sizes.protected_bytes)
             derived = (audit.evictable_tokens, audit.evictable_bytes, audit.protected_tokens,
                        audit.protected_bytes)
             if kept != derived:
@@ -665,7 +671,7 @@ class PrefixTrie:
         snapshot: TrieSnapshot,
         *,
         budget_bytes: int | None = None,
-        policy: EvictionPolicy | EvictionPolicyName = "lru",
+        policy: EvictionPolicy[TrieNode] | EvictionPolicyName = "lru",
     ) -> PrefixTrie:
         """Rebuild a trie (no sessions) from ``snapshot``; ``ValueError`` if it is inconsistent."""
         trie = cls(budget_bytes=budget_bytes, policy=policy,
@@ -676,8 +682,8 @@ class PrefixTrie:
         for index, record in enumerate(snapshot.records):
             built.append(trie._restore(index, record, built))
         for node in built:
-            if node.evictable:
-                trie._push(node)
+            if trie._evictable(node):
+                trie._rank(node)
         return trie
 
     def _restore(self, index: int, record: NodeRecord, built: list[TrieNode]) -> TrieNode:
@@ -754,8 +760,7 @@ class PrefixTrie:
         )
         parent.children[int(tokens[0])] = node
         self._index[prefix_hash] = node
-        self._evictable_tokens += len(tokens)
-        self._evictable_bytes += node.nbytes
+        self._ledger.add(node, node.nbytes, len(tokens))
         return node
 
     def _add_leaf(
@@ -779,10 +784,7 @@ class PrefixTrie:
         if self._geometry is None:
             self._geometry = KVLayout.of(span)
         nbytes = self._span_bytes(span, len(node.tokens))
-        if node.ref_count > 0:
-            self._protected_bytes += nbytes - node.nbytes
-        else:
-            self._evictable_bytes += nbytes - node.nbytes
+        self._ledger.resize(node, nbytes, len(node.tokens))
         node.kv, node.nbytes = span, nbytes
 
     def _walk_splitting(self, root: TrieNode, query: npt.NDArray[np.int64]) -> list[TrieNode]:
@@ -819,8 +821,8 @@ class PrefixTrie:
             depth=depth,
             path_log2_prob=parent.path_log2_prob + float(np.sum(child.log2_probs[:at])),
             prefix_hash=prefix_hash_of_array(child.namespace, query[:depth]),
-            nbytes=self._span_bytes(upper_kv, at), ref_count=child.ref_count,
-            hit_count=child.hit_count, last_access=child.last_access, created=child.created,
+            nbytes=self._span_bytes(upper_kv, at), hit_count=child.hit_count,
+            last_access=child.last_access, created=child.created,
         )
         child.tokens = child.tokens[at:].copy()
         child.log2_probs = child.log2_probs[at:].copy()
@@ -831,77 +833,73 @@ class PrefixTrie:
         upper.children[int(child.tokens[0])] = child
         parent.children[int(upper.tokens[0])] = upper
         self._index[upper.prefix_hash] = upper
+        self._ledger.resize(child, child.nbytes, len(child.tokens))
+        self._ledger.add(upper, upper.nbytes, at, refs=self._ledger.refs(child))
         return upper
 
     def _touch(self, path: list[TrieNode]) -> None:
         for node in path[1:]:
             node.last_access = self._clock
         end = path[-1]
-        if end.evictable:
-            self._push(end)
+        if self._evictable(end):
+            self._rank(end)
 
     def _lock_path(self, end: TrieNode) -> SessionId:
         node: TrieNode | None = end
         while node is not None and node.parent is not None:
-            if node.ref_count == 0:
-                self._move_sizes(node, protect=True)
-            node.ref_count += 1
+            self._ledger.lock(node)
             node = node.parent
         self._next_session += 1
         session = SessionId(self._next_session)
         self._sessions[session] = end
         return session
 
-    def _move_sizes(self, node: TrieNode, *, protect: bool) -> None:
-        sign = 1 if protect else -1
-        self._protected_tokens += sign * len(node.tokens)
-        self._protected_bytes += sign * node.nbytes
-        self._evictable_tokens -= sign * len(node.tokens)
-        self._evictable_bytes -= sign * node.nbytes
+    def _refs(self, node: TrieNode) -> int:
+        """The live sessions through ``node`` (a root is never referenced)."""
+        return 0 if node.parent is None else self._ledger.refs(node)
+
+    def _evictable(self, node: TrieNode) -> bool:
+        """An unreferenced, live, non-root leaf: the only kind of node eviction removes."""
+        return node.alive and node.parent is not None and node.is_leaf and self._refs(node) == 0
+
+    def _rank(self, node: TrieNode) -> None:
+        """(Re-)rank an evictable leaf by the policy, from its fields as they are now."""
+        self._ledger.rank(node, self._policy.priority(node))
 
     def _enforce_budget(self) -> tuple[tuple[EvictedNode, ...], bool]:
         """Evict down to the budget: what went, and whether the budget now holds."""
-        if self._budget is None:
-            return (), True
-        excess = self._evictable_bytes + self._protected_bytes - self._budget
-        if excess <= 0:
-            return (), True
-        evicted, freed = self._evict(excess)
-        return evicted, freed >= excess
+        evicted: list[EvictedNode] = []
+        _, within = self._ledger.evict_to_budget(lambda node: evicted.append(self._remove(node)))
+        return tuple(evicted), within
 
     def _evict(self, num_bytes: int) -> tuple[tuple[EvictedNode, ...], int]:
         evicted: list[EvictedNode] = []
-        freed = 0
-        while freed < num_bytes:
-            node = self._queue.pop()
-            if node is None:
-                break
-            freed += node.nbytes
-            evicted.append(self._remove(node))
+        _, freed = self._ledger.evict(num_bytes, lambda node: evicted.append(self._remove(node)))
         return tuple(evicted), freed
 
-    def _push(self, node: TrieNode) -> None:
-        """(Re-)queue an evictable leaf; drop stale entries once they outnumber the nodes."""
-        self._queue.push(node)
-        if len(self._queue) > 2 * len(self._index) + _HEAP_SLACK:
-            self._queue.compact()
-
     def _remove(self, node: TrieNode) -> EvictedNode:
+        """Take out a leaf the ledger has just evicted (so it held no reference)."""
         parent = node.parent
-        if parent is None or not node.evictable:
-            raise AssertionError("eviction reached a node that is not an unreferenced leaf")
+        if parent is None or not node.alive or not node.is_leaf:
+            raise AssertionError("eviction reached a node that is not a live leaf")
         del parent.children[int(node.tokens[0])]
         del self._index[node.prefix_hash]
-        self._evictable_tokens -= len(node.tokens)
-        self._evictable_bytes -= node.nbytes
         self._evicted_nodes += 1
         self._evicted_tokens += len(node.tokens)
         self._evicted_bytes += node.nbytes
         node.alive, node.kv, node.parent = False, None, None
-        if parent.evictable:
-            self._push(parent)
+        if self._evictable(parent):
+            self._rank(parent)
         return EvictedNode(namespace=node.namespace, prefix_hash=node.prefix_hash,
                            start=node.start, end=node.depth, nbytes=node.nbytes)
+
+    def _info(self, node: TrieNode) -> NodeInfo:
+        return NodeInfo(
+            node_id=node.node_id, namespace=node.namespace, prefix_hash=node.prefix_hash,
+            start=node.start, depth=node.depth, children=len(node.children),
+            ref_count=self._refs(node), hit_count=node.hit_count, last_access=node.last_access,
+            nbytes=node.nbytes, has_kv=node.kv is not None, surprisal_bits=node.surprisal_bits,
+        )
 
     def _path_to(self, node: TrieNode) -> list[TrieNode]:
         """Root first, ``node`` last."""
@@ -958,6 +956,11 @@ class PrefixTrie:
                 stack.extend(sorted(node.children.values(), key=lambda c: -int(c.tokens[0])))
 
 
+def _is_leaf(node: TrieNode) -> bool:
+    """The trie's condition for an eviction candidate, besides holding no reference."""
+    return node.is_leaf
+
+
 def _kv_span(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     """An owned, contiguous host copy of ``kv[:, :, :, start:stop, :]``."""
     span = kv.detach()[:, :, :, start:stop, :]  # [L, 2, H, stop - start, D]
@@ -970,17 +973,9 @@ def _concat_tokens(path: Sequence[TrieNode]) -> npt.NDArray[np.int64]:
     return np.concatenate([node.tokens for node in path])
 
 
-def _info(node: TrieNode) -> NodeInfo:
-    return NodeInfo(
-        node_id=node.node_id, namespace=node.namespace, prefix_hash=node.prefix_hash,
-        start=node.start, depth=node.depth, children=len(node.children),
-        ref_count=node.ref_count, hit_count=node.hit_count, last_access=node.last_access,
-        nbytes=node.nbytes, has_kv=node.kv is not None, surprisal_bits=node.surprisal_bits,
-    )
-
-
 def _check_node(
-    node: TrieNode, sessions_through: int, index: dict[PrefixHash, TrieNode], nominal: int
+    node: TrieNode, refs: int, sessions_through: int, index: dict[PrefixHash, TrieNode],
+    nominal: int,
 ) -> None:
     """Raise ``AssertionError`` if ``node`` breaks an invariant of ``seqkv.trie.node``."""
     problems = []
@@ -990,7 +985,7 @@ def _check_node(
         problems.append("is reachable but marked evicted")
     parent = node.parent
     if parent is None:
-        if len(node.tokens) or node.ref_count or node.kv is not None:
+        if len(node.tokens) or refs or node.kv is not None:
             problems.append("is a root with tokens, KV or references")
     else:
         if len(node.tokens) == 0 or parent.children.get(int(node.tokens[0])) is not node:
@@ -1000,8 +995,8 @@ def _check_node(
         expected = parent.path_log2_prob + float(np.sum(node.log2_probs))
         if abs(node.path_log2_prob - expected) > 1e-9 * max(1.0, abs(expected)):
             problems.append("has a path log2-probability unlike its parent's plus its edge")
-        if node.ref_count != sessions_through:
-            problems.append(f"counts {node.ref_count} references, {sessions_through} sessions")
+        if refs != sessions_through:
+            problems.append(f"counts {refs} references, {sessions_through} sessions")
     if node.kv is not None and node.kv.shape[_TOKEN_AXIS] != len(node.tokens):
         problems.append("holds KV of another length than its edge")
     span_bytes = (len(node.tokens) * nominal if node.kv is None

@@ -7,8 +7,8 @@ reader sees a whole entry or none.
 
 Eviction (``evict``): least recently used first (written or loaded by this process; entries
 found on disk at start count by their modification time), never a key in ``protected`` (the
-keys the scheduler has pinned between a match and its load), until the folder's bytes are within
-the budget.
+keys the scheduler has pinned between a match and its load: locked in the tier's
+``seqkv.eviction.EvictionLedger`` for the call), until the folder's bytes are within the budget.
 
 Invariants:
 1. ``read`` returns the bytes a ``write`` of that key stored, or ``None``; it never returns part
@@ -22,9 +22,10 @@ Invariants:
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Collection
 from pathlib import Path
+
+from seqkv.eviction import EvictionLedger
 
 _SUFFIX = ".skw"
 
@@ -35,9 +36,8 @@ class WarmTier:
     def __init__(self, folder: str | Path, budget_bytes: int) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.budget_bytes = budget_bytes
-        self._sizes: OrderedDict[bytes, int] = OrderedDict()
-        """Tracked entries, least recently used first."""
+        self._ledger: EvictionLedger[bytes] = EvictionLedger(budget_bytes=budget_bytes)
+        """Tracked entries: their sizes and their LRU order."""
         self.evicted = 0
         found = []
         for path in self.folder.glob(f"*{_SUFFIX}"):
@@ -48,7 +48,17 @@ class WarmTier:
                 continue
             found.append((stat.st_mtime_ns, key, stat.st_size))
         for _, key, size in sorted(found):
-            self._sizes[key] = size
+            self._track(key, size)
+
+    @property
+    def budget_bytes(self) -> int:
+        budget = self._ledger.budget_bytes
+        assert budget is not None  # the ledger is made and changed with an int only
+        return budget
+
+    @budget_bytes.setter
+    def budget_bytes(self, value: int) -> None:
+        self._ledger.budget_bytes = value
 
     def path(self, key: bytes) -> Path:
         return self.folder / f"{key.hex()}{_SUFFIX}"
@@ -62,10 +72,10 @@ class WarmTier:
             data = self.path(key).read_bytes()
         except OSError:
             return None
-        if key in self._sizes:
-            self._sizes.move_to_end(key)
+        if key in self._ledger:
+            self._ledger.touch(key)
         else:
-            self._sizes[key] = len(data)
+            self._track(key, len(data))
         return data
 
     def write(self, key: bytes, data: bytes) -> None:
@@ -73,29 +83,38 @@ class WarmTier:
         temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         temporary.write_bytes(data)
         os.replace(temporary, target)
-        self._sizes[key] = len(data)
-        self._sizes.move_to_end(key)
+        if key in self._ledger:
+            self._ledger.resize(key, len(data), 0)
+            self._ledger.touch(key)
+        else:
+            self._track(key, len(data))
 
     def delete(self, key: bytes) -> None:
         self.path(key).unlink(missing_ok=True)
-        self._sizes.pop(key, None)
+        if key in self._ledger:
+            self._ledger.remove(key)
 
     @property
     def tracked_bytes(self) -> int:
-        return sum(self._sizes.values())
+        return self._ledger.total_bytes
 
     def evict(self, protected: Collection[bytes] = ()) -> int:
         """Delete least recently used unprotected entries until within the budget; return how
         many were deleted."""
-        total = self.tracked_bytes
-        deleted = 0
-        for key in list(self._sizes):
-            if total <= self.budget_bytes:
-                break
-            if key in protected:
-                continue
-            total -= self._sizes[key]
-            self.delete(key)
-            deleted += 1
-        self.evicted += deleted
-        return deleted
+        held = [key for key in set(protected) if key in self._ledger]
+        for key in held:
+            self._ledger.lock(key)
+        try:
+            deleted, _ = self._ledger.evict_to_budget()
+        finally:
+            for key in held:
+                self._ledger.unlock(key)
+        for key in deleted:
+            self.path(key).unlink(missing_ok=True)
+        self.evicted += len(deleted)
+        return len(deleted)
+
+    def _track(self, key: bytes, size: int) -> None:
+        """Account ``key`` as the most recently used entry."""
+        self._ledger.add(key, size)
+        self._ledger.touch(key)
