@@ -1,4 +1,5 @@
-"""Shared by tests/ and benchmarks/: hypothesis profiles and one loaded model per session."""
+"""Shared by tests/, research/ and benchmarks/: hypothesis profiles, one loaded model per
+session, and the CLI on the tiny model."""
 
 from __future__ import annotations
 
@@ -64,3 +65,25 @@ def real_model() -> CausalLM:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SEQKV_MODEL_CACHE", "off")
         return load_default_model()
+
+
+class _TinyTokenizer:
+    """Whitespace words to ids below the tiny model's vocabulary, and back."""
+
+    def encode(self, text: str) -> list[int]:
+        return [3 + sum(ord(c) for c in word) % 500 for word in text.split()]
+
+    def decode(self, tokens: list[int]) -> str:
+        return " ".join(f"w{t}" for t in tokens)
+
+
+@pytest.fixture
+def use_tiny(tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> CausalLM:
+    """The CLI's model loads as the tiny model behind a whitespace tokenizer."""
+    from seqkv import cli
+
+    tokenizer = _TinyTokenizer()
+    monkeypatch.setattr(cli.common, "load", lambda path: tiny_model)
+    monkeypatch.setattr(tiny_model, "encode_text", tokenizer.encode)
+    monkeypatch.setattr(tiny_model, "decode_tokens", tokenizer.decode)
+    return tiny_model

@@ -8,7 +8,7 @@ The provider axis is the quantizer; each row also records, in ``extra_info``, th
 
 ``python benchmarks/bench_quantizers.py --figures`` prints the quantizer figures the kernel
 refactor was checked against (JSON, deterministic, about 30 s on a loaded 2-core CPU): the
-TurboQuant distortion on random unit vectors (``seqkv bench quant``'s measurement, both
+TurboQuant distortion on random unit vectors (``python -m research.bench quant``'s measurement, both
 rotations, d = 64), TurboQuant_prod's inner-product distortion, the MSE of every quantizer on a
 fixed random tensor, and every quantizer's exact stored bits on a fixed shape. Only public API
 is used, so the same script measures any commit.
@@ -25,6 +25,7 @@ import pytest
 import torch
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from research.bench.distortion import turboquant_mse_table, turboquant_prod_ip_table
 from seqkv.quantizers import (
     FP8E4M3,
     KIVI,
@@ -35,7 +36,6 @@ from seqkv.quantizers import (
     TurboQuantProd,
     make_quantizer,
 )
-from seqkv.quantizers.measure import turboquant_mse_table, turboquant_prod_ip_table
 
 DIM = 128
 SHAPE = (1, 8, 1024, DIM)  # [B, H, T, D]: one layer of an 8-KV-head model, 1k tokens

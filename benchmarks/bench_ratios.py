@@ -12,7 +12,7 @@ of its reference just before it.
   ``model.prefill(tokens)`` of the same tokens, for L in :data:`ENCODE_LEVELS`;
 * ``decode[L] / steps``: ``seqkv.decompress`` of those tokens coded at level L against plain
   token-by-token steps (``model.new_stepper()``, ``.step(token)`` per token, as
-  ``seqkv.bench.decode.time_token_by_token``), for L in :data:`DECODE_LEVELS`;
+  ``seqkv.bench.timing.time_token_by_token``), for L in :data:`DECODE_LEVELS`;
 * ``batched decode[16] / 16 single``: ``seqkv.decompress_batch`` of 16 rows-level sessions
   against decoding each of them alone with ``seqkv.decompress``, one after the other;
 * ``kernel[op] / reference`` (CUDA only, skipped elsewhere): each Triton kernel of
@@ -26,7 +26,7 @@ legal, technical).
 Invariants:
 1. Every timed operation and every reference runs on one intra-op thread (enforced: the
    ``one_thread`` fixture). NOTE: the project times a prefill on 2 threads elsewhere
-   (``seqkv.bench.decode``); here it runs on the coding's one thread, because a 2-thread
+   (``research.bench.decode``); here it runs on the coding's one thread, because a 2-thread
    prefill on the loaded 2-core machine took 1.39-3.76 s against 0.52-0.57 s on one thread
    (128 tokens), so its ratio to a one-thread encode would follow the load.
 2. Every benchmark checks its result (decoded tokens equal the input tokens; an encode codes
@@ -43,9 +43,10 @@ import pytest
 import torch
 from ratio_timing import PairedReference, time_ratio, timing_enabled
 
+from research.bench.decode import kind_tokens
 from seqkv import compress, decompress, decompress_batch
-from seqkv.bench.decode import kind_tokens, time_token_by_token
 from seqkv.bench.texts import TEXT_FILES
+from seqkv.bench.timing import time_token_by_token
 from seqkv.models import CausalLM
 from seqkv.schedule import pinned_threads
 

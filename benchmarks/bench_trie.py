@@ -3,8 +3,8 @@
 Run with ``.venv/bin/python -m pytest benchmarks --benchmark-enable`` (scripts/bench.sh). The
 provider axis: the radix trie (``PrefixTrie``) and the hashed-block baseline
 (``HashedBlockCache``, block size 16), on the same generated workload
-(``seqkv.trie.bench.generate_workload``, default spec, seed 0). Storage and hit-rate figures come
-from one ``run_trie_bench`` and go to ``extra_info``.
+(``research.bench.trie.generate_workload``, default spec, seed 0). Storage and hit-rate figures
+come from one ``run_trie_bench`` and go to ``extra_info``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from seqkv.trie import HashedBlockCache, PrefixTrie, ScoredSequence, WorkloadSpec, run_trie_bench
-from seqkv.trie.bench import generate_workload
+from research.bench.hashed_blocks import HashedBlockCache
+from research.bench.trie import WorkloadSpec, generate_workload, run_trie_bench
+from seqkv.trie import PrefixTrie, ScoredSequence
 
 _SPEC = WorkloadSpec()
 _SEED = 0

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from seqkv.bench.decode import kind_tokens
+from research.bench.decode import kind_tokens
 from seqkv.bench.texts import TEXT_FILES
 from seqkv.codec import compress, decompress, decompress_batch
 from seqkv.levels.portable import IntegerPredictors

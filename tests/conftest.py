@@ -1,5 +1,6 @@
-"""Fixtures shared by the tests: the tiny model behind a whitespace tokenizer (CLI store tests),
-one private redis-server per module, and model-free levels coding as an earlier release."""
+"""Fixtures shared by the tests: one private redis-server per module, and model-free levels
+coding as an earlier release (the tiny model behind a whitespace tokenizer, ``use_tiny``, is the
+root ``conftest.py``'s)."""
 
 from __future__ import annotations
 
@@ -9,30 +10,9 @@ from dataclasses import replace
 import pytest
 
 from native_paths import CPU_ISAS
-from seqkv import cli
 from seqkv.levels import model_free, parse_level
-from seqkv.models import CausalLM
 from seqkv.models.integer import native
 from seqkv.store.backends.redis_server import RedisServer
-
-
-class _TinyTokenizer:
-    """Whitespace words to ids below the tiny model's vocabulary, and back."""
-
-    def encode(self, text: str) -> list[int]:
-        return [3 + sum(ord(c) for c in word) % 500 for word in text.split()]
-
-    def decode(self, tokens: list[int]) -> str:
-        return " ".join(f"w{t}" for t in tokens)
-
-
-@pytest.fixture
-def use_tiny(tiny_model: CausalLM, monkeypatch: pytest.MonkeyPatch) -> CausalLM:
-    tokenizer = _TinyTokenizer()
-    monkeypatch.setattr(cli.common, "load", lambda path: tiny_model)
-    monkeypatch.setattr(tiny_model, "encode_text", tokenizer.encode)
-    monkeypatch.setattr(tiny_model, "decode_tokens", tokenizer.decode)
-    return tiny_model
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ MODULES = (
     "seqkv.models.integer.blocks",
     "seqkv.models.tiny",
     *(f"seqkv.quantizers.{name}" for name in (
-        "bitpack", "kivi", "lloyd_max", "measure", "rotation", "turboquant", "uniform")),
+        "bitpack", "kivi", "lloyd_max", "rotation", "turboquant", "uniform")),
     "seqkv.quantizers",
     "seqkv.warm",
     "seqkv.warm.codec",

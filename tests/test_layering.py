@@ -1,7 +1,8 @@
 """The package's dependency rules, checked on the source: data flows one way (model -> levels ->
 codec -> formats / store), no import goes from a lower layer to a higher one, no cycle between
 packages, the shared modules depend on nothing heavy, the proofs import the core and never the
-reverse, and the store's path passes through the coded session and its span format only."""
+reverse, the store's path passes through the coded session and its span format only, and
+nothing installed imports the lab (``research/``) or the benchmarks."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "seqkv"
 # Subpackages and top-level modules that may import the symbolic proofs: the checker reads
 # them, the proofs themselves and the CLI that runs the checker.
 PROOF_READERS = {"checker", "proofs", "cli"}
+# Top-level packages of the checkout that are not installed: the lab and the benchmarks.
+OUTSIDE = {"research", "benchmarks"}
 # Every unit's layer: a unit imports units of its layer or below, never above. The values and
 # their byte layouts sit low (a file is read without the model); the model, the levels, the
 # codec, then what builds on the codec (the trie, the store, layer 2), then what measures and
@@ -119,6 +122,37 @@ def test_the_store_and_the_levels_do_not_pass_through_the_skv_file_or_the_trie()
         for path in (SRC / unit).rglob("*.py"):
             bad = sorted(m for m in _module_imports(path) if m.startswith(banned))
             assert not bad, f"{path.relative_to(SRC)} imports {bad}"
+
+
+def _outside_imports(root: Path) -> list[str]:
+    """``file: module`` for every import of the lab or the benchmarks under ``root``."""
+    return sorted(f"{path.relative_to(root)}: {module}" for path in root.rglob("*.py")
+                  for module in _all_imports(path) if module.split(".")[0] in OUTSIDE)
+
+
+def _all_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_package_imports_neither_the_lab_nor_the_benchmarks() -> None:
+    """What moved out of ``src/seqkv`` (``research.bench``) is not needed by what is installed."""
+    assert _outside_imports(SRC) == []
+
+
+def test_an_import_of_the_lab_is_caught(tmp_path: Path) -> None:
+    """The mutant: a package module that reaches back into what moved out, at any depth."""
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "bench.py").write_text(
+        "def run() -> None:\n    from research.bench.decode import run_decode_bench\n")
+    (tmp_path / "codec.py").write_text("import benchmarks.bench_ratios\nimport seqkv.limits\n")
+    assert _outside_imports(tmp_path) == ["cli/bench.py: research.bench.decode",
+                                          "codec.py: benchmarks.bench_ratios"]
 
 
 def test_only_the_checker_reads_the_proofs() -> None:

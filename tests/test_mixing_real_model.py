@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from seqkv.bench.mix import model_tables, passages, quoted_tokens
+from research.bench.mix import model_tables, passages, quoted_tokens
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.mixing import MixerConfig, MixingPredictor, build_dictionary, code_length_bits
 from seqkv.models import CausalLM

@@ -19,13 +19,13 @@ import math
 import pytest
 import torch
 
-from seqkv.kernels.turboquant.naive import walsh_hadamard
-from seqkv.quantizers import TurboQuantMSE, TurboQuantProd, lloyd_max_codebook
-from seqkv.quantizers.measure import (
+from research.bench.distortion import (
     random_unit_vectors,
     turboquant_mse_table,
     turboquant_prod_ip_table,
 )
+from seqkv.kernels.turboquant.naive import walsh_hadamard
+from seqkv.quantizers import TurboQuantMSE, TurboQuantProd, lloyd_max_codebook
 from seqkv.quantizers.rotation import Rotation, RotationKind
 
 OPTIMUM = {

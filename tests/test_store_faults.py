@@ -35,7 +35,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 def test_a_server_in_a_relative_directory_starts(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """redis-server changes into its directory before opening its log: a relative directory
-    (``seqkv bench store``'s default workdir) must still start."""
+    (``python -m research.bench store``'s default workdir) must still start."""
     monkeypatch.chdir(tmp_path)
     with RedisServer(Path("relative") / "redis") as server:
         assert server.url.startswith("redis://127.0.0.1:")

@@ -12,8 +12,6 @@ MODULES = (
     "seqkv.trie.metric",
     "seqkv.trie.radix",
     "seqkv.trie.clusters",
-    "seqkv.trie.hashed_blocks",
-    "seqkv.trie.bench",
 )
 
 

@@ -3,7 +3,8 @@
 The product is ``seqkv.levels`` (the coding levels in the .skv file) on the row-invariant forward
 ``seqkv.models.rows``; this package holds what led there and what measures it:
 
-- ``bench``: ``seqkv bench decode``, bits per token and decode speed of every level.
+- ``research.bench.decode`` (``python -m research.bench decode``): bits per token and decode
+  speed of every level.
 
 - ``probes``: is a logit row bit-identical across chunk shapes, later tokens, batch shapes; what
   a forward costs per chunk length and batch size.

@@ -120,6 +120,17 @@ def parse_injections(text: str | None) -> dict[str, float]:
     return factors
 
 
+def time_token_by_token(model: CausalLM, tokens: Sequence[int]) -> float:
+    """Seconds of plain token-by-token transformers steps over ``tokens`` (generation's cost,
+    no coding), on the current thread count: what ``seqkv demo`` and the benches compare a
+    decode with."""
+    stepper = model.new_stepper()
+    started = time.perf_counter()
+    for token in tokens:
+        stepper.step(token)
+    return time.perf_counter() - started
+
+
 def _operations(model: CausalLM, tokens: list[int]) -> dict[str, Callable[[], object]]:
     """The timed operations, on files coded once here (from the tokens alone, as the figures
     gate codes the integer levels)."""

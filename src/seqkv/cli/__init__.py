@@ -35,9 +35,10 @@ VERB_GROUPS: tuple[Callable[[common.Subparsers], None], ...] = (
 )
 
 
-def build_parser(groups: Sequence[Callable[[common.Subparsers], None]] = VERB_GROUPS
+def build_parser(groups: Sequence[Callable[[common.Subparsers], None]] = VERB_GROUPS,
+                 prog: str = "seqkv", description: str = __doc__.splitlines()[0]
                  ) -> common.Parser:
-    parser = common.Parser(prog="seqkv", description=__doc__.splitlines()[0])
+    parser = common.Parser(prog=prog, description=description)
     commands = parser.add_subparsers(dest="command", required=True)
     for add in groups:
         add(commands)
@@ -57,8 +58,12 @@ def _message(error: BaseException) -> str:
     return str(error)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None,
+         groups: Sequence[Callable[[common.Subparsers], None]] = VERB_GROUPS,
+         prog: str = "seqkv", description: str = __doc__.splitlines()[0]) -> int:
+    """Run one command; ``groups``, ``prog`` and ``description`` let a tool outside the package
+    (``python -m research.bench``) run its own verbs with the same parsing and error handling."""
+    parser = build_parser(groups, prog, description)
     try:
         args = parser.parse_args(argv)
         # the command's own process (``seqkv``, ``python -m seqkv``) freezes its loaded model out

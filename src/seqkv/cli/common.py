@@ -55,9 +55,7 @@ class Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
-        command = self.prog.removeprefix("seqkv").strip()
-        hint = f" (seqkv {command} --help)" if command else " (seqkv --help)"
-        self.exit(2, f"seqkv: error: {message}{hint}\n")
+        self.exit(2, f"seqkv: error: {message} ({self.prog} --help)\n")
 
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[Parser]"

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from seqkv.bench.decode import time_token_by_token
+from seqkv.bench.timing import time_token_by_token
 from seqkv.cli import common
 from seqkv.cli.dict import DictionaryFile
 from seqkv.codec import (

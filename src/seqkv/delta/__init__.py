@@ -1,5 +1,5 @@
 """Predictive delta coding of KV caches (layer 2 of arXiv 2604.15356) composed with the
-per-vector quantizers, and its rate-distortion measurement.
+per-vector quantizers.
 
 - ``predictors/``: what a KV vector is predicted from (none, previous token, the paper's top-k
   expectation, exact recompute), one module each behind :class:`Predictor`.
@@ -7,8 +7,9 @@ per-vector quantizers, and its rate-distortion measurement.
 - :mod:`~seqkv.delta.residual_coder`: per-position quantization and entropy coding of the codes.
 - :mod:`~seqkv.delta.delta_codec`: :func:`encode_delta` / :func:`decode_delta`.
 - :mod:`~seqkv.delta.metrics`: KV, attention-output and next-token distortion.
-- :mod:`~seqkv.delta.sweep`: the rate-distortion sweep and its reports.
-- :mod:`~seqkv.delta.quant_bench`: the JSON of ``seqkv bench quant``.
+
+Its rate-distortion sweep lives outside the package (``research.bench.sweep``,
+``python -m research.bench quant``).
 """
 
 from seqkv.delta.bit_allocation import AllocationMode, allocate_bits, fixed_budget, surprisal_rule
@@ -34,17 +35,6 @@ from seqkv.delta.predictors import (
     PreviousToken,
     TopKExpectation,
 )
-from seqkv.delta.quant_bench import QuantBenchResult, run_quant_bench
-from seqkv.delta.sweep import (
-    RatePoint,
-    SweepGrid,
-    SweepSetting,
-    render_markdown,
-    render_plot,
-    run_default_sweep,
-    run_rate_distortion_sweep,
-    write_reports,
-)
 
 __all__ = [
     "AllocationMode",
@@ -60,11 +50,7 @@ __all__ = [
     "NoPrediction",
     "Predictor",
     "PreviousToken",
-    "QuantBenchResult",
-    "RatePoint",
     "SurprisalProfile",
-    "SweepGrid",
-    "SweepSetting",
     "TokenStore",
     "TopKExpectation",
     "allocate_bits",
@@ -73,13 +59,7 @@ __all__ = [
     "encode_delta",
     "fixed_budget",
     "measure",
-    "render_markdown",
-    "render_plot",
-    "run_default_sweep",
-    "run_quant_bench",
-    "run_rate_distortion_sweep",
     "store_tokens",
     "surprisal_bits",
     "surprisal_rule",
-    "write_reports",
 ]

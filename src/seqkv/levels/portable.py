@@ -113,7 +113,7 @@ def integer_threads(engine: IntegerForward) -> int:
 # (100 + 50 MB on SmolLM2): numpy asks for transparent huge pages for arrays this large, and a
 # fresh set cost its faults and zeroing on every encode. Measured (200-token encodes,
 # SmolLM2-135M, this 2-core CPU, 3 blocks of 7, in a process that had run the other levels
-# first, as `seqkv bench decode` does): medians 0.265-0.278 s kept against 0.295-0.396 s
+# first, as the decode bench does): medians 0.265-0.278 s kept against 0.295-0.396 s
 # fresh, the slowest 0.28-0.42 s against 0.65-0.97 s, 37 huge-page faults an encode against
 # none; in a fresh process the two were within noise (0.207-0.257 s against 0.230-0.269 s).
 KEPT_BUFFER_SETS = 2

@@ -89,7 +89,7 @@ _BIAS = ONE
 class MixerConfig:
     """The mixer's settings. Encoder and decoder must use equal configs (part of a level's id).
 
-    Defaults are the measured choices on the RAG bench (``seqkv.bench.mix``, SmolLM2-135M base);
+    Defaults are the measured choices on the RAG bench (``research.bench.mix``, SmolLM2-135M base);
     most knobs changed the result by under 0.5% there.
     """
 

@@ -38,9 +38,9 @@ when ``d`` is a power of four). On 20,000 random vectors per head dim 64, 128 an
 width 1..4: 1 fp16 norm in 20,000 changed (the two float32 norms straddled an fp16 rounding
 boundary), at most 1 code in 480,000 (a rotated coordinate on a threshold), up to 10 QJL sign
 bits in 320,000 for prod, and Hadamard reconstructions at d = 128 in their last float32 bit.
-Every figure the project reports stayed identical to the printed digit: ``seqkv bench quant
---no-sweep --json`` (byte-identical output, both head dims), the distortion and MSE table of
-``python benchmarks/bench_quantizers.py --figures``, and every stored bit count.
+Every figure the project reports stayed identical to the printed digit: ``python -m
+research.bench quant --no-sweep --json`` (byte-identical output, both head dims), the distortion
+and MSE table of ``python benchmarks/bench_quantizers.py --figures``, and every stored bit count.
 
 Invariants:
 1. For a fixed seed the quantizer is a deterministic function of its input; the rotation and

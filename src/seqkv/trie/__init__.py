@@ -3,8 +3,9 @@
 Start with :class:`PrefixTrie` (insert, match, resolve, release, evict), :func:`prefix_hash` (the
 content hash a ``.skv`` file uses to reference a stored prefix), :func:`trie_distance` (the trie
 metric d_T), :func:`cluster_sessions` (the paper's clusters, reduced to what is sound),
-:func:`save_trie` / :func:`load_trie`, and :func:`run_trie_bench` (the trie against vLLM-style
-hashed blocks on a generated workload).
+and :func:`save_trie` / :func:`load_trie`. Eviction is ``seqkv.eviction``'s (its policies are
+re-exported here); the trie's benchmark against vLLM-style hashed blocks lives outside the
+package (``research.bench.trie``).
 
 Invariants:
 1. Importing the package computes nothing and holds no mutable state (enforced: modules define
@@ -18,7 +19,6 @@ from seqkv.eviction import (
     ProbabilityWeightedPolicy,
     make_policy,
 )
-from seqkv.trie.bench import TrieBenchResult, WorkloadSpec, generate_workload, run_trie_bench
 from seqkv.trie.clusters import Cluster, ClusterReport, cluster_sessions, cluster_trie_sessions
 from seqkv.trie.errors import (
     CorruptTrieFileError,
@@ -33,7 +33,6 @@ from seqkv.trie.errors import (
     UnknownSessionError,
     UnsupportedTrieVersionError,
 )
-from seqkv.trie.hashed_blocks import BlockAllocation, HashedBlockCache, HashedBlockStats
 from seqkv.trie.inputs import KVLayout
 from seqkv.trie.keys import (
     DEFAULT_NAMESPACE,
@@ -62,7 +61,6 @@ from seqkv.trie.sequence import ScoredSequence
 
 __all__ = [
     "DEFAULT_NAMESPACE",
-    "BlockAllocation",
     "Cluster",
     "ClusterReport",
     "CorruptTrieFileError",
@@ -70,8 +68,6 @@ __all__ = [
     "EvictionPolicy",
     "EvictionPolicyName",
     "EvictionResult",
-    "HashedBlockCache",
-    "HashedBlockStats",
     "InsertResult",
     "InvalidLogProbsError",
     "InvalidPrefixHashError",
@@ -94,7 +90,6 @@ __all__ = [
     "SessionId",
     "SessionInfo",
     "TrieAudit",
-    "TrieBenchResult",
     "TrieError",
     "TrieFileError",
     "TrieSizes",
@@ -102,15 +97,12 @@ __all__ = [
     "TruncatedTrieFileError",
     "UnknownSessionError",
     "UnsupportedTrieVersionError",
-    "WorkloadSpec",
     "cluster_sessions",
     "cluster_trie_sessions",
-    "generate_workload",
     "load_trie",
     "make_policy",
     "prefix_hash",
     "prefix_probability",
-    "run_trie_bench",
     "save_trie",
     "trie_distance",
     "trie_from_bytes",

@@ -32,7 +32,7 @@ What the definition gets wrong, and what is implemented instead:
    lengths ``n`` is the mean session length and ``l`` the mean tail of clustered sessions.
 5. *The threshold decides nothing about what can be shared.* A prefix trie shares every common
    prefix, whatever its surprisal; delta only decides which sharing the corollary counts. The
-   trie's own storage (``bytes_trie`` in ``seqkv.trie.bench``) is at most the clusters' storage,
+   trie's own storage (``bytes_trie`` in ``research.bench.trie``) is at most the clusters' storage,
    because it also shares prefixes inside a cluster and below delta.
 
 Invariants:

@@ -1,4 +1,5 @@
-"""``seqkv bench decode`` plumbing on the tiny model: fields, exactness, the Pareto table."""
+"""``python -m research.bench decode`` plumbing on the tiny model: fields, exactness, the Pareto
+table."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqkv import cli
-from seqkv.bench import decode as bench
+from research.bench import decode as bench
+from research.bench.cli import main
 from seqkv.models import CausalLM
 
 
@@ -35,7 +36,7 @@ def test_decode_bench_reports_every_level_exact(tiny_model: CausalLM,
     plain = next(level for level in figures["levels"] if level["name"] == "plain")["bits_per_token"]
     assert plain == pytest.approx(np.log2(tiny_model.vocab_size), abs=0.2)
     assert len(figures["texts"]) == len(bench.TEXT_FILES)
-    table = bench.render_markdown(result, "seqkv bench decode")
+    table = bench.render_markdown(result, "python -m research.bench decode")
     assert "| segments:3 | yes |" in table and "Batched: 4 sessions" in table
     assert [c["segments"] for c in figures["segment_costs"]] == [2, 4, 8, 16, 32]
     assert "extra bits per added segment" in table
@@ -56,7 +57,7 @@ def test_a_text_shorter_than_the_token_count_is_refused_by_name(
     short = tmp_path / "short.txt"
     short.write_text("only five words in here")
     report = tmp_path / "r.md"
-    status = cli.main(["bench", "decode", "--tokens", "10", "--texts", str(short), "--sessions",
+    status = main(["decode", "--tokens", "10", "--texts", str(short), "--sessions",
                        "0", "--levels", "plain", "--report", str(report)])
     err = capsys.readouterr().err
     assert status != 0 and "the short text has 5 tokens, fewer than --tokens 10" in err, err
@@ -68,7 +69,7 @@ def test_given_texts_and_levels_without_a_batched_run(
     text = tmp_path / "long.txt"
     text.write_text(" ".join(f"word{i}" for i in range(40)))
     report = tmp_path / "r.md"
-    assert cli.main(["bench", "decode", "--tokens", "24", "--texts", str(text), "--sessions",
+    assert main(["decode", "--tokens", "24", "--texts", str(text), "--sessions",
                      "0", "--levels", "plain", "ngram", "--report", str(report), "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert [t["kind"] for t in figures["texts"]] == ["long"]
@@ -87,6 +88,6 @@ def test_given_texts_with_a_batched_run_are_refused(
     other tokens than the texts named."""
     text = tmp_path / "long.txt"
     text.write_text(" ".join(f"word{i}" for i in range(40)))
-    status = cli.main(["bench", "decode", "--tokens", "24", "--texts", str(text), "--sessions",
+    status = main(["decode", "--tokens", "24", "--texts", str(text), "--sessions",
                        "4", "--report", str(tmp_path / "r.md")])
     assert status != 0 and "pass --sessions 0 with --texts" in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from seqkv.bench.store import StoreBenchConfig, run_store_bench
+from research.bench.store import StoreBenchConfig, run_store_bench
 from seqkv.models import CausalLM
 
 TINY = StoreBenchConfig(sessions=10, long_document_words=200, short_document_words=60,

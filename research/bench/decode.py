@@ -1,4 +1,5 @@
-"""``seqkv bench decode``: bits per token and decode speed of every coding level, per text kind.
+"""``python -m research.bench decode``: bits per token and decode speed of every coding level,
+per text kind.
 
 For each text kind (prose, code, legal, technical; shipped under ``seqkv/data``; or the texts
 ``--texts`` names, each needing at least ``--tokens`` tokens: a shorter one is refused, never
@@ -30,6 +31,7 @@ import torch
 from transformers import DynamicCache
 
 from seqkv.bench.texts import TEXT_FILES, shipped_text
+from seqkv.bench.timing import time_token_by_token
 from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress, decompress_batch
 from seqkv.errors import UsageError
 from seqkv.formats.skv import read_skv
@@ -157,16 +159,6 @@ def texts_tokens(model: CausalLM, texts: Mapping[str, str], count: int) -> dict[
 def shipped_texts() -> dict[str, str]:
     """The four shipped texts by kind, the bench's default texts."""
     return {kind: shipped_text(kind) for kind in TEXT_FILES}
-
-
-def time_token_by_token(model: CausalLM, tokens: Sequence[int]) -> float:
-    """Seconds of plain token-by-token transformers steps over ``tokens`` (generation's cost,
-    no coding), on the current thread count."""
-    stepper = model.new_stepper()
-    started = time.perf_counter()
-    for token in tokens:
-        stepper.step(token)
-    return time.perf_counter() - started
 
 
 def _token_by_token_seconds(model: CausalLM, tokens: Sequence[int]) -> float:

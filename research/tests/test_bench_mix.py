@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import seqkv.bench.mix
-from seqkv import cli
-from seqkv.bench.mix import (
+import research.bench.mix
+from research.bench.cli import main
+from research.bench.mix import (
     DEFAULT_VARIANTS,
     UNIQUE_PASSAGES,
     passages,
@@ -18,6 +18,7 @@ from seqkv.bench.mix import (
     render_markdown,
     run_mix_bench,
 )
+from seqkv import cli
 from seqkv.mixing.dictionary import build_dictionary
 from seqkv.models import CausalLM
 
@@ -61,7 +62,7 @@ def test_a_quick_run_on_the_tiny_model(tiny_model: CausalLM) -> None:
     assert bench.dictionary.tokens <= bench.dictionary.sample_tokens
     assert [v.name for v in bench.variants] == ["default", "with-apm"]
     json.dumps(bench.to_json_dict())
-    report = render_markdown(bench, "seqkv bench mix")
+    report = render_markdown(bench, "python -m research.bench mix")
     assert f"| code | {bench.texts[0].tokens} |" in report
     assert f"{bench.quoting_mixed_bits_per_token:.3f}" in report
 
@@ -73,9 +74,9 @@ def test_the_cli_writes_the_report_and_prints_json(
                           variants=DEFAULT_VARIANTS[:1], texts=("code",), encode=_bytes,
                           max_tokens=120)
     monkeypatch.setattr(cli.common, "load", lambda path: tiny_model)
-    monkeypatch.setattr(seqkv.bench.mix, "run_mix_bench", lambda *args, **kwargs: bench)
+    monkeypatch.setattr(research.bench.mix, "run_mix_bench", lambda *args, **kwargs: bench)
     report = tmp_path / "reports" / "mixing.md"
-    assert cli.main(["bench", "mix", "--report", str(report), "--json"]) == 0
+    assert main(["mix", "--report", str(report), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["report"] == str(report)
     assert printed["mixed_bits_per_token"] == bench.mixed_bits_per_token

@@ -2,7 +2,7 @@
 
 Motivation: the paper's distortion figures (ANCHORS.md) are derivations; this module measures
 them for the implementation at hand, on vectors drawn uniformly from the unit sphere, so a
-``seqkv bench quant --json`` can print the measured table next to the paper's.
+``python -m research.bench quant --json`` can print the measured table next to the paper's.
 
 Invariants:
 1. Deterministic for a given ``seed`` (enforced: vectors come from ``torch.Generator(seed)``,

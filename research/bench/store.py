@@ -592,7 +592,7 @@ def run_store_bench(model: CausalLM, config: StoreBenchConfig | None = None, *,
 
 
 def main() -> None:
-    """``python -m seqkv.bench.store [--tiny] [--json FILE] [--parts model,scale,...]``."""
+    """``python -m research.bench.store [--tiny] [--json FILE] [--parts model,scale,...]``."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

@@ -1,5 +1,5 @@
 """The rate-distortion sweep and the quantizer bench on the tiny model: every row verified,
-reports written, JSON shapes; and the delta modules' doctests."""
+reports written, JSON shapes; and their doctests."""
 
 from __future__ import annotations
 
@@ -10,17 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from seqkv.delta import (
-    AllocationMode,
-    ExactRecompute,
-    NoPrediction,
-    SweepGrid,
-    SweepSetting,
-    TopKExpectation,
-    run_quant_bench,
-    run_rate_distortion_sweep,
-    write_reports,
-)
+from research.bench.quant import run_quant_bench
+from research.bench.sweep import SweepGrid, SweepSetting, run_rate_distortion_sweep, write_reports
+from seqkv.delta import AllocationMode, ExactRecompute, NoPrediction, TopKExpectation
 from seqkv.models import CausalLM
 
 PREFIX = [5, 17, 17, 3, 9, 44, 300, 12, 12, 12, 7, 101]
@@ -79,12 +71,8 @@ def test_quant_bench_json_shape() -> None:
     json.dumps(result)
 
 
-@pytest.mark.parametrize("name", [
-    "seqkv.delta.bit_allocation", "seqkv.delta.delta_codec", "seqkv.delta.residual_coder",
-    "seqkv.delta.metrics", "seqkv.delta.sweep", "seqkv.delta.quant_bench",
-    "seqkv.delta.predictors.none", "seqkv.delta.predictors.previous_token",
-    "seqkv.delta.predictors.topk_expectation", "seqkv.delta.predictors.exact_recompute",
-])
+@pytest.mark.parametrize("name", ["research.bench.sweep", "research.bench.quant",
+                                  "research.bench.distortion"])
 def test_doctests(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0

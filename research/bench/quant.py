@@ -1,8 +1,9 @@
-"""``seqkv bench quant``: measured quantizer distortion and the rate-distortion sweep, as JSON.
+"""``python -m research.bench quant``: measured quantizer distortion and the rate-distortion
+sweep, as JSON.
 
 Motivation: the quantizers' distortion figures in the TurboQuant paper are derivations; the
 bench prints what this implementation measures on random unit vectors next to the paper's
-figures, and, when given, the rows of the rate-distortion sweep (``seqkv.delta.sweep``), so one
+figures, and, when given, the rows of the rate-distortion sweep (``research.bench.sweep``), so one
 command reports both.
 
 JSON shape (``QuantBenchResult.to_json_dict``):
@@ -12,7 +13,7 @@ JSON shape (``QuantBenchResult.to_json_dict``):
 ``n_vectors``, ``seed``; ``rate_distortion``: a list of sweep rows (empty when not run).
 
 Invariants:
-1. Deterministic for a given seed (enforced by ``seqkv.quantizers.measure``).
+1. Deterministic for a given seed (enforced by ``research.bench.distortion``).
 2. Every value is a JSON number, string, list or object (enforced by the TypedDicts).
 """
 
@@ -22,12 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from seqkv.delta.sweep import RatePoint, RatePointJSON
-from seqkv.quantizers.measure import (
+from research.bench.distortion import (
     DistortionTable,
     turboquant_mse_table,
     turboquant_prod_ip_table,
 )
+from research.bench.sweep import RatePoint, RatePointJSON
 
 PAPER_TURBOQUANT_MSE: dict[str, float] = {"1": 0.36, "2": 0.117, "3": 0.03, "4": 0.009}
 """TurboQuant_mse distortion for unit vectors as the paper states it (arXiv 2504.19874)."""

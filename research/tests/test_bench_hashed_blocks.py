@@ -5,9 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seqkv.trie import HashedBlockCache, Namespace, UnknownSessionError
+from research.bench.hashed_blocks import (
+    Block,
+    BlockId,
+    BlockSessionId,
+    HashedBlockCache,
+    block_hashes,
+)
+from seqkv.trie import Namespace, UnknownSessionError
 from seqkv.trie.errors import TrieConfigError
-from seqkv.trie.hashed_blocks import Block, BlockId, BlockSessionId, block_hashes
 
 
 def seq(n: int, start: int = 0) -> list[int]:

@@ -494,12 +494,13 @@ def run_mix_bench(model: CausalLM, dictionary_sessions: int = 12, template_sessi
 
 
 def render_markdown(bench: MixBench, command: str) -> str:
-    """The bench as a markdown report (``seqkv bench mix`` writes it to reports/mixing.md)."""
+    """The bench as a markdown report (``python -m research.bench mix`` writes it to
+    reports/mixing.md)."""
     cost = bench.dictionary
     lines = [
         "# Mixing: the model with a dictionary's predictors, exactly", "",
         f"Measured by `{command}`. Model: {bench.model}. Machine: {bench.machine}. Workload: "
-        "RAG-style sessions generated from the shipped texts (see `seqkv/bench/mix.py`); the "
+        "RAG-style sessions generated from the shipped texts (see `research/bench/mix.py`); the "
         f"dictionary is built from {bench.dictionary_sessions} sessions, the "
         f"{bench.measured_sessions} measured sessions ({bench.measured_tokens:,} tokens) are "
         f"others; {bench.quoted_fraction:.1%} of the measured tokens quote the dictionary "

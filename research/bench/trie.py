@@ -1,4 +1,5 @@
-"""``seqkv bench trie``: a generated multi-session workload, the trie against vLLM-style blocks.
+"""``python -m research.bench trie``: a generated multi-session workload, the trie against
+vLLM-style blocks.
 
 Motivation: the trie's value depends on the traffic, so the benchmark states its traffic. No model
 runs: tokens are drawn uniformly from a 49,152-token vocabulary (SmolLM2's size) and each token's
@@ -50,10 +51,10 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from research.bench.hashed_blocks import VLLM_BLOCK_SIZE, BlockSessionId, HashedBlockCache
 from seqkv.eviction import EvictionPolicyName
 from seqkv.trie.clusters import cluster_sessions
 from seqkv.trie.errors import TrieConfigError
-from seqkv.trie.hashed_blocks import VLLM_BLOCK_SIZE, BlockSessionId, HashedBlockCache
 from seqkv.trie.keys import SessionId
 from seqkv.trie.radix import PrefixTrie
 from seqkv.trie.sequence import ScoredSequence
@@ -102,7 +103,8 @@ class WorkloadSpec:
 
 @dataclass(frozen=True)
 class TrieBenchResult:
-    """Every figure of one run; ``to_json_dict`` is what ``seqkv bench trie --json`` prints."""
+    """Every figure of one run; ``to_json_dict`` is what ``python -m research.bench trie --json``
+    prints."""
 
     seed: int
     sessions: int

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import json
 
 import pytest
 
-from seqkv.trie import TrieBenchResult, WorkloadSpec, generate_workload, run_trie_bench
+from research.bench.trie import TrieBenchResult, WorkloadSpec, generate_workload, run_trie_bench
 from seqkv.trie.errors import TrieConfigError
 
 REQUIRED = {
@@ -46,8 +48,8 @@ def test_figures_are_consistent(result: TrieBenchResult) -> None:
 
 def test_blocks_at_the_trie_hit_rate_is_the_smallest_such_budget(result: TrieBenchResult
                                                                  ) -> None:
-    from seqkv.trie.bench import _admit_all, _block_admit
-    from seqkv.trie.hashed_blocks import HashedBlockCache
+    from research.bench.hashed_blocks import HashedBlockCache
+    from research.bench.trie import _admit_all, _block_admit
 
     sessions = generate_workload(SMALL, 3)
     block_bytes = SMALL.block_size * SMALL.bytes_per_token
@@ -90,3 +92,9 @@ def test_bad_spec() -> None:
 def test_bad_length_range() -> None:
     with pytest.raises(TrieConfigError, match="length range"):
         WorkloadSpec(tail_tokens=(10, 5))
+
+
+@pytest.mark.parametrize("name", ["trie", "hashed_blocks"])
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(f"research.bench.{name}"))
+    assert result.attempted > 0 and result.failed == 0
