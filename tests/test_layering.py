@@ -25,7 +25,7 @@ OUTSIDE = {"research", "benchmarks"}
 # what a user runs.
 LAYERS: dict[str, int] = {
     **dict.fromkeys(("errors", "limits", "types", "digests", "files", "version", "namespaces",
-                     "progress", "environment", "eviction"),
+                     "progress", "environment", "eviction", "blockhash"),
                     0),
     **dict.fromkeys(("coding", "session", "schedule", "kvcache"), 1),
     **dict.fromkeys(("formats", "descriptions"), 2),

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -72,7 +74,8 @@ def test_keys_are_stable_across_processes() -> None:
     of the key scheme orphans every stored entry)."""
     # NOTE: pytest runs each session under a fresh random hash seed, so a pinned value is
     # checked under many seeds without the 6 s of a subprocess importing torch.
-    assert SPACE.block_keys([1, 2, 3, 4], "tenant")[0].hex() == "9f0efaab8207a75781dd625a35e930e2"
+    assert SPACE.block_keys([1, 2, 3, 4], "tenant")[0].hex() == (
+        "d87d53d3c16ded2d22e4f38d923db61c8730b26668d3b249b98e791707e6687c")
 
 
 @pytest.mark.parametrize("change", ["model", "dtype", "block", "layout", "config", "tenant"])
@@ -219,6 +222,46 @@ def test_warm_load_gives_the_recompute_logits_within_quantization(
     assert error < 0.05 < _kl(reference, broken)
     engine.close()
     zeros.close()
+
+
+def _old_scheme_keys(space: KeySpace, tokens: list[int], tenant: str) -> list[bytes]:
+    """The keys of the scheme before the block hash (``seqkv-warm/1``, 16 bytes), written out."""
+    root = hashlib.sha256(b"seqkv-warm/1")
+    for part in (space.model_digest, space.kv_dtype.encode(), str(space.block_size).encode(),
+                 space.layout.encode(), space.warm_config, tenant.encode()):
+        root.update(len(part).to_bytes(4, "little") + part)
+    key, out = root.digest()[:16], []
+    for start in range(0, len(tokens) // space.block_size * space.block_size, space.block_size):
+        block = np.asarray(tokens[start : start + space.block_size], dtype="<i4").tobytes()
+        key = hashlib.sha256(key + block).digest()[:16]
+        out.append(key)
+    return out
+
+
+@pytest.mark.real_model
+def test_entries_of_the_old_key_scheme_miss_and_never_fail_a_load(
+        real_model: CausalLM, prompt: list[int], tmp_path: Path) -> None:
+    """A warm folder written before the block hash: each entry under its old 16-byte key. A new
+    engine finds none (a miss, not a load error: no tag is ever compared), saves its own, and
+    its LRU eviction deletes the old ones like any cold entry."""
+    first = Engine(real_model, str(tmp_path / "warm"))
+    first.prefill(Request("a", prompt))
+    space = first.scheduler.space
+    new, old = space.block_keys(prompt, ""), _old_scheme_keys(space, prompt, "")
+    assert len(new) == len(old) == len(prompt) // 16
+    for new_key, old_key in zip(new, old, strict=True):
+        first.worker.tier.path(new_key).rename(first.worker.tier.path(old_key))
+    first.close()
+    engine = Engine(real_model, str(tmp_path / "warm"))
+    warm = engine.prefill(Request("b", prompt, kv_transfer_params={"seqkv_warm": True}))
+    assert warm.matched == 0 and not warm.load_errors
+    assert all(engine.worker.tier.path(k).is_file() for k in old)
+    again = engine.prefill(Request("c", prompt, kv_transfer_params={"seqkv_warm": True}))
+    assert again.matched == len(new) * 16 and not again.load_errors
+    engine.worker.tier.budget_bytes = 0
+    engine.worker.tier.evict(protected=new)
+    assert not any(engine.worker.tier.path(k).exists() for k in old)
+    engine.close()
 
 
 @pytest.mark.real_model

@@ -2,8 +2,10 @@
 
 Motivation: a worker putting a session must find the longest stored prefix among every session
 of the namespace, on any machine, in a bounded number of round trips. As in vLLM's prefix cache,
-each indexed position ``p`` gets a hash of all tokens before it (a running SHA-256, so one pass
-gives every position's hash); a worker computes the hashes of its new session locally and looks
+each indexed position ``p`` gets a hash of all tokens before it: the chain of the one block hash
+(``seqkv.blockhash.hash_block_tokens``) over the blocks between the indexed positions, rooted at
+the namespace key, truncated to ``key_bytes`` (one pass gives every position's key); a worker
+computes the hashes of its new session locally and looks
 them all up in one pipelined request. Unlike vLLM the index is sparse: positions 16, 32, 64, 128
 and then every 256 tokens (``IndexSpacing``), because an entry costs ~8 bytes and a 256-token
 block codes to 130-400 bytes. A hit only names a candidate span: the store then decodes (or finds
@@ -11,8 +13,9 @@ hot) that span's tokens and extends the match token by token, so the match is ex
 where the tokens really diverge, not at an indexed position.
 
 Invariants:
-1. ``chain_keys`` depends only on the namespace key and ``tokens[:p]`` (enforced): equal prefixes
-   in one namespace meet, and other namespaces' keys never match (the namespace key is hashed in).
+1. ``chain_keys`` depends only on the namespace key and ``tokens[:p]`` (enforced: the blocks end
+   at the spacing's positions, which depend on nothing else): equal prefixes in one namespace
+   meet, and other namespaces' keys never match (the namespace key is hashed into the root).
 2. A hit is a hint, never trusted: a truncated-hash collision can only make the store decode a
    span that shares fewer tokens than the hit claims, which the exact comparison detects
    (enforced in ``SessionStore``; tested with 1-byte keys that collide on purpose).
@@ -20,15 +23,15 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
+from seqkv.blockhash import chain_root, hash_block_chain
 from seqkv.store.ids import NamespaceKey
 
-_DOMAIN = b"seqkv.store.index.v1\x00"
+# NOTE: the keys' domain; the index entries of stores of schema 1 and 2 were keyed by another
+# hash, and the upgrade to schema 3 drops them (``seqkv.store.backends.base`` invariant 8).
+INDEX_DOMAIN = b"seqkv.store.index.v2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,14 +72,13 @@ class IndexSpacing:
 
 def chain_keys(namespace: NamespaceKey, tokens: Sequence[int], positions: Sequence[int],
                key_bytes: int) -> list[bytes]:
-    """The index key of ``tokens[:p]`` for each ``p`` in ``positions`` (increasing)."""
-    stream = hashlib.sha256(_DOMAIN + namespace)
-    data = np.asarray(tokens, dtype="<i4")
-    keys = []
-    done = 0
-    for position in positions:
-        assert done <= position <= len(data), (done, position, len(data))
-        stream.update(data[done:position].tobytes())
-        done = position
-        keys.append(stream.copy().digest()[:key_bytes])
-    return keys
+    """The index key of ``tokens[:p]`` for each ``p`` in ``positions`` (increasing).
+
+    >>> a = chain_keys(NamespaceKey(bytes(16)), list(range(40)), [16, 32], 6)
+    >>> [key.hex() for key in a]
+    ['00cd86517cab', '4ae435e456da']
+    >>> chain_keys(NamespaceKey(bytes(16)), list(range(32)), [16, 32], 6) == a
+    True
+    """
+    chain = hash_block_chain(chain_root(INDEX_DOMAIN, namespace), tokens, positions)
+    return [key[:key_bytes] for key in chain]

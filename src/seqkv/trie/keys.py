@@ -5,12 +5,15 @@ a way that survives the trie being split, saved, loaded or rebuilt on another ma
 therefore named by its content: a SHA-256 over the namespace and the prefix's tokens, never by a
 node id (ids are local to one trie object and change across splits and loads).
 
-The hash is one SHA-256 stream over a domain tag, the namespace and the tokens::
+The hash is the one block hash (``seqkv.blockhash``) of the whole prefix as one block, rooted at
+the namespace's text::
 
-    SHA-256( b"seqkv.trie.prefix.v1\\0" || u32le(len(ns)) || ns (UTF-8) || t_1 .. t_k (i64le) )
+    hash_block_tokens(namespace_root(ns), t_1 .. t_k)
+      = SHA-256( b"seqkv.trie.prefix.v1\\0" || u32le(len(ns)) || ns (UTF-8) || t_1 .. t_k (i64le) )
 
-so the hash of ``t_1..t_k`` extends the stream of ``t_1..t_{k-1}`` by one token, and the hash of
-every node boundary is computed from the query's tokens in one C call.
+the bytes ``.skv`` files of format 5 persist as their ``prefix_hash`` field (data of that format:
+the construction cannot change without a format version). One block, not a chain: a chain's
+value depends on its block boundaries, and the trie's node boundaries move when edges split.
 
 Invariants:
 1. ``prefix_hash`` depends only on the namespace and the token values, not on how the trie
@@ -23,16 +26,14 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import re
-import struct
 from collections.abc import Sequence
 from typing import NewType
 
 import numpy as np
 import numpy.typing as npt
 
-from seqkv.errors import InvalidNameError
+from seqkv.blockhash import hash_block_tokens, namespace_root
 from seqkv.namespaces import DEFAULT_NAMESPACE as DEFAULT_NAMESPACE
 from seqkv.namespaces import Namespace as Namespace
 from seqkv.namespaces import check_namespace as check_any_namespace
@@ -47,7 +48,6 @@ SessionId = NewType("SessionId", int)
 """A locked session: the nodes of its path are never evicted until it is released."""
 
 
-_DOMAIN = b"seqkv.trie.prefix.v1\x00"
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
@@ -66,16 +66,7 @@ def prefix_hash(
 
 def prefix_hash_of_array(namespace: Namespace, tokens: npt.NDArray[np.int64]) -> PrefixHash:
     """``prefix_hash`` of an already validated 1-D int64 token array."""
-    try:
-        name = namespace.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidNameError(f"namespace {namespace!r:.60} holds a lone surrogate, which "
-                               "UTF-8 cannot encode: pass a namespace of valid text") from None
-    stream = hashlib.sha256(_DOMAIN)
-    stream.update(struct.pack("<I", len(name)))
-    stream.update(name)
-    stream.update(tokens.astype("<i8", copy=False).tobytes())
-    return PrefixHash(stream.hexdigest())
+    return PrefixHash(hash_block_tokens(namespace_root(namespace), tokens).hex())
 
 
 def check_prefix_hash(value: str) -> PrefixHash:

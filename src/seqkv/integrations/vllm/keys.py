@@ -1,12 +1,18 @@
 """Cache keys of warm blocks: seqkv's own prefix hashes, never vLLM's.
 
 Motivation: vLLM's block hashes are seeded per process (``PYTHONHASHSEED`` or a random seed), so
-an entry keyed by them would never hit after a restart. A warm block's key is a chain hash over
-the request's tokens, rooted at a digest of everything that makes its bytes mean something:
+an entry keyed by them would never hit after a restart. A warm block's key is the chain of the
+one block hash (``seqkv.blockhash``, vLLM's ``hash_block_tokens`` shape) over the request's
+full blocks, rooted at everything that makes the blocks' bytes mean something::
 
-    root     = sha256("seqkv-warm/1" | model digest | KV dtype | block size | layout
-                      | warm config bytes | tenant)
-    key_i    = sha256(key_{i-1} | tokens of block i as little-endian int32)[:16]
+    root  = chain_root("seqkv-warm/2", model digest, KV dtype, block size, layout,
+                       warm config bytes, tenant)
+    key_i = hash_block_tokens(key_{i-1}, tokens of block i)      (key_{-1} = root; 32 bytes)
+
+The key is the whole ``BlockHash``, so the scheduler extends a request's chain from its last
+key. Entries written under an earlier key scheme (``seqkv-warm/1``: 16-byte keys) are files of
+another name: they are never looked up, so they miss as a cache does, and the tier's LRU
+eviction deletes them like any cold entry (``WarmTier``); no key or tag check reads them.
 
 Invariants:
 1. ``key_i`` depends on every token of blocks ``0..i``, the model, the KV dtype, the block size,
@@ -25,12 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from seqkv.blockhash import HASH_BYTES, BlockHash, ChainRoot, chain_root, hash_block_chain
 from seqkv.digests import DIGEST_BYTES, Digest
 
-KEY_BYTES = 16
-_DOMAIN = b"seqkv-warm/1"
+KEY_BYTES = HASH_BYTES
+_DOMAIN = b"seqkv-warm/2"
 
 
 @dataclass(frozen=True)
@@ -43,16 +48,13 @@ class KeySpace:
     layout: str
     warm_config: bytes
 
-    def root(self, tenant: str) -> bytes:
-        h = hashlib.sha256(_DOMAIN)
-        for part in (self.model_digest, self.kv_dtype.encode(), str(self.block_size).encode(),
-                     self.layout.encode(), self.warm_config, tenant.encode()):
-            h.update(len(part).to_bytes(4, "little"))
-            h.update(part)
-        return h.digest()[:KEY_BYTES]
+    def root(self, tenant: str) -> ChainRoot:
+        return chain_root(_DOMAIN, self.model_digest, self.kv_dtype.encode(),
+                          str(self.block_size).encode(), self.layout.encode(), self.warm_config,
+                          tenant.encode())
 
     def block_keys(self, tokens: Sequence[int], tenant: str, start: int = 0,
-                   parent: bytes | None = None) -> list[bytes]:
+                   parent: bytes | None = None) -> list[BlockHash]:
         """Keys of the full blocks of ``tokens`` from block ``start`` on (``parent``: the key of
         block ``start - 1``, required when ``start > 0``).
 
@@ -64,19 +66,19 @@ class KeySpace:
         False
         >>> space.block_keys([1, 2, 3, 4], "t", start=1, parent=a[0]) == a[1:]
         True
+        >>> a[0].hex()[:16]
+        'e4f68e823c02ad57'
         """
-        if start and parent is None:
-            raise ValueError("block_keys from a later block needs its parent key")
-        key = self.root(tenant) if start == 0 else parent
-        assert key is not None
-        out = []
+        if start and (parent is None or len(parent) != KEY_BYTES):
+            raise ValueError(f"block_keys from a later block needs its parent's {KEY_BYTES}-byte "
+                             "key (as block_keys returned it)")
+        first = self.root(tenant) if start == 0 else BlockHash(bytes(parent or b""))
         full = len(tokens) // self.block_size
-        array = np.asarray(tokens[: full * self.block_size], dtype="<i4")
-        for index in range(start, full):
-            block = array[index * self.block_size : (index + 1) * self.block_size]
-            key = hashlib.sha256(key + block.tobytes()).digest()[:KEY_BYTES]
-            out.append(key)
-        return out
+        if start >= full:
+            return []
+        size = self.block_size
+        ends = [(index + 1 - start) * size for index in range(start, full)]
+        return hash_block_chain(first, tokens[start * size : full * size], ends)
 
 
 def entry_tag(key: bytes) -> Digest:

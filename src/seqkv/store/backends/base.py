@@ -36,6 +36,16 @@ Invariants every backend keeps:
    atomic step (enforced per backend), so a damaged row can never become one the list vouches
    for. A store marked schema 1 (or unmarked) that holds what only a later schema writes is
    refused, not upgraded (enforced per backend; the rule is ``refuse_schema_1``).
+8. The prefix index is derived data, keyed by ``seqkv.store.index.chain_keys`` (the one block
+   hash, ``seqkv.blockhash``), which stores of schema 1 and 2 did not use: the upgrade to schema
+   3 drops every index entry in the same atomic step that records the schema (enforced per
+   backend), rather than rebuild them, because their keys are hashes of each session's tokens
+   and a backend cannot decode a session (the tokens are coded under the model, which a store
+   opens without). An old entry could never hit under the new keys but by a truncated-key
+   collision (a wasted candidate decode, never a wrong match: ``seqkv.store.prefixes``
+   invariant 1), so dropping loses only this: a put does not find the prefixes of sessions
+   stored before the upgrade, and codes them again (its own entries are written as usual).
+   Every session stays readable; rows, spans and counts are not touched (enforced).
 """
 
 from __future__ import annotations

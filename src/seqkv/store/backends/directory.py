@@ -36,8 +36,10 @@ Invariants:
    transaction, unless it holds a binding or mark, a ``legacy`` row or a span record of version
    2 or later (refused: ``seqkv.store.binding`` invariant 4); a store of version 2 gains the
    ``legacy`` rows of its unbound rows that name a version-1 record (invariant 3 there); a later
-   version is refused by name (enforced in ``_open_schema``). Every commit and delete of a
-   session deletes its ``legacy`` row in its transaction (enforced: ``_FORGET_LEGACY``).
+   version is refused by name (enforced in ``_open_schema``). Both upgrades drop the index
+   entries in the same transaction (``seqkv.store.backends.base`` invariant 8). Every commit
+   and delete of a session deletes its ``legacy`` row in its transaction (enforced:
+   ``_FORGET_LEGACY``).
 6. Every value read from the database or a record file is checked before use and every SQLite
    or file error becomes a ``SeqKVError`` naming the store (enforced: ``_read``, ``_write``,
    ``seqkv.store.backends.base`` invariant 6); a chain is read by a recursive query bounded by
@@ -243,6 +245,7 @@ class DirectoryBackend:
             else:
                 db.executemany("INSERT OR REPLACE INTO legacy VALUES (?, ?, ?, ?)",
                                self._schema_2_legacy(db))
+            db.execute("DELETE FROM idx")  # keyed by the old hash (base invariant 8)
             db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(STORE_SCHEMA),))
 
     def _schema_1_evidence(self, db: sqlite3.Connection, bindings: bool) -> Schema1Evidence:

@@ -39,8 +39,10 @@ Invariants:
    legacy list or a span record of version 2 or later (then it writes nothing and the store is
    refused: ``seqkv.store.binding`` invariant 4); on opening a store of version 2 it lists the
    unbound rows that name a version-1 record (invariant 3 there); a later version is refused by
-   name (enforced: ``_open_schema``). The commit and delete scripts drop the session's legacy
-   entry with its row, and the session-reading scripts read the entry with the row.
+   name (enforced: ``_open_schema``). Both upgrades delete the index buckets ``P:N:i:<hh>`` in
+   the same script (``seqkv.store.backends.base`` invariant 8). The commit and delete scripts
+   drop the session's legacy entry with its row, and the session-reading scripts read the entry
+   with the row.
    A new span's id is taken (INCR) before its commit, so that the row's binding, a function of
    the span id, is computed here: an id a failed commit took is never used (ids only grow).
 """
@@ -404,7 +406,8 @@ return created
 # unbound mark), a legacy list or a span record above the schema-1 version returns {'refused',
 # marked, listed, newest} and writes nothing; else every row "<span>:<length>" becomes
 # "<span>:<length>:-" and is listed in its namespace's P:N:l. A store of schema 2 lists its
-# unbound rows whose span's record is of the schema-1 version. Both record the version.
+# unbound rows whose span's record is of the schema-1 version. Both delete the index buckets,
+# keyed by the old hash (base invariant 8), and record the version.
 _SCHEMA = """
 local version = redis.call('HGET', KEYS[1], 'schema')
 if version and version ~= '1' and version ~= '2' then return {'version', version} end
@@ -463,6 +466,9 @@ else
     redis.call('HSET', string.sub(row[1], 1, #row[1] - 2) .. ':l', row[2], row[3])
     listed = listed + 1
   end
+end
+for _, key in ipairs(keys(p .. ':*:i:*', 'hash')) do
+  if string.match(string.sub(key, #p + 1), '^:%x+:i:%x+$') then redis.call('DEL', key) end
 end
 redis.call('HSET', KEYS[1], 'schema', ARGV[1])
 return {'upgraded', listed}
