@@ -267,8 +267,10 @@ def store_v1(tmp_path: Path) -> Path:
 def test_a_store_written_by_the_previous_release_still_reads(tiny_model: CausalLM,
                                                              store_v1: Path) -> None:
     """Sessions at portable (one extending another's prefix, one appended), ngram and
-    portable+mix with a dictionary; and a tokens-only store: every version-1 record decodes, and
-    a new session extending an old one's prefix is coded as version 2 against it."""
+    portable+mix with a dictionary; and a tokens-only store: every version-1 record decodes. The
+    upgrade to schema 3 drops the index keyed by the old hash (``seqkv.store.backends.base``
+    invariant 8): a new session extending an old one is coded in full, as version 2, and the
+    next one extending it is coded against it."""
     tokens = json.loads((STORE_V1 / "tokens.json").read_text())
     store = SessionStore.directory(store_v1 / "model", tiny_model)
     got = store.get_many(["a", "b", "c", "d"], namespace="n")
@@ -276,7 +278,10 @@ def test_a_store_written_by_the_previous_release_still_reads(tiny_model: CausalL
     assert all(g.kv is not None for g in got)
     extended = tokens["a"] + [9, 9, 9]
     result = store.put("e", extended, tiny_model.prefill(extended), namespace="n")
-    assert result.shared_tokens == len(tokens["a"])
+    assert result.shared_tokens == 0
+    longer = [*extended, 7]
+    assert store.put("f", longer, tiny_model.prefill(longer), namespace="n"
+                     ).shared_tokens == len(extended)
     fresh = SessionStore.directory(store_v1 / "model", tiny_model)
     assert fresh.get("e", namespace="n").tokens == extended
     assert fresh.audit(namespace="n").consistent
