@@ -658,6 +658,42 @@ def test_counters_are_logged_at_the_interval_and_at_shutdown(
                         "cold.dropped=0 cold.pending=0 cold.causes=InvalidKVError:1")
 
 
+def _shutdown_line(caplog: pytest.LogCaptureFixture) -> str:
+    """The line ``close`` writes when one queue's drain finishes work and the next raises."""
+    finished = [0]
+
+    def drain() -> None:
+        finished[0] = 7
+
+    def failing() -> None:
+        raise RuntimeError("a save failed")
+
+    log = CounterLog("worker", lambda: (SchedulerCounters(finished[0], 0, 0, 0, 0),), 60)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="seqkv.integrations.vllm.counters"), \
+            pytest.raises(RuntimeError, match="a save failed"):
+        log.close(drain, failing)
+    (line,) = [r.getMessage() for r in caplog.records]
+    return line
+
+
+def test_the_shutdown_line_counts_what_the_queues_finished(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert _shutdown_line(caplog).startswith("seqkv connector worker: scheduler.matches=7 ")
+
+
+def test_the_shutdown_line_written_before_the_drains_is_caught(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: the last line written first (as before), the work the drains finished is lost."""
+    def flush_first(self: CounterLog, *drains: object) -> None:
+        self.flush()
+        for drain in drains:
+            drain()  # type: ignore[operator]
+
+    monkeypatch.setattr(CounterLog, "close", flush_first)
+    assert "scheduler.matches=0 " in _shutdown_line(caplog)
+
+
 def test_the_counters_interval_is_a_setting() -> None:
     assert ConnectorSettings.parse({}).counters_log_seconds == 60
     assert ConnectorSettings.parse({"counters_log_seconds": 0}).counters_log_seconds == 0
