@@ -20,8 +20,8 @@ named mutant reverts one fix of issue 45 while it is listed:
 
 The cold mutants follow a session, not a moment: a put made while they are listed keeps them
 until its background coding ends (the session's id is remembered at ``ColdTier.put``; the
-test gives every request an id of its own), so
-the test's other sessions, coded meanwhile, run the fixed code. ``hold_saves`` holds the
+test gives every request an id of its own), so the test's other sessions, coded meanwhile,
+run the fixed code. ``hold_saves`` holds the
 warm tier's background writes while it is set (at most ``_HOLD_LIMIT_S``): the test sends one
 prompt twice at once, and this makes "the second arrives before the first's saves end"
 certain rather than a race. Nothing here changes what the connector computes otherwise.
