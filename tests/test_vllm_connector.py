@@ -409,13 +409,19 @@ def test_blocks_lost_at_load_are_saved_again(engine: Engine, prompt: list[int]) 
     engine.close()
 
 
-@pytest.mark.real_model
-def test_a_block_being_saved_is_not_queued_again(
-        engine: Engine, prompt: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two requests' saves of the same blocks while the first is still being written (a prompt
-    sent again before the background save ends): each block is coded and written once; once
-    written, a block may be queued again (after an eviction, say)."""
-    keys = engine.scheduler.space.block_keys(prompt, "")[:2]
+class _Forgetful(set[bytes]):
+    """A set that keeps nothing: the worker without its queued keys."""
+
+    def update(self, *others: object) -> None:
+        return
+
+
+def _save_one_pair_four_times(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Saves of the same two blocks: requests a and b while the first write is held back (a
+    prompt sent again before its background save ends), c after the write ended (planned
+    before it ended: vLLM's scheduler plans a step's saves from what the folder held then),
+    d after the entries were deleted (an eviction). The number of blocks written after each."""
+    keys = engine.scheduler.space.block_keys(list(range(3, 35)), "")[:2]
     release, written = threading.Event(), []
     write = engine.worker.tier.write
 
@@ -425,15 +431,42 @@ def test_a_block_being_saved_is_not_queued_again(
         write(key, data)
 
     monkeypatch.setattr(engine.worker.tier, "write", held_write)
-    for request in ("a", "b"):
+    counts = []
+    for request in ("a", "b", "c", "d"):
+        if request == "d":
+            for key in keys:
+                engine.worker.tier.delete(key)
         engine.worker.save(StepPlan(saves=(BlockOrder(request, tuple(keys), (0, 1)),)))
-    release.set()
-    engine.worker.drain()
-    assert written == keys and engine.worker.counters().saved_blocks == 2
-    engine.worker.save(StepPlan(saves=(BlockOrder("c", tuple(keys), (0, 1)),)))
-    engine.worker.drain()
-    assert written == [*keys, *keys]
+        if request != "a":
+            release.set()
+            engine.worker.drain()
+            counts.append(len(written))
     engine.close()
+    return counts
+
+
+def test_a_block_is_coded_once_while_its_entry_exists(
+        tiny_model: CausalLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = Engine(tiny_model, str(tmp_path / "warm"))
+    assert _save_one_pair_four_times(engine, monkeypatch) == [2, 2, 4]
+    assert engine.worker.counters().saved_blocks == 4
+
+
+@pytest.mark.parametrize("guard", ["queued", "written"])
+def test_each_guard_against_coding_twice_is_needed(
+        tiny_model: CausalLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        guard: str) -> None:
+    """Mutants: without the queued keys (``_in_flight``) b codes the blocks again; without the
+    folder check c does (what real vLLM showed: a prompt sent 3 s after the first coded every
+    block twice)."""
+    engine = Engine(tiny_model, str(tmp_path / "warm"))
+    if guard == "queued":
+        monkeypatch.setattr(engine.worker, "_in_flight", _Forgetful())
+    else:
+        monkeypatch.setattr(engine.worker.tier, "contains", lambda key: False)
+    counts = _save_one_pair_four_times(engine, monkeypatch)
+    assert counts != [2, 2, 4]
+    assert counts[guard == "written"] == 4
 
 
 @pytest.mark.real_model
@@ -666,6 +699,42 @@ def test_counters_are_logged_at_the_interval_and_at_shutdown(
                         "scheduler.planned_saves=2 scheduler.finished=1 cold.queued=3 "
                         "cold.sessions=2 cold.tokens=40 cold.bytes=900 cold.failures=1 "
                         "cold.dropped=0 cold.pending=0 cold.causes=InvalidKVError:1")
+
+
+def _shutdown_line(caplog: pytest.LogCaptureFixture) -> str:
+    """The line ``close`` writes when one queue's drain finishes work and the next raises."""
+    finished = [0]
+
+    def drain() -> None:
+        finished[0] = 7
+
+    def failing() -> None:
+        raise RuntimeError("a save failed")
+
+    log = CounterLog("worker", lambda: (SchedulerCounters(finished[0], 0, 0, 0, 0),), 60)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="seqkv.integrations.vllm.counters"), \
+            pytest.raises(RuntimeError, match="a save failed"):
+        log.close(drain, failing)
+    (line,) = [r.getMessage() for r in caplog.records]
+    return line
+
+
+def test_the_shutdown_line_counts_what_the_queues_finished(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert _shutdown_line(caplog).startswith("seqkv connector worker: scheduler.matches=7 ")
+
+
+def test_the_shutdown_line_written_before_the_drains_is_caught(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutant: the last line written first (as before), the work the drains finished is lost."""
+    def flush_first(self: CounterLog, *drains: object) -> None:
+        self.flush()
+        for drain in drains:
+            drain()  # type: ignore[operator]
+
+    monkeypatch.setattr(CounterLog, "close", flush_first)
+    assert "scheduler.matches=0 " in _shutdown_line(caplog)
 
 
 def test_the_counters_interval_is_a_setting() -> None:

@@ -167,11 +167,10 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return errors
 
     def shutdown(self) -> None:
-        self._counters.flush()
-        if self._worker is not None:
-            self._worker.shutdown()
-        if self._cold is not None:
-            self._cold.shutdown()
+        # NOTE: vLLM waits --shutdown-timeout seconds (workers: VLLM_WORKER_SHUTDOWN_TIMEOUT_
+        # SECONDS) for this, then kills the process: scripts/vllm.sh serve sets both.
+        queues = [q.shutdown for q in (self._worker, self._cold) if q is not None]
+        self._counters.close(*queues)
 
     # Scheduler side.
 

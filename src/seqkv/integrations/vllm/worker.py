@@ -21,6 +21,10 @@ Invariants:
 3. Eviction runs on the background thread after writes and never deletes a key the plan
    protects (enforced by ``WarmTier.evict``).
 4. KV reaches the paged cache in the cache's own dtype and layout (enforced: ``PagedLayout``).
+5. A block is coded once while its entry exists: a save skips keys already queued and keys
+   the tier holds, so two requests of one prompt code it once, in one step or in steps
+   either side of the first write (enforced; checked by the driver and under vLLM,
+   ``tests/test_vllm_e2e.py``).
 """
 
 from __future__ import annotations
@@ -108,7 +112,9 @@ class WorkerCore:
         self._save_seconds = 0.0
         # NOTE: keys copied out and queued, not yet written: a request that arrives while
         # another's saves of the same blocks run (the same prompt twice in a row) would code
-        # them again, since the scheduler plans saves from what the tier holds.
+        # them again, since the scheduler plans saves from what the tier holds. A key leaves
+        # this set only after its entry is written, and ``save`` also skips keys the tier holds
+        # by then: a save the scheduler planned before the write ended is not coded again.
         self._in_flight: set[bytes] = set()
 
     def register(self, caches: Mapping[str, torch.Tensor]) -> None:
@@ -221,9 +227,9 @@ class WorkerCore:
             with self._lock:
                 self._dropped += sum(len(o.keys) for o in orders)
             return
-        with self._lock:  # each key once, and none whose save is already under way
+        with self._lock:  # each key once, none whose save is under way, none written since
             chosen = dict(pair for o in orders for pair in zip(o.keys, o.block_ids, strict=True)
-                          if pair[0] not in self._in_flight)
+                          if pair[0] not in self._in_flight and not self.tier.contains(pair[0]))
             self._in_flight.update(chosen)
         if not chosen:
             return
