@@ -74,7 +74,7 @@ def test_model_codec_decodes_what_decompress_decodes(tiny_model: CausalLM, level
     second = codec.encode(tokens, target, prefix, None)
     tail, again = codec.decode_many([SpanItem(_stored(second, 1, 18), prefix),
                                      SpanItem(_stored(first), None)])
-    assert tail.tokens == tokens[18:] and again.tokens == tokens[:18]
+    assert tail.tokens == tokens and again.tokens == tokens[:18]  # the chain's, prefix too
     reference = decompress(tiny_model, compress(tiny_model, tokens[:18], kv=kv[:, :, :, :18],
                                                 level=level).data)
     assert reference.tokens == head.tokens
@@ -195,7 +195,7 @@ def test_tokens_codec_round_trips_with_a_prefix(level: str) -> None:
     prefix = Prefix(tuple(tokens[:20]), None)
     encoded = codec.encode(tokens, None, prefix, None)
     (decoded,) = codec.decode_many([SpanItem(_stored(encoded, 1, 20), prefix)])
-    assert decoded.tokens == tokens[20:]
+    assert decoded.tokens == tokens  # the chain's, the prefix's included
     assert {b.name for b in encoded.bounds} >= {"code_within_table_cost"}
     if level == "plain":  # 9 bits per token, at most 2 bits of flush
         assert 30 * 9 <= 8 * encoded.coded_bytes <= 30 * 9 + 9

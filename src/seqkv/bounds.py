@@ -22,8 +22,10 @@ A violated bound raises ``BoundViolationError`` carrying every bound: nothing is
 nothing is written.
 
 Invariants:
-1. Bounds only read what the encoder produced; the reference cross-entropy runs its own forward
-   (enforced: ``reference_surprisal`` takes tokens, not the encoder's probabilities).
+1. Bounds only read what the encoder produced; the reference cross-entropy runs its own forward,
+   or reads the rows of the caller's prefill that it shares (``shared_prefill``), never the
+   coder's (enforced: ``reference_surprisal`` takes tokens and a float prefill's rows, not the
+   encoder's probabilities).
 2. Every allowance is derived or measured and stated in its ``detail`` (checked by tests that a
    sharpened and a flattened distribution violate the reference bound).
 """
@@ -38,10 +40,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from transformers import DynamicCache
 
 from seqkv.coding.frequencies import TOTAL_FREQUENCY
 from seqkv.errors import SeqKVError
+from seqkv.kvcache import with_cache
 from seqkv.models.adapter import CausalLM
+from seqkv.schedule import pinned_threads, schedule_threads
 
 FLUSH_BITS = 2
 # NOTE: a per-token allowance for the float differences between the coder's schedule and one
@@ -179,7 +184,8 @@ def logit_blocks(network: Any, ids: list[int], wanted: slice, cache: Any | None 
     if cache is not None and cache.get_seq_length() != 0:
         raise ValueError("logit_blocks fills an empty cache: this one holds positions already")
     tensor = torch.tensor([ids], device=network.device)
-    fill: dict[str, Any] = {} if cache is None else {"cache": cache, "use_cache": True}
+    fill: dict[str, Any] = ({} if cache is None
+                            else {**with_cache(network, cache), "use_cache": True})
     head = network.get_output_embeddings()
     base = getattr(network, "base_model", None)
     hidden = None
@@ -226,43 +232,90 @@ def block_surprisal(logits: torch.Tensor, targets: torch.Tensor) -> npt.NDArray[
     return out
 
 
+def _surprisal(network: Any, ids: Sequence[int], first_row: int, targets: torch.Tensor,
+               cache: Any | None = None) -> npt.NDArray[np.float64]:
+    """``-log2 p(targets[j])`` under logit row ``first_row + j`` of one forward over ``ids``
+    (filling ``cache`` when given, as ``logit_blocks``).
+
+    The output layer and the float64 log-softmax run on blocks of rows (``logit_blocks``): a
+    row's result does not depend on the others, and the whole ``[T, V]`` matrices were 1.6 GB
+    (float32 logits) and 3.2 GB (float64) at the model's 8,192 tokens."""
+    out = np.empty(len(targets))
+    wanted = slice(first_row, first_row + len(targets))
+    for offset, block in logit_blocks(network, list(ids), wanted, cache):
+        out[offset : offset + len(block)] = block_surprisal(
+            block, targets[offset : offset + len(block)])
+    return out
+
+
 @torch.inference_mode()
 def reference_surprisal(model: CausalLM, segments: Sequence[Sequence[int]],
                         context: int | None, prefix: Sequence[int] = (),
-                        dtype: torch.dtype | None = None) -> npt.NDArray[np.float64]:
+                        dtype: torch.dtype | None = None,
+                        prefilled: Prefill | None = None) -> npt.NDArray[np.float64]:
     """``-log2 p(t_i | t_<i)`` of every token of ``segments``, one prefill per segment.
 
     As the coding levels code them: a segment continues ``prefix`` when there is one; otherwise
     its tokens are a sequence of their own whose first token is coded under the distribution
-    after ``context`` alone (the start token), or uniformly without one. The forward is
-    transformers' own, in ``dtype`` (default the model's), with float64 log-softmax: another
-    schedule than any coder's, so its result is an independent reference.
+    after ``context`` alone (the start token, forwarded once for all segments), or uniformly
+    without one. The forward is transformers' own, in ``dtype`` (default the model's), with
+    float64 log-softmax: another schedule than any coder's, so its result is an independent
+    reference. ``prefilled`` (a ``shared_prefill`` over the prefix and the segments) gives the
+    first segment's rows from that forward instead of its own, in the model's dtype only.
     """
     network = model.model if dtype is None else model.twin(dtype)
+    start: list[torch.Tensor] = []  # the start token's logit row, forwarded at most once
 
-    def surprisal(ids: Sequence[int], first_row: int, targets: torch.Tensor
-                  ) -> npt.NDArray[np.float64]:
-        """``-log2 p(targets[j])`` under logit row ``first_row + j`` of a forward over ``ids``.
-
-        The output layer and the float64 log-softmax run on blocks of rows (``logit_blocks``):
-        a row's result does not depend on the others, and the whole ``[T, V]`` matrices were
-        1.6 GB (float32 logits) and 3.2 GB (float64) at the model's 8,192 tokens."""
-        out = np.empty(len(targets))
-        wanted = slice(first_row, first_row + len(targets))
-        for offset, block in logit_blocks(network, list(ids), wanted):
-            out[offset : offset + len(block)] = block_surprisal(
-                block, targets[offset : offset + len(block)])
-        return out
+    def first(token: int) -> npt.NDArray[np.float64]:
+        """``-log2 p`` of a sequence's first token, after the start token alone."""
+        if context is None:
+            return np.array([np.log2(model.vocab_size)])
+        if not start:
+            start.extend(block for _, block in logit_blocks(network, [context], slice(0, 1)))
+        return block_surprisal(start[0], torch.tensor([token]))
 
     out: list[npt.NDArray[np.float64]] = []
-    for segment in segments:
+    for index, segment in enumerate(segments):
         targets = torch.tensor(list(segment), dtype=torch.long)
-        if prefix:
-            out.append(surprisal([*prefix, *segment], len(prefix) - 1, targets))
-            continue
-        if context is None:
-            first = np.array([np.log2(model.vocab_size)])
-        else:
-            first = surprisal([context], 0, targets[:1])
-        out.append(np.concatenate([first, surprisal(segment, 0, targets[1:])]))
+        shared = (prefilled.surprisal if prefilled is not None and index == 0 and dtype is None
+                  else None)
+        if shared is not None:
+            # row i of the prefill codes token i + 1: the segment's rows follow the prefix's
+            rows = shared[max(len(prefix) - 1, 0) : len(prefix) + len(segment) - 1]
+            out.append(rows if prefix else np.concatenate([first(segment[0]), rows]))
+        elif prefix:
+            out.append(_surprisal(network, [*prefix, *segment], len(prefix) - 1, targets))
+        else:  # a one-token segment has no row of its own to read
+            rest = (_surprisal(network, segment, 0, targets[1:]) if len(segment) > 1
+                    else np.zeros(0))
+            out.append(np.concatenate([first(segment[0]), rest]))
     return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """One float prefill over a session's tokens (its shared prefix's included), shared by the
+    caller's KV and the reference bound (``shared_prefill``)."""
+
+    kv: torch.Tensor  # [layers, 2, kv_heads, T, head_dim] float32: ``CausalLM.prefill``'s
+    # [T - 1]: -log2 p(t_i | t_<i) for i = 1 .. T - 1 under the same forward's rows (None:
+    # not asked for)
+    surprisal: npt.NDArray[np.float64] | None
+
+
+@torch.inference_mode()
+def shared_prefill(model: CausalLM, tokens: Sequence[int], with_surprisal: bool) -> Prefill:
+    """The KV of ``model.prefill(tokens)``, bit for bit (the same forward, on the ``prefill``
+    schedule's threads: the logits computed beside it do not change the KV), and,
+    ``with_surprisal``, the reference surprisal of every token after the first under that
+    forward's rows (``reference_surprisal(..., prefilled=...)``): one forward where a caller's
+    prefill and the reference would run two."""
+    ids = [int(t) for t in tokens]
+    if not with_surprisal:
+        return Prefill(model.kv_tensor(model.prefill(ids)), None)
+    model.check_tokens(ids)  # as ``prefill``, before the forward
+    cache = DynamicCache()
+    with pinned_threads(schedule_threads("prefill")):
+        surprisal = _surprisal(model.model, ids, 0, torch.tensor(ids[1:], dtype=torch.long),
+                               cache)
+    return Prefill(model.kv_tensor(cache), surprisal)

@@ -34,6 +34,18 @@ Invariants:
    fresh encode, ``.skv`` format 5) is decoded under the information guard and checked canonical
    after verification, its residual too; a trimmed one (formats 3 and 4) is checked canonical
    (``seqkv.session`` invariant 4).
+7. A verified compress runs no float forward whose result another already gave (enforced;
+   counted in ``tests/test_codec_forwards.py``). With ``kv="prefill"`` the encoder runs the
+   caller's prefill itself, once (``seqkv.bounds.shared_prefill``): its KV is the residual's
+   target and, with no prefix, the KV of a level that rebuilds on the ``prefill`` schedule (the
+   same forward, so bit for bit: the file is the one ``kv=model.prefill(tokens)`` gives); its
+   rows are the reference bound's for the first segment. The start token is forwarded once for
+   every segment. So a verified compress at ``portable`` (``seqkv compress``) runs 3 float
+   forwards: that prefill, the start token alone (the reference's first row; none for a model
+   without one) and the verifying decode's own prefill, which stays its own: verification
+   rebuilds the KV from the decoded tokens, independent of the encoder. Without the caller's
+   KV (``--kv none``) also 3, the reference's prefill in place of the shared one. The integer
+   predictor runs twice: the encoder's pass and the verifying decode's.
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ from transformers import DynamicCache
 
 from seqkv.bounds import (
     Bound,
+    Prefill,
     code_within_mixing_regret,
     code_within_reference_cross_entropy,
     code_within_table_cost,
@@ -58,6 +71,7 @@ from seqkv.bounds import (
     raise_unless_all_hold,
     reference_surprisal,
     residual_within_tolerance,
+    shared_prefill,
 )
 from seqkv.coding.arithmetic import OVERRUN_BITS, ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.residual import decode_residual, encode_residual
@@ -331,6 +345,11 @@ def _check_prefix(model: CausalLM, tokens: list[int], prefix: Prefix) -> None:
         )
 
 
+PrefillKV = Literal["prefill"]
+"""``kv="prefill"``: the caller's KV is this machine's prefill of the tokens
+(``CausalLM.prefill``), and ``encode`` runs it, once (module invariant 7)."""
+
+
 def _caller_kv(kv: DynamicCache | torch.Tensor | None) -> torch.Tensor | None:
     if kv is None:
         return None
@@ -353,7 +372,7 @@ def _level(level: CodingLevel | str) -> CodingLevel:
 def encode(
     model: CausalLM,
     tokens: Sequence[int],
-    kv: DynamicCache | torch.Tensor | None = None,
+    kv: DynamicCache | torch.Tensor | PrefillKV | None = None,
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     prefix: Prefix | None = None,
@@ -372,24 +391,36 @@ def encode(
     ``reference`` is the tail's ``-log2 p`` under one prefill of the model that a caller
     computed already (``seqkv check`` shares one prefill): the reference bound reads it instead
     of running its own (it must be what ``seqkv.bounds.reference_surprisal`` computes).
+    ``kv="prefill"`` runs the caller's prefill here, shared (module invariant 7).
     """
     token_list = [int(t) for t in tokens]
     model.check_tokens(token_list)
     if prefix is not None:
         _check_prefix(model, token_list, prefix)
     tail = token_list[len(prefix.tokens) if prefix is not None else 0 :]
-    target = _caller_kv(kv)
     coding_level = _level(level)
     spec = coding_level.spec
     if dictionary is not None and not spec.mixes:
         raise InvalidLevelError(f"level {spec.name!r} takes no dictionary: code at "
                                 "portable+mix to use one")
+    prefilled: Prefill | None = None
+    if isinstance(kv, str):
+        if kv != "prefill":
+            raise InvalidArgumentTypeError(
+                f"kv={kv!r}: pass a KV cache or tensor, None, or 'prefill' (this machine's "
+                "prefill of the tokens, run by the encoder)")
+        prefilled = shared_prefill(model, token_list, with_surprisal=reference is None
+                                   and spec.reference == "model")
+        target: torch.Tensor | None = prefilled.kv
+    else:
+        target = _caller_kv(kv)
     context = model.start_token_id
     started = time.perf_counter()
     encoder = ArithmeticEncoder()
     encoded = coding_level.encode(EncodeRequest(
         model, tail, prefix, context, encoder, progress, dictionary,
-        with_kv=target is not None or record_kv, classes=_classes(model, coding_level)))
+        with_kv=target is not None or record_kv, classes=_classes(model, coding_level),
+        prefilled=prefilled.kv if prefilled is not None and prefix is None else None))
     token_code = encoder.finish()
     residual = None
     rebuilt = encoded.kv
@@ -418,7 +449,8 @@ def encode(
     )
     trace = _trace(encoded.trace)
     bounds = _bounds(model, coding_level, tail, encoded.segments, context, prefix,
-                     token_code.num_bits, trace, residual, max_error, tolerance, reference)
+                     token_code.num_bits, trace, residual, max_error, tolerance, reference,
+                     prefilled)
     return Encoded(session, trace, bounds, rebuilt, max_error,
                    None if residual is None else residual.tolerance, encode_seconds,
                    encoded.forwards, profile, encoded.predictor_digest)
@@ -427,7 +459,7 @@ def encode(
 def compress(
     model: CausalLM,
     tokens: Sequence[int],
-    kv: DynamicCache | torch.Tensor | None = None,
+    kv: DynamicCache | torch.Tensor | PrefillKV | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     progress: ProgressSink | None = None,
     prefix: Prefix | None = None,
@@ -451,7 +483,10 @@ def compress(
     bounds below still run the float reference) and the file records no KV (its decoder
     recomputes one and reports it unverified, ``kv_exact`` False); ``record_kv=True`` records
     the KV of the ``prefill`` schedule anyway (one float prefill). Every other level records
-    the KV it computes while coding.
+    the KV it computes while coding. ``kv="prefill"`` stands for the KV of this machine's prefill
+    of ``tokens`` (``CausalLM.prefill``) and runs it here, once: the residual's target, the
+    level's KV where the level's is that same prefill (no ``prefix``), and the reference bound's
+    rows (module invariant 7). The file is the one ``kv=model.prefill(tokens)`` gives.
 
     Every run evaluates the bounds of ``seqkv.bounds`` on what it coded and raises
     ``BoundViolationError`` when one fails; ``on_violation="return"`` returns the result with its
@@ -499,16 +534,18 @@ def compress(
 def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[int],
             context: int | None, prefix: Prefix | None, code_bits: int,
             trace: CodingTrace, residual: ResidualCode | None, max_error: float | None,
-            tolerance: float, reference: npt.NDArray[np.float64] | None = None
-            ) -> tuple[Bound, ...]:
-    """The cheap bounds of ``seqkv.bounds`` on what ``encode`` has just coded."""
+            tolerance: float, reference: npt.NDArray[np.float64] | None = None,
+            prefilled: Prefill | None = None) -> tuple[Bound, ...]:
+    """The cheap bounds of ``seqkv.bounds`` on what ``encode`` has just coded (the reference
+    reads ``prefilled``'s rows where it has them)."""
     bounds = [code_within_table_cost(code_bits, float(trace.code_cost_bits.sum()))]
     if level.spec.reference == "model":
         if reference is None:
             offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
             segments = [tail[offsets[j] : offsets[j + 1]] for j in range(len(lengths))]
             reference = reference_surprisal(model, segments, context,
-                                            prefix.tokens if prefix is not None else ())
+                                            prefix.tokens if prefix is not None else (),
+                                            prefilled=prefilled)
         bounds.append(code_within_reference_cross_entropy(
             code_bits, float(reference.sum()), len(tail), model.vocab_size,
             level.spec.reference_allowance))

@@ -49,7 +49,7 @@ from typing import Literal
 import numpy as np
 
 from seqkv.bench.texts import TEXT_FILES, shipped_text
-from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress
+from seqkv.codec import DEFAULT_TOLERANCE, PrefillKV, compress, decompress
 from seqkv.errors import CorruptFileError, DecodeVerificationError, SeqKVError
 from seqkv.levels import DEFAULT_LEVEL, parse_level
 from seqkv.models.adapter import CausalLM
@@ -182,7 +182,8 @@ def measure_figures(model: CausalLM, cases: Sequence[GateCase] = GATE_CASES,
     for case in cases:
         tokens = model.encode_text(shipped_text(case.kind))
         tokens = tokens if case.tokens is None else tokens[: case.tokens]
-        kv = model.prefill(tokens) if case.dependence == "float" else None
+        # the float levels' KV: this machine's prefill, which the encoder runs (and shares)
+        kv: PrefillKV | None = "prefill" if case.dependence == "float" else None
         result = compress(model, tokens, kv=kv, tolerance=tolerance, level=case.level)
         decoded = decompress(model, result.data)
         if decoded.tokens != tokens:

@@ -24,6 +24,7 @@ from seqkv.codec import (
     DEFAULT_TOLERANCE,
     CompressResult,
     DecompressResult,
+    PrefillKV,
     Theorem1,
     compress,
     decompress,
@@ -118,9 +119,8 @@ def _compress_and_verify(
     reporter = reporter or common.Reporter(common.ProgressMode.OFF, sys.stderr)
     progress = reporter.sink
     model.check_tokens(tokens)  # the context's bound, before any forward
-    if kv_mode == "prefill":
-        reporter.phase("prefill")
-    kv = model.prefill(tokens) if kv_mode == "prefill" else None
+    # the caller's prefill runs inside the encoder, shared with its level and its reference
+    kv: PrefillKV | None = "prefill" if kv_mode == "prefill" else None
     reporter.phase("encode")
     result = compress(model, tokens, kv=kv, tolerance=tolerance, progress=progress,
                       level=level or parse_level(DEFAULT_LEVEL),

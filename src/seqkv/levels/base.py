@@ -146,6 +146,10 @@ class EncodeRequest:
     # only for it (one float prefill); other levels have it from coding and always return it.
     with_kv: bool = True
     classes: KVClasses | None = None  # the model's KV-collision classes (Theorem 1's gap)
+    # [layers, 2, kv_heads, tail, head_dim]: ``CausalLM.prefill`` over the tail (no prefix),
+    # which the codec ran already for the caller's KV; a level whose KV is that prefill (the
+    # ``prefill`` schedule) takes it instead of running it again (``seqkv.levels.kv_rebuild``)
+    prefilled: torch.Tensor | None = None
 
     def new_trace(self) -> TraceColumns:
         return TraceColumns(classes=self.classes)

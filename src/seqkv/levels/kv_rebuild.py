@@ -19,6 +19,11 @@ Invariants:
 2. After a prefix, the KV continues the prefix's stored KV (the ``prefill`` schedule forwards the
    tail after the whole prefix; the ``rows`` schedule re-forwards the prefix's last token, as its
    coded tokens were).
+3. ``prefilled`` is taken only where it is what the ``prefill`` schedule computes: the KV of
+   ``CausalLM.prefill`` over the tail, with no prefix. Only an encoder passes it (the codec ran
+   that prefill itself for the caller's KV: ``seqkv.codec.encode(kv="prefill")``); a decoder
+   never does, so a verifying decode rebuilds the KV on its own (enforced: ``DecodeRequest``
+   has no such field).
 """
 
 from __future__ import annotations
@@ -36,10 +41,14 @@ from seqkv.session import Prefix
 from seqkv.types import Schedule
 
 
-def prefill_kv(model: CausalLM, tail: Sequence[int],
-               prefix: Prefix | None) -> torch.Tensor:
+def prefill_kv(model: CausalLM, tail: Sequence[int], prefix: Prefix | None,
+               prefilled: torch.Tensor | None = None) -> torch.Tensor:
     """The KV ``[layers, 2, kv_heads, prefix + tail, head_dim]`` of one float prefill of the
-    tail, continuing the prefix's stored KV: the ``prefill`` schedule."""
+    tail, continuing the prefix's stored KV: the ``prefill`` schedule. ``prefilled``: that KV,
+    which the caller computed already (invariant 3)."""
+    if prefilled is not None:
+        assert prefix is None, "a codec's own prefill covers the tail alone (invariant 3)"
+        return prefilled
     with pinned_threads(schedule_threads("prefill")), torch.inference_mode():
         ids = torch.tensor([list(tail)], dtype=torch.long, device=model.device)  # [1, T]
         cache = (None if prefix is None or prefix.kv is None
@@ -52,11 +61,13 @@ def prefill_kv(model: CausalLM, tail: Sequence[int],
 
 
 def rebuild_kv(model: CausalLM, schedule: Schedule, tail: Sequence[int],
-               prefix: Prefix | None) -> tuple[torch.Tensor, int]:
+               prefix: Prefix | None, prefilled: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, int]:
     """The KV of prefix + tail on ``schedule`` (``prefill`` or ``rows``), and the forwards it
-    ran (one prefill; the row-invariant forward's chunks)."""
+    took (one prefill, the caller's where it gave it as ``prefilled``; the row-invariant
+    forward's chunks)."""
     if schedule == "prefill":
-        return prefill_kv(model, tail, prefix), 1
+        return prefill_kv(model, tail, prefix, prefilled), 1
     if schedule == "rows":
         engine = row_forward(model)
         before = engine.forwards

@@ -88,7 +88,8 @@ def encode_model_free(source: ModelFreeLevel, request: EncodeRequest) -> EncodeO
     prefix_tokens = list(request.prefix.tokens) if request.prefix is not None else []
     code_tokens(source, request.model.vocab_size, prefix_tokens, request.tail, request.encoder,
                 trace)
-    kv, forwards = rebuild_kv(request.model, KV_SCHEDULE, request.tail, request.prefix)
+    kv, forwards = rebuild_kv(request.model, KV_SCHEDULE, request.tail, request.prefix,
+                              request.prefilled)
     return EncodeOutput(trace, kv, [len(request.tail)], forwards)
 
 

@@ -289,7 +289,8 @@ class PortableLevel:
         engine = self.engine(request.model)
         with pinned_threads(integer_threads(engine)):
             trace, forwards, digest = self._code(request)
-        kv = prefill_kv(request.model, request.tail, request.prefix) if request.with_kv else None
+        kv = (prefill_kv(request.model, request.tail, request.prefix, request.prefilled)
+              if request.with_kv else None)
         return EncodeOutput(trace, kv, [len(request.tail)], forwards, digest)
 
     def _mixer(self, vocab: int, dictionary: Dictionary | None,

@@ -21,20 +21,53 @@ Invariants:
    ``start - 1``); any other start is ``CorruptRecordError`` before the span decodes, even one
    that would decode to the same tokens (a start past the parent's end cuts the same prefix)
    (enforced in ``_decode_group``, both backends).
+6. A codec's ``decode_many`` gives the chain's tokens, the prefix's included (``SpanItem``'s
+   prefix is the parent's decoded chain, which the codec verifies with the record's tokens
+   digest): a result of any other length than the record's ``start + count`` is
+   ``StoreVerificationError`` before it enters the hot tier (enforced in ``_decode_group``).
+
+Each record is parsed once per call (``SpanRecords``): a get reads its last span's record for
+the row's limit, for the decode and for the row's check, and every span's codec once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from seqkv.formats.span import SpanRecord, read_frame, read_span
 from seqkv.store.backends.base import StoreBackend, StoredSpan
-from seqkv.store.codec import SpanItem
+from seqkv.store.codec import SpanCodec, SpanItem
 from seqkv.store.dictionaries import NamespaceDictionaries
-from seqkv.store.errors import CorruptRecordError, SessionTooLongError
+from seqkv.store.errors import CorruptRecordError, SessionTooLongError, StoreVerificationError
 from seqkv.store.hot import ChainState, HotKey, HotTier
 from seqkv.store.ids import SpanId, Tenant
 from seqkv.store.registry import CodecRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSpan:
+    """A stored span's record, parsed, and the codec that decodes it here."""
+
+    record: SpanRecord
+    codec: SpanCodec
+
+
+class SpanRecords:
+    """The records of one call's chains, each parsed once (by span id: a span id names one
+    record in a store, ``seqkv.store.backends.base`` invariant 4). Made per call, never kept:
+    what a call fetched is what it reads."""
+
+    def __init__(self, decoder: ChainDecoder) -> None:
+        self._decoder = decoder
+        self._read: dict[SpanId, ReadSpan] = {}
+
+    def get(self, stored: StoredSpan) -> ReadSpan:
+        read = self._read.get(stored.span)
+        if read is None:
+            read = self._decoder.read(stored)
+            self._read[stored.span] = read
+        return read
 
 
 class ChainDecoder:
@@ -50,10 +83,15 @@ class ChainDecoder:
     def key(self, tenant: Tenant, span: SpanId) -> HotKey:
         return (self._backend.store_id(), tenant.key, span)
 
-    def record(self, stored: StoredSpan) -> SpanRecord:
-        """A stored span's record, read in the layout its codec wrote."""
-        _, layout = self._registry.for_index(read_frame(stored.record).codec)
-        return read_span(stored.record, layout)
+    def read(self, stored: StoredSpan) -> ReadSpan:
+        """A stored span's record, read in the layout its codec wrote, and that codec."""
+        frame = stored.frame if stored.frame is not None else read_frame(stored.record)
+        codec, layout = self._registry.for_index(frame.codec)
+        return ReadSpan(read_span(stored.record, layout), codec)
+
+    def records(self) -> SpanRecords:
+        """A fresh cache of parsed records, for one call."""
+        return SpanRecords(self)
 
     def state(self, tenant: Tenant, span: SpanId) -> ChainState | None:
         """The decoded chain through ``span`` (None: the span is gone)."""
@@ -66,11 +104,11 @@ class ChainDecoder:
         return self.states(tenant, [chain])[span]
 
     def _pending(self, tenant: Tenant, chains: Sequence[tuple[StoredSpan, ...]],
-                 states: dict[SpanId, ChainState], max_tokens: int | None
-                 ) -> dict[SpanId, SpanRecord]:
+                 states: dict[SpanId, ChainState], max_tokens: int | None,
+                 records: SpanRecords) -> dict[SpanId, ReadSpan]:
         """The records of every span of ``chains`` that is neither hot nor decoded yet, each
         checked against the parent the store's chain names."""
-        need: dict[SpanId, SpanRecord] = {}
+        need: dict[SpanId, ReadSpan] = {}
         for chain in chains:
             for position in range(len(chain) - 1, -1, -1):
                 stored = chain[position]
@@ -80,21 +118,22 @@ class ChainDecoder:
                 if hot is not None:
                     states[stored.span] = hot
                     break
-                record = self.record(stored)
+                read = records.get(stored)
+                record = read.record
                 parent = chain[position - 1].span if position else None
                 if record.parent != parent:
                     raise CorruptRecordError(
                         f"span {stored.span}'s record names parent {record.parent}, the store's "
                         f"chain {parent}: the record or the store's metadata was damaged")
-                self._check_count(stored.span, record, max_tokens)
-                need[stored.span] = record
+                self._check_count(stored.span, read, max_tokens)
+                need[stored.span] = read
         return need
 
-    def _check_count(self, span: SpanId, record: SpanRecord, max_tokens: int | None) -> None:
+    @staticmethod
+    def _check_count(span: SpanId, read: ReadSpan, max_tokens: int | None) -> None:
         """Invariant 4: the record's tokens end within the limit."""
-        limit = max_tokens
-        if limit is None:
-            limit = self._registry.for_index(record.codec)[0].max_tokens
+        record = read.record
+        limit = max_tokens if max_tokens is not None else read.codec.max_tokens
         if limit is not None and record.start + record.count > limit:
             raise SessionTooLongError(
                 f"span {span}'s record claims tokens {record.start:,} to "
@@ -113,28 +152,33 @@ class ChainDecoder:
                 "continues its parent inside the parent's own tokens; the record was damaged")
 
     def states(self, tenant: Tenant, chains: Sequence[tuple[StoredSpan, ...]],
-               max_tokens: int | None = None) -> dict[SpanId, ChainState]:
-        """The chain state of every span in ``chains`` (and of what decoding them needed)."""
+               max_tokens: int | None = None, records: SpanRecords | None = None
+               ) -> dict[SpanId, ChainState]:
+        """The chain state of every span in ``chains`` (and of what decoding them needed);
+        ``records``: the call's parsed records, if it parsed some already."""
         states: dict[SpanId, ChainState] = {}
-        need = self._pending(tenant, chains, states, max_tokens)
+        need = self._pending(tenant, chains, states, max_tokens,
+                             self.records() if records is None else records)
         while need:
-            ready = [span for span, record in need.items()
-                     if record.parent is None or record.parent in states]
+            ready = [span for span, read in need.items()
+                     if read.record.parent is None or read.record.parent in states]
             if not ready:
                 raise CorruptRecordError(
                     f"the store's chains through spans {sorted(need)[:8]} loop or name a parent "
                     "they do not hold: the store's metadata was damaged")
             groups: dict[int, list[SpanId]] = {}
             for span in ready:
-                groups.setdefault(need[span].codec, []).append(span)
-            for index, spans in groups.items():
-                self._decode_group(tenant, index, [(s, need.pop(s)) for s in spans], states)
+                groups.setdefault(need[span].record.codec, []).append(span)
+            for spans in groups.values():
+                group = [(s, need.pop(s)) for s in spans]
+                self._decode_group(tenant, group[0][1].codec,
+                                   [(s, read.record) for s, read in group], states)
         return states
 
-    def _decode_group(self, tenant: Tenant, index: int,
+    def _decode_group(self, tenant: Tenant, codec: SpanCodec,
                       spans: list[tuple[SpanId, SpanRecord]],
                       states: dict[SpanId, ChainState]) -> None:
-        codec, _ = self._registry.for_index(index)
+        """Decode spans of one stored codec, ``codec`` its reader here."""
         items = []
         for span, record in spans:
             parent = None if record.parent is None else states[SpanId(record.parent)]
@@ -144,11 +188,15 @@ class ChainDecoder:
             dictionary = (None if record.dictionary is None
                           else self._dictionaries.required(tenant, record.dictionary))
             items.append(SpanItem(record, prefix, dictionary))
-        for (span, record), item, result in zip(spans, items, codec.decode_many(items),
-                                                strict=True):
+        for (span, record), result in zip(spans, codec.decode_many(items), strict=True):
+            if len(result.tokens) != record.start + record.count:
+                raise StoreVerificationError(
+                    f"span {span}'s codec decoded {len(result.tokens):,} tokens of its chain, "
+                    f"its record {record.start + record.count:,}: a codec returns the chain's "
+                    "tokens, the prefix's included (``seqkv.store.codec`` invariant 1)")
             parent = None if record.parent is None else states[SpanId(record.parent)]
             state = ChainState(
-                (item.prefix.tokens if item.prefix else ()) + tuple(result.tokens), result.kv,
+                tuple(result.tokens), result.kv,
                 record.kv_exact and result.kv_exact and (parent is None or parent.kv_exact),
                 (parent.spans_until(record.start) if parent else ()) + ((span, record.start),))
             states[span] = state

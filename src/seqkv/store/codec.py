@@ -8,10 +8,12 @@ and a model-free tokens-only one (``seqkv.store.codecs.TokensCodec``) do.
 
 Invariants (the ``SpanCodec`` contract):
 1. ``decode_many`` of a record holding ``encode(tokens, kv, prefix, d).session``'s fields,
-   with the same prefix and dictionary, returns the tokens after the prefix and the KV the
-   encoder reported in ``EncodedSpan.kv``, bit for bit, or raises (assumed of every codec;
-   tested for both shipped ones). Its KV digest covers the positions after the prefix only
-   (``kv_scope`` "tail"): the prefix is a parent span the store decoded and verified first.
+   with the same prefix and dictionary, returns ``tokens`` (the prefix's included: its decoder
+   verifies them all against the record's tokens digest) and the KV the encoder reported in
+   ``EncodedSpan.kv``, bit for bit, or raises (assumed of every codec; tested for both shipped
+   ones; the length is checked by ``seqkv.store.chains``, invariant 6). Its KV digest covers
+   the positions after the prefix only (``kv_scope`` "tail"): the prefix is a parent span the
+   store decoded and verified first.
 2. ``identity().digest`` changes whenever anything that decoding depends on changes, and
    ``reads`` accepts exactly the identities whose spans the codec decodes: its own, and those of
    earlier releases of it whose records it still reads (assumed).
@@ -71,9 +73,9 @@ class SpanItem:
 
 @dataclass(frozen=True)
 class DecodedSpan:
-    """A decoded span: its tokens (after the prefix) and the whole KV, prefix included."""
+    """A decoded span: its chain's tokens and KV, the prefix's included."""
 
-    tokens: list[int]
+    tokens: list[int]  # prefix + the span's own
     kv: torch.Tensor | None  # [layers, 2, kv_heads, prefix + tokens, head_dim]; None: no KV
     # The KV is the encoder's, verified (False: a portable level decoded under another execution
     # profile; the tokens are verified, the KV is this worker's recomputation).

@@ -212,11 +212,7 @@ class ModelCodec:
             if isinstance(error, StoreVerificationError | DictionaryError):
                 raise
             raise CorruptRecordError(f"a span does not decode: {error}") from error
-        results = []
-        for item, result in zip(items, decoded, strict=True):
-            skip = len(item.prefix.tokens) if item.prefix is not None else 0
-            results.append(DecodedSpan(result.tokens[skip:], result.kv, result.kv_exact))
-        return results
+        return [DecodedSpan(result.tokens, result.kv, result.kv_exact) for result in decoded]
 
 
 class TokensCodec:
@@ -306,10 +302,10 @@ class TokensCodec:
                     f"model-free decode allows ({MODEL_FREE_MAX_TOKENS:,} tokens, "
                     f"{MAX_MODEL_FREE_WORK:,} token x vocabulary steps)")
             decoder = ArithmeticDecoder(record.token_code)
-            tail = decode_tokens(self._level, self._vocab, before, record.count, decoder,
-                                 TraceColumns(with_entropy=False))
+            tokens = before + decode_tokens(self._level, self._vocab, before, record.count,
+                                            decoder, TraceColumns(with_entropy=False))
             try:
-                verify(session_of(record, self._level, base), before + tail, None, 0, False)
+                verify(session_of(record, self._level, base), tokens, None, 0, False)
             except DecodeVerificationError as error:
                 raise StoreVerificationError(f"{error} (a tokens-only span)") from error
             if not decoder.canonical_bytes():
@@ -317,7 +313,7 @@ class TokensCodec:
                     "a tokens-only span's token code is not the one its writer writes for the "
                     "tokens it decodes to (bytes appended after it, or bits changed past its "
                     "end): the record was damaged")
-            results.append(DecodedSpan(tail, None))
+            results.append(DecodedSpan(tokens, None))
         return results
 
 

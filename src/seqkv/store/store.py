@@ -89,7 +89,7 @@ from seqkv.store.backends.base import (
     is_int,
 )
 from seqkv.store.binding import Binding, digest_binding, session_binding
-from seqkv.store.chains import ChainDecoder
+from seqkv.store.chains import ChainDecoder, SpanRecords
 from seqkv.store.codec import EncodedSpan, SpanCodec
 from seqkv.store.codecs import DEFAULT_STORE_LEVEL
 from seqkv.store.dictionaries import NamespaceDictionaries, StoredDictionary
@@ -332,7 +332,8 @@ class SessionStore:
             if chain is None:
                 raise ParentGoneError(span)
             self._commit(coding, CommitPlan(coding.name, len(tokens), coding.expect, None,
-                                            span, ()), self._chains.record(chain[-1]).kv_digest)
+                                            span, ()),
+                         self._chains.read(chain[-1]).record.kv_digest)
             return PutResult(coding.name, len(tokens), length, 0, span, 0, 0,
                              coding.match.candidates,
                              self._backend.round_trips - coding.started)
@@ -399,12 +400,13 @@ class SessionStore:
         if found is None:
             raise self._not_found(name, tenant)
         entry = found.entry
-        self._limit(name, found, None)
-        state = self._chains.states(tenant, [found.chain])[entry.span]
-        self._check_row(tenant, name, found, state)
+        records = self._chains.records()
+        self._limit(name, found, None, records)
+        state = self._chains.states(tenant, [found.chain], records=records)[entry.span]
+        self._check_row(tenant, name, found, state, records)
         # the new span is coded by this worker's codec for the chain's level (the chain's own
         # may be an earlier release's, or another machine's at a portable level)
-        stored, _ = self._registry.for_index(self._chains.record(found.chain[-1]).codec)
+        stored = records.get(found.chain[-1]).codec
         codec, index = self._registry.for_level(stored.identity().level)
         tokens = list(state.tokens[: entry.length]) + added
         target = self._appended_kv(_kv_tensor(new_kv), state, entry.length, len(added),
@@ -473,13 +475,14 @@ class SessionStore:
             if item is None:
                 raise self._not_found(name, tenant)
             chains.append(item)
+        records = self._chains.records()  # each record parsed once in this call
         for name, chain in zip(names, chains, strict=True):
-            self._limit(name, chain, max_tokens)
-        states = self._chains.states(tenant, [c.chain for c in chains], max_tokens)
+            self._limit(name, chain, max_tokens, records)
+        states = self._chains.states(tenant, [c.chain for c in chains], max_tokens, records)
         out = []
         for name, chain in zip(names, chains, strict=True):
             state = states[chain.entry.span]
-            self._check_row(tenant, name, chain, state)
+            self._check_row(tenant, name, chain, state, records)
             length = chain.entry.length
             kv = None if state.kv is None else state.kv[:, :, :, :length].contiguous()
             out.append((chain, StoredSession(
@@ -487,7 +490,8 @@ class SessionStore:
                 None if kv is None else cache_from_tensor(kv), kv, state.kv_exact)))
         return out
 
-    def _limit(self, name: SessionName, chain: SessionChain, max_tokens: int | None) -> None:
+    def _limit(self, name: SessionName, chain: SessionChain, max_tokens: int | None,
+               records: SpanRecords) -> None:
         """``SessionTooLongError`` if the row of ``name`` claims more tokens than
         ``max_tokens`` or, without one, than the context of its last span's codec (invariant
         7)."""
@@ -496,8 +500,7 @@ class SessionStore:
                                      "metadata was damaged")
         limit = max_tokens
         if limit is None:
-            codec, _ = self._registry.for_index(self._chains.record(chain.chain[-1]).codec)
-            limit = codec.max_tokens
+            limit = records.get(chain.chain[-1]).codec.max_tokens
         if limit is not None and chain.entry.length > limit:
             raise SessionTooLongError(
                 f"session {name!r}'s row claims {chain.entry.length:,} tokens, more than "
@@ -505,13 +508,13 @@ class SessionStore:
                 "refused before any forward; pass a larger max_tokens if the session is yours")
 
     def _check_row(self, tenant: Tenant, name: SessionName, found: SessionChain,
-                   state: ChainState) -> None:
+                   state: ChainState, records: SpanRecords) -> None:
         """The row against its decoded chain (invariant 6)."""
         entry = found.entry
         _check_length(tenant, name, entry, state.spans[-1][1], len(state.tokens))
         if entry.binding is not None:
             _check_binding(tenant, name, entry, tokens_digest(state.tokens[: entry.length]),
-                           self._chains.record(found.chain[-1]).kv_digest)
+                           records.get(found.chain[-1]).record.kv_digest)
 
     def delete(self, session_id: str, *, namespace: str) -> None:
         """Remove a session; spans no other session needs go with it."""
@@ -550,7 +553,8 @@ class SessionStore:
             raise CorruptRecordError(f"session {name!r}'s row names no span: the store's "
                                      "metadata was damaged")
         entry = found.entry
-        last = self._chains.record(found.chain[-1])
+        records = self._chains.records()
+        last = records.get(found.chain[-1]).record
         end = last.start + last.count
         _check_length(tenant, name, entry, last.start, end)
         checked = entry.binding is not None and entry.length == end
@@ -558,7 +562,7 @@ class SessionStore:
             _check_binding(tenant, name, entry, last.tokens_digest, last.kv_digest)
         counts = self._backend.refcounts(tenant.key, [s.span for s in found.chain])
         sizes = [len(s.record) for s in found.chain]
-        exact = all(self._chains.record(s).kv_exact for s in found.chain)
+        exact = all(records.get(s).record.kv_exact for s in found.chain)
         return SessionStat(name, entry.length, len(sizes), sum(sizes),
                            sum(n for n, c in zip(sizes, counts, strict=True) if c > 1), exact,
                            checked)

@@ -56,6 +56,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from seqkv.formats.span import SpanFrame
 from seqkv.limits import MAX_CHAIN_SPANS, MAX_POSITIONS, MAX_SPAN_ID
 from seqkv.store.binding import (
     BINDING_BYTES,
@@ -320,6 +321,9 @@ class DictionaryGoneError(Exception):
 class StoredSpan:
     span: SpanId
     record: bytes
+    # ``read_frame(record)``, where the backend read it already (to walk the chain), so the
+    # store parses no record twice in one call; None: not read
+    frame: SpanFrame | None = None
 
 
 @dataclass(frozen=True, slots=True)

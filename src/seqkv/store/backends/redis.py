@@ -57,7 +57,7 @@ from typing import Any
 
 import redis
 
-from seqkv.formats.span import read_frame
+from seqkv.formats.span import SpanFrame, read_frame
 from seqkv.limits import MAX_CHAIN_SPANS
 from seqkv.store.backends.base import (
     AuditReport,
@@ -614,7 +614,7 @@ class RedisBackend:
         flat = self._run("span", [self._ns(ns), str(span), MAX_CHAIN_SPANS])
         if flat is None:
             return None
-        return _chain_of(f"span {span}", span, MAX_CHAIN_SPANS, _records(flat))
+        return _chain_of(f"span {span}", span, MAX_CHAIN_SPANS, _records(flat), {})
 
     def fetch_sessions(self, ns: NamespaceKey, names: Sequence[SessionName]
                        ) -> list[SessionChain | None]:
@@ -622,6 +622,7 @@ class RedisBackend:
             return []
         entries, flat, listed = self._run("sessions", [self._ns(ns), *names])
         records = _records(flat)
+        frames: dict[SpanId, SpanFrame] = {}
         out: list[SessionChain | None] = []
         for name, raw, legacy in zip(names, entries, listed, strict=True):
             if not raw:
@@ -629,7 +630,7 @@ class RedisBackend:
                 continue
             entry = _entry(name, raw, legacy)
             out.append(SessionChain(entry, _chain_of(f"session {name!r}", entry.span,
-                                                     entry.length, records)))
+                                                     entry.length, records, frames)))
         return out
 
     def refcounts(self, ns: NamespaceKey, spans: Sequence[SpanId]) -> list[int]:
@@ -774,15 +775,19 @@ def _records(flat: Sequence[object]) -> dict[SpanId, bytes]:
     return records
 
 
-def _chain_of(label: str, span: SpanId, limit: int, records: Mapping[SpanId, bytes]
-              ) -> tuple[StoredSpan, ...]:
-    """The chain through ``span``, root first, walked with a loop and a length guard."""
+def _chain_of(label: str, span: SpanId, limit: int, records: Mapping[SpanId, bytes],
+              frames: dict[SpanId, SpanFrame]) -> tuple[StoredSpan, ...]:
+    """The chain through ``span``, root first, walked with a loop and a length guard;
+    ``frames``: the records' frames read so far in this request (each record is read once)."""
 
     def parent_of(walk: SpanId) -> SpanId | None:
         if walk not in records:
             raise CorruptRecordError(f"{label}: the chain names span {walk}, which the store "
                                      "lacks: the store's metadata was damaged")
-        parent = read_frame(records[walk]).parent
-        return None if parent is None else SpanId(parent)
+        frame = frames.get(walk)
+        if frame is None:
+            frames[walk] = frame = read_frame(records[walk])
+        return None if frame.parent is None else SpanId(frame.parent)
 
-    return tuple(StoredSpan(s, records[s]) for s in walk_chain(label, span, limit, parent_of))
+    return tuple(StoredSpan(s, records[s], frames[s])
+                 for s in walk_chain(label, span, limit, parent_of))
