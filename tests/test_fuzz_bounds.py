@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from seqkv import compress, decompress, decompress_tokens
-from seqkv.codec import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_VOCAB, DecodeItem, decode_many
+from seqkv.codec import DecodeItem, decode_many
 from seqkv.errors import DecodeLimitError, EnvironmentMismatchError
 from seqkv.formats.framing import frame, unframe
 from seqkv.formats.skv import _ERRORS, MAGIC, read_skv, write_skv
-from seqkv.limits import MAX_VOCAB
+from seqkv.limits import MAX_MODEL_FREE_WORK, MAX_VOCAB, MODEL_FREE_MAX_VOCAB
 from seqkv.models import CausalLM
 from seqkv.trie import PrefixTrie, trie_from_bytes, trie_to_bytes
 from seqkv.trie.persistence import LEGACY_MAGIC

@@ -33,3 +33,17 @@ MAX_VARINT = (1 << 53) - 1
 MAX_VARINT_BYTES = 8
 # User-given ids and namespaces (``seqkv.namespaces``).
 MAX_ID_LENGTH = 128
+# NOTE: a decode without the model (``ngram``/``plain`` tokens only, a tokens-only store) has no
+# context to bound its count: at most this many tokens, the longest context of the models seqkv
+# runs, unless the caller's ``max_tokens`` says otherwise (README, "Bounded decoding").
+MODEL_FREE_MAX_TOKENS = 1 << 17
+# NOTE: and at most this vocabulary: 2**18 = 262,144, the largest vocabularies in use (the
+# format allows 2**22, for a decode that has the model, whose vocabulary the file must equal).
+MODEL_FREE_MAX_VOCAB = 1 << 18
+# NOTE: and at most this much work (``ModelFreeLevel.decode_work``, in units of one token an
+# ``ngram`` table has seen: per token a table over the tokens seen so far at ``ngram``, one
+# lookup at ``plain``): what a forged count buys when no guard or model bounds it. With
+# MODEL_FREE_MAX_TOKENS it keeps the largest decode the defaults allow within the fuzz
+# harness's per-case budget of 2 s of CPU (measured by ``benchmarks/model_free_decode.py``);
+# at a vocabulary of 8,192 or more it allows 8,192 tokens of ``ngram`` (``table_cost``).
+MAX_MODEL_FREE_WORK = 1 << 28
