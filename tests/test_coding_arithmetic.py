@@ -13,6 +13,8 @@ from seqkv.coding.arithmetic import (
     ArithmeticEncoder,
     BitStream,
     _trimmed_length,
+    least_symbol_bits,
+    within_code,
 )
 from seqkv.coding.frequencies import (
     TOTAL_FREQUENCY,
@@ -182,3 +184,186 @@ def test_a_changed_code_decoding_alike_is_not_canonical(change: str) -> None:
     except CodeExhaustedError:
         return
     assert decoded != symbols or not decoder.canonical(floor=True)
+
+
+@st.composite
+def forged_streams(draw: st.DrawFn) -> tuple[list[np.ndarray], BitStream]:
+    """Tables whose largest count is bounded (at most a share of the total), and any bits."""
+    vocab = draw(st.integers(2, 64))
+    seed = draw(st.integers(0, 2**32 - 1))
+    sharpness = draw(st.sampled_from([0.0, 0.5, 3.0]))
+    rng = np.random.default_rng(seed)
+    tables = [cumulative_from_logits(rng.standard_normal(vocab) * sharpness)
+              for _ in range(draw(st.integers(1, 8)))]
+    kind = draw(st.sampled_from(["empty", "zeros", "ones", "random"]))
+    length = 0 if kind == "empty" else draw(st.integers(1, 40))
+    data = {"empty": b"", "zeros": bytes(length), "ones": b"\xff" * length,
+            "random": rng.bytes(length)}[kind]
+    return tables, BitStream(data, 8 * len(data) - (draw(st.integers(0, 7)) if data else 0))
+
+
+def _largest(tables: list[np.ndarray]) -> int:
+    return max(int(np.diff(table).max()) for table in tables)
+
+
+@given(forged_streams())
+def test_a_guarded_decoder_produces_no_more_symbols_than_the_code_carries(
+        stream: tuple[list[np.ndarray], BitStream]) -> None:
+    """Invariant 7: whatever the bits, a guarded decoder cycling through tables whose largest
+    count is ``c`` completes ``k`` symbols only while ``within_code(k, least_symbol_bits(c),
+    num_bits)``: a count beyond is refused by the guard, so refusing it up front loses
+    nothing."""
+    tables, code = stream
+    _assert_guard_within(tables, code, least_symbol_bits(_largest(tables)))
+
+
+def _assert_guard_within(tables: list[np.ndarray], code: BitStream, least: float) -> None:
+    decoder = ArithmeticDecoder(code, OVERRUN_BITS)
+    completed = 0
+    with pytest.raises(CodeExhaustedError):
+        while True:
+            decoder.decode(tables[completed % len(tables)])
+            completed += 1
+            assert within_code(completed, least, code.num_bits), completed
+
+
+def test_an_overstated_bound_is_caught() -> None:
+    """The property above fails on a bound that would refuse what the guard lets through (a
+    9-bit symbol counted as 10 bits: an empty code's 7 symbols would be refused)."""
+    tables = [uniform_cumulative(512)]
+    _assert_guard_within(tables, BitStream(b"", 0), least_symbol_bits(_largest(tables)))
+    with pytest.raises(AssertionError):
+        _assert_guard_within(tables, BitStream(b"", 0), 10.0)
+
+
+@given(coded_streams())
+def test_an_honest_stream_is_within_its_code(stream: tuple[list[np.ndarray], list[int]]) -> None:
+    tables, symbols = stream
+    if not tables:
+        return
+    encoder = ArithmeticEncoder()
+    for table, symbol in zip(tables, symbols, strict=True):
+        encoder.encode(table, symbol)
+    code = encoder.finish()
+    assert within_code(len(symbols), least_symbol_bits(_largest(tables)), code.num_bits)
+
+
+def test_the_bound_is_near_tight_for_the_uniform_table() -> None:
+    """At a uniform table of 512 symbols (9 bits each), an empty code carries at most
+    (64 + 2) / 9 symbols: 7 pass, 8 do not; the guard itself stops an empty stream there."""
+    least = least_symbol_bits(int(np.diff(uniform_cumulative(512)).max()))
+    assert 8.99 < least < 9.0
+    assert within_code(7, least, 0) and not within_code(8, least, 0)
+    decoder = ArithmeticDecoder(BitStream(b"", 0), OVERRUN_BITS)
+    with pytest.raises(CodeExhaustedError):
+        for _ in range(8):
+            decoder.decode(uniform_cumulative(512))
+
+
+def test_a_count_near_the_total_bounds_nothing() -> None:
+    """A table that may give one symbol all but 1 count per other symbol (the ngram level's, a
+    model's): a symbol may take almost no bits, so no count is refused by the bound."""
+    least = least_symbol_bits(TOTAL_FREQUENCY - 1)
+    assert 0 <= least < 1e-9
+    assert within_code(1 << 31, least, 0)
+    with pytest.raises(ValueError, match="count"):
+        least_symbol_bits(0)
+
+
+def test_target_and_consume_are_decode() -> None:
+    """``decode`` is ``target`` located in the table, then ``consume`` of its share."""
+    table = cumulative_from_probabilities(np.array([0.5, 0.25, 0.125, 0.125]))
+    encoder = ArithmeticEncoder()
+    for symbol in (3, 0, 2, 2, 1):
+        encoder.encode_interval(int(table[symbol]), int(table[symbol + 1]))
+    code = encoder.finish()
+    one, other = ArithmeticDecoder(code, OVERRUN_BITS), ArithmeticDecoder(code, OVERRUN_BITS)
+    for _ in range(5):
+        target = other.target()
+        symbol = int(np.searchsorted(table, target, side="right")) - 1
+        other.consume(int(table[symbol]), int(table[symbol + 1]))
+        assert one.decode(table) == symbol
+    with pytest.raises(ValueError, match="share"):
+        ArithmeticEncoder().encode_interval(5, 5)
+
+
+class _BitByBitDecoder:
+    """The decoder's renormalisation one shift at a time, as ``ArithmeticEncoder`` does it: the
+    reference the decoder's runs of shifts are checked against."""
+
+    def __init__(self, stream: BitStream, overrun_bits: int | None) -> None:
+        self.bits = np.unpackbits(np.frombuffer(stream.data, dtype=np.uint8))[: stream.num_bits]
+        self.limit = None if overrun_bits is None else stream.num_bits + overrun_bits
+        self.position, self.low, self.high, self.pending = 0, 0, (1 << 64) - 1, 0
+        self.emitted: list[int] = []
+        self.value = 0
+        for _ in range(64):
+            self.value = (self.value << 1) | self.next_bit(check=False)
+
+    def next_bit(self, check: bool = True) -> int:
+        position = self.position
+        self.position += 1
+        if check and self.limit is not None and position - 64 >= self.limit:
+            raise CodeExhaustedError("run out")
+        return int(self.bits[position]) if position < self.bits.shape[0] else 0
+
+    def emit(self, bit: int) -> None:
+        self.emitted += [bit] + [1 - bit] * self.pending
+        self.pending = 0
+
+    def finished(self, floor: bool) -> list[int]:
+        flush = 0 if self.low < 1 << 62 else 1
+        bits = [*self.emitted, flush, *[1 - flush] * (self.pending + 1)]
+        length = _trimmed_length(bits, self.position - 64, floor)
+        return bits[:length] + [0] * max(0, length - len(bits))
+
+    def decode(self, table: np.ndarray) -> int:
+        width = self.high - self.low + 1
+        target = (((self.value - self.low + 1) << 32) - 1) // width
+        symbol = int(np.searchsorted(table, target, side="right")) - 1
+        self.high = self.low + ((width * int(table[symbol + 1])) >> 32) - 1
+        self.low = self.low + ((width * int(table[symbol])) >> 32)
+        half, quarter = 1 << 63, 1 << 62
+        while True:
+            if self.high < half:
+                self.emit(0)
+            elif self.low >= half:
+                self.emit(1)
+                self.low, self.high, self.value = (self.low - half, self.high - half,
+                                                   self.value - half)
+            elif self.low >= quarter and self.high < half + quarter:
+                self.pending += 1
+                self.low, self.high, self.value = (self.low - quarter, self.high - quarter,
+                                                   self.value - quarter)
+            else:
+                return symbol
+            self.low <<= 1
+            self.high = (self.high << 1) | 1
+            self.value = (self.value << 1) | self.next_bit()
+
+
+@given(forged_streams(), st.sampled_from([None, OVERRUN_BITS, 0]), st.booleans())
+def test_the_runs_of_shifts_are_the_shifts_one_at_a_time(
+        stream: tuple[list[np.ndarray], BitStream], overrun: int | None, skewed: bool) -> None:
+    """``ArithmeticDecoder.consume`` takes its shifts a run at a time: over any bits and tables
+    (skewed ones, whose likely symbols take next to no bits, included), it decodes the symbols,
+    reads the bits, trips the guard at the symbol and leaves the state (interval, value,
+    pending and emitted bits, canonical verdicts) that shifting one bit at a time does."""
+    tables, code = stream
+    if skewed:
+        tables = [cumulative_from_probabilities(np.array([1e9, 1.0, 1.0])), *tables]
+    decoder, reference = ArithmeticDecoder(code, overrun), _BitByBitDecoder(code, overrun)
+    for step in range(300):
+        table = tables[step % len(tables)]
+        try:
+            expected = reference.decode(table)
+        except CodeExhaustedError:
+            with pytest.raises(CodeExhaustedError):
+                decoder.decode(table)
+            return
+        assert decoder.decode(table) == expected
+        assert (decoder._low, decoder._high, decoder._value, decoder._pending,
+                decoder._position) == (reference.low, reference.high, reference.value,
+                                       reference.pending, reference.position)
+        for floor in (True, False):
+            assert decoder._finished_bits(floor) == reference.finished(floor)

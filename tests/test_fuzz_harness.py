@@ -390,6 +390,28 @@ def mutate_json(rng: np.random.Generator, document: Any) -> tuple[str, bytes]:
     return what, text
 
 
+def forged_count(rng: np.random.Generator, count: int, caps: Sequence[int]) -> int:
+    """A token count to forge in place of ``count``: just past it, a multiple, or at and
+    past one of ``caps`` (a context, a cap on model-free decodes)."""
+    roll = rng.random()
+    if roll < 0.3:
+        return count + int(rng.integers(1, 4))
+    if roll < 0.45:
+        return count * int(rng.choice([2, 8, 100]))
+    cap = int(rng.choice(list(caps)))
+    return max(1, cap + int(rng.choice([-1, 0, 1])))
+
+
+def forged_code(rng: np.random.Generator, data: bytes) -> tuple[str, bytes]:
+    """A token code's bytes to put beside a forged count: kept, none, all zeros, all ones or
+    random, up to a few hundred bytes (what an attacker's code can make a decoder do)."""
+    kind = str(rng.choice(["kept", "empty", "zeros", "ones", "random"]))
+    length = int(rng.integers(1, 400))
+    code = {"kept": data, "empty": b"", "zeros": bytes(length), "ones": b"\xff" * length,
+            "random": rng.bytes(length)}[kind]
+    return f"{kind} code of {len(code)} bytes", code
+
+
 def zlib_bomb(size: int) -> bytes:
     """A zlib stream of ``size`` zero bytes (about a thousandth of that)."""
     return zlib.compress(bytes(size), 9)

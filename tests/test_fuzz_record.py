@@ -12,6 +12,7 @@ for the mutations, the budget and ``SEQKV_FUZZ_CASES``.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 from collections.abc import Iterator
@@ -24,8 +25,10 @@ import pytest
 import torch
 
 from fuzz_oracle import CountingTally
+from seqkv.coding.arithmetic import BitStream
 from seqkv.errors import SeqKVError
-from seqkv.formats.framing import read_varint
+from seqkv.formats.framing import encode_varint, read_varint
+from seqkv.formats.span import read_span, write_span
 from seqkv.models import CausalLM
 from seqkv.store import SessionStore, model_codecs
 from seqkv.store.backends.directory import DirectoryBackend
@@ -36,6 +39,8 @@ from test_fuzz_harness import (
     Field,
     Walker,
     case_count,
+    forged_code,
+    forged_count,
     mutate_bytes,
     mutate_sections,
     seed,
@@ -110,7 +115,7 @@ def stored(fuzz_model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def record_fields(record: bytes) -> list[Field]:
-    """Where each field of a valid span record (version 2) lies."""
+    """Where each field of a valid span record (version 3) lies."""
     walker = Walker(record[:-4])
     flags = record[0] & 0x0F
     walker.u8("head")
@@ -118,6 +123,7 @@ def record_fields(record: bytes) -> list[Field]:
     walker.varint("parent")
     walker.varint("start")
     walker.varint("count")
+    walker.u8("code padding")
     walker.raw(8, "tokens digest")
     if flags & 8:
         walker.raw(8, "KV digest")
@@ -221,3 +227,74 @@ def test_a_record_naming_another_parent_is_corrupt(fuzz_model: CausalLM, stored:
             store.get("appended", namespace=NAMESPACE)
     finally:
         path.write_bytes(original)
+
+
+def as_version_2(data: bytes) -> bytes:
+    """A version-3 record as version 2 wrote it: no padding byte (the code's bytes are the
+    same: its unused bits are zeros), the CRC recomputed."""
+    record = read_span(data)
+    fields = (record.codec, record.parent or 0, record.start, record.count)
+    padding_at = 1 + sum(len(encode_varint(value)) for value in fields)
+    body = bytes([2 << 4 | data[0] & 0x0F]) + data[1:padding_at] + data[padding_at + 1 : -4]
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+LEVELS = ["tokens", "rows", "segments:2", "ngram", "plain", "portable"]
+
+
+@pytest.fixture(scope="module")
+def at_every_level(fuzz_model: CausalLM,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
+    """One session per level, each a chain of two spans (a prefix session, then 10 tokens
+    more)."""
+    root = tmp_path_factory.mktemp("levels")
+    store = SessionStore.directory(root, fuzz_model)
+    for number, level in enumerate(LEVELS):
+        tokens = [(13 * i + 7 * number + 3) % 500 for i in range(40)]
+        store.put(f"{level}-head", tokens[:30], fuzz_model.prefill(tokens[:30]), level=level,
+                  namespace=NAMESPACE)
+        store.put(level, tokens, fuzz_model.prefill(tokens), level=level, namespace=NAMESPACE)
+    store.close()
+    backend = DirectoryBackend(root)
+    reader = SessionStore(backend, model_codecs(fuzz_model), hot_bytes=0)
+    names = [SessionName(name) for level in LEVELS for name in (level, f"{level}-head")]
+    chains = backend.fetch_sessions(namespace_key(check_namespace(NAMESPACE)), names)
+    sessions = []
+    for name, chain in zip(names, chains, strict=True):
+        assert chain is not None
+        got = reader.get(name, namespace=NAMESPACE)
+        assert got.kv is not None
+        sessions.append(Stored(name, got.tokens, got.kv, tuple(s.span for s in chain.chain)))
+    yield Fixture(root, backend, sessions)
+    backend.close()
+
+
+def test_fuzz_forged_counts_at_every_level(fuzz_model: CausalLM, at_every_level: Fixture) -> None:
+    """Issue 44: a span record at each level whose count is forged (the CRC recomputed) past
+    itself and to the model's context, its code kept, emptied or replaced, as a record of
+    version 3 (whose decoder guards the code's information) or 2 (whose does not): the session
+    holding it reads as put or ends in a ``SeqKVError``, within the budget; another session
+    reads as put."""
+    tally = CountingTally("store-records-forged-counts")
+    rng = np.random.default_rng(seed(1100))
+    context = fuzz_model.config.max_position_embeddings
+    for session in at_every_level.sessions:
+        span = session.spans[-1]
+        bystander = next(s for s in at_every_level.sessions if span not in s.spans)
+        path = at_every_level.path(span)
+        original = path.read_bytes()
+        record = read_span(original)
+        for _ in range(case_count(3)):
+            count = forged_count(rng, record.count, [context - record.start, 4096])
+            what, code = forged_code(rng, record.token_code.data)
+            forged = write_span(dataclasses.replace(record, count=count,
+                                                    token_code=BitStream(code, 8 * len(code))))
+            version = int(rng.choice([2, 3]))
+            path.write_bytes(as_version_2(forged) if version == 2 else forged)
+            try:
+                tally.run(f"{session.name} (span {span}): record {version}, count {count:,}, "
+                          f"{what}", partial(_attempt, fuzz_model, at_every_level, session,
+                                             bystander))
+            finally:
+                path.write_bytes(original)
+    tally.check(RECORD_BUDGET)

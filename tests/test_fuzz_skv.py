@@ -13,6 +13,7 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +24,26 @@ import torch
 from legacy_files import LEGACY, LEGACY_TOKENS, assert_refused, must_decode_here
 from seqkv import compress, decompress, decompress_tokens
 from seqkv.cli.sessions import inspect_figures
+from seqkv.coding.arithmetic import ArithmeticEncoder, BitStream
 from seqkv.descriptions import Descriptions
+from seqkv.digests import NO_PROFILE, tokens_digest
 from seqkv.errors import EnvironmentMismatchError, ModelMismatchError
 from seqkv.formats.framing import unframe
-from seqkv.formats.skv import _ERRORS, FORMAT_VERSION, MAGIC, read_skv
+from seqkv.formats.skv import _ERRORS, FORMAT_VERSION, MAGIC, read_skv, write_skv
+from seqkv.levels import parse_level
+from seqkv.levels.base import TraceColumns
+from seqkv.levels.model_free import ModelFreeLevel, code_tokens
+from seqkv.limits import MAX_POSITIONS, MODEL_FREE_MAX_TOKENS
 from seqkv.models import CausalLM
+from seqkv.session import CodedSession
 from seqkv.trie import PrefixTrie
 from test_fuzz_harness import (
     Field,
     Tally,
     Walker,
     case_count,
+    forged_code,
+    forged_count,
     mutate_bytes,
     mutate_framed,
     mutate_json,
@@ -167,6 +177,78 @@ def test_fuzz_format_3_bytes(fuzz_model: CausalLM, originals: list[Original],
         what, data = mutate_bytes(rng, original.data)
         tally.run(f"{original.name}: {what}",
                   lambda d=data, o=original: _attempt(fuzz_model, o, d, descriptions))
+    tally.check()
+
+
+def model_free_file(level: str, vocab: int, tokens: list[int]) -> bytes:
+    """A format-5 file of ``tokens`` at a model-free level and any vocabulary, coded without a
+    model (the digests of a model and profile are placeholders: a tokens-only decode reads
+    neither)."""
+    source = parse_level(level)
+    assert isinstance(source, ModelFreeLevel)
+    encoder = ArithmeticEncoder()
+    code_tokens(source, vocab, [], tokens, encoder, TraceColumns(with_entropy=False))
+    return write_skv(CodedSession(
+        level=level, count=len(tokens), segments=(len(tokens),), vocab_size=vocab,
+        model_digest=NO_PROFILE, profile_digest=NO_PROFILE, tokens_digest=tokens_digest(tokens),
+        kv_digest=NO_PROFILE, prefix=None, dictionary=None, token_code=encoder.finish(),
+        residual=None, code_form="floored"), 5).data
+
+
+def _forged_file(rng: np.random.Generator, data: bytes, caps: list[int]) -> tuple[str, bytes]:
+    """``data`` with its count forged, its code kept or replaced, in format 5 or 4 (checksum
+    recomputed by the writer)."""
+    session = read_skv(data).session
+    count = forged_count(rng, session.count, caps)
+    what, code = forged_code(rng, session.token_code.data)
+    version = int(rng.choice([4, 5]))
+    forged = dataclasses.replace(session, count=count, segments=(count,),
+                                 token_code=BitStream(code, 8 * len(code)))
+    return f"format {version}, count {count:,}, {what}", write_skv(forged, version).data
+
+
+def test_fuzz_forged_counts(fuzz_model: CausalLM, originals: list[Original],
+                            tmp_path: Path) -> None:
+    """Issue 44: each original's token count forged (the checksum recomputed) past itself, to
+    the model's context and to the model-free caps, its code kept, emptied or replaced, in
+    format 5 (whose decoder guards the code's information) and 4 (whose does not), decoded with
+    the model and without: every case ends in a ``SeqKVError`` or the original within the
+    budget."""
+    descriptions = Descriptions(tmp_path)
+    tally = Tally("skv-forged-counts")
+    rng = np.random.default_rng(seed(500))
+    caps = [fuzz_model.config.max_position_embeddings, 4096, MODEL_FREE_MAX_TOKENS,
+            MAX_POSITIONS]
+    for original in originals:
+        for _ in range(case_count(6)):
+            what, data = _forged_file(rng, original.data, caps)
+            tally.run(f"{original.name}: {what}",
+                      partial(_attempt, fuzz_model, original, data, descriptions))
+    tally.check()
+
+
+@pytest.mark.parametrize("level", ["ngram", "plain"])
+def test_fuzz_forged_counts_at_the_model_free_cap(level: str) -> None:
+    """Issue 44: a model-free file at a vocabulary of 2 whose count says up to
+    ``MODEL_FREE_MAX_TOKENS`` (the attack's file: ngram, 2**17 tokens, no code),
+    decoded without the model: refused or the original, each within the budget (at ngram
+    the whole count decodes: a token may take next to no bits)."""
+    tokens = [int(t) for t in np.random.default_rng(seed(600)).integers(0, 2, 64)]
+    data = model_free_file(level, 2, tokens)
+    session = read_skv(data).session
+    tally = Tally(f"skv-forged-counts-model-free-{level}")
+    cases = [("the attack's file", 5, MODEL_FREE_MAX_TOKENS, b"")]
+    rng = np.random.default_rng(seed(601 + (level == "plain")))
+    for _ in range(case_count(3)):
+        cases.append(("random code", int(rng.choice([4, 5])), MODEL_FREE_MAX_TOKENS,
+                      rng.bytes(int(rng.integers(1, 4096)))))
+    cases.append(("past the cap", 5, MODEL_FREE_MAX_TOKENS + 1, b""))
+    for what, version, count, code in cases:
+        forged = write_skv(dataclasses.replace(session, count=count, segments=(count,),
+                                               token_code=BitStream(code, 8 * len(code))),
+                           version).data
+        tally.run(f"{what}: format {version}, count {count:,}, {len(forged)} bytes",
+                  partial(lambda d: decompress_tokens(d) == tokens, forged))
     tally.check()
 
 

@@ -35,16 +35,26 @@ import pytest
 import torch
 
 from fuzz_oracle import CountingTally
+from seqkv.coding.arithmetic import BitStream
 from seqkv.errors import SeqKVError
 from seqkv.formats.span import read_span, write_span
+from seqkv.limits import MODEL_FREE_MAX_TOKENS
 from seqkv.models import CausalLM
-from seqkv.store import SessionStore, model_codecs
+from seqkv.store import SessionStore, TokensCodec, model_codecs
 from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.binding import STORE_SCHEMA, UNBOUND
 from seqkv.store.ids import check_namespace, namespace_key
-from test_fuzz_harness import BUDGET, HOSTILE_INTEGERS, case_count, seed
+from test_fuzz_harness import (
+    BUDGET,
+    HOSTILE_INTEGERS,
+    case_count,
+    forged_code,
+    forged_count,
+    seed,
+)
+from test_fuzz_record import as_version_2
 
 NAMESPACE = "fuzz"
 NS_HEX = namespace_key(check_namespace(NAMESPACE)).hex()
@@ -599,3 +609,42 @@ def test_fuzz_store_rows(kind: str, fuzz_model: CausalLM, request: pytest.Fixtur
 
         tally.run(f"{kind}: {what}", attempt)
     tally.check(BUDGET)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fuzz_forged_counts_on_a_tokens_only_store(kind: str, redis_server: RedisServer,
+                                                   tmp_path: Path) -> None:
+    """Issue 44: a tokens-only store (no model: no context bounds a count) at a vocabulary of
+    2, sessions at ngram and plain; a record's count forged (the CRC recomputed) past itself
+    and up to ``MODEL_FREE_MAX_TOKENS``, its code kept, emptied or replaced, as a record of
+    version 3 or 2: the session reads as put or ends in a ``SeqKVError`` within the budget (a
+    forged count of 2**17 at ngram decodes in full: a token may take next to no bits)."""
+    backend = (DirectoryBackend(tmp_path / "store") if kind == "directory"
+               else RedisBackend(redis_server.url, f"t{uuid.uuid4().hex[:10]}"))
+    store = SessionStore(backend, lambda level: TokensCodec(2, level), hot_bytes=0)
+    rng = np.random.default_rng(seed(3000 + KINDS.index(kind)))
+    sessions = {level: [int(t) for t in rng.integers(0, 2, 64)] for level in ("ngram", "plain")}
+    spans = {level: store.put(level, tokens, level=level, namespace=NAMESPACE).span
+             for level, tokens in sessions.items()}
+    editor: Editor = (RedisEditor(redis_server.url, backend._prefix)
+                      if isinstance(backend, RedisBackend) else DirectoryEditor(tmp_path / "store"))
+    tally = CountingTally(f"tokens-store-forged-counts-{kind}")
+    for level, span in spans.items():
+        original = editor.record(span)
+        record = read_span(original)
+        for _ in range(case_count(3)):
+            count = forged_count(rng, record.count, [MODEL_FREE_MAX_TOKENS])
+            what, code = forged_code(rng, record.token_code.data)
+            forged = write_span(dataclasses.replace(record, count=count,
+                                                    token_code=BitStream(code, 8 * len(code))))
+            version = int(rng.choice([2, 3]))
+            editor.write_record(span, as_version_2(forged) if version == 2 else forged)
+            try:
+                tally.run(f"{kind} {level}: record {version}, count {count:,}, {what}",
+                          partial(lambda name: store.get(name, namespace=NAMESPACE).tokens
+                                  == sessions[name], level))
+            finally:
+                editor.write_record(span, original)
+    tally.check(BUDGET)
+    assert [store.get(level, namespace=NAMESPACE).tokens for level in sessions] == list(
+        sessions.values())

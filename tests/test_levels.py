@@ -302,7 +302,7 @@ def test_ngram_tables_depend_only_on_the_history() -> None:
     for token in [3, 4, 3, 4, 3]:
         a.update(token)
         b.update(token)
-    assert np.array_equal(a.table()[0], b.table()[0])
+    assert np.array_equal(a.distribution()[0], b.distribution()[0])
     assert a.weights()[4] > a.weights()[5]
 
 

@@ -500,8 +500,9 @@ def test_a_byte_after_the_token_code_is_refused(kind: str, codec: str, tmp_path:
                                                 redis_server: RedisServer,
                                                 fuzz_model: CausalLM) -> None:
     """Issue 44: a span record with a byte appended after its token code (the CRC recomputed)
-    decoded to the same session; a record keeps no code length, so the decoder checks the code
-    is the encoder's bits packed to whole bytes."""
+    decoded to the same session; the decoder checks the code is the encoder's floored bits (a
+    record of version 3, which keeps the code's bit length; whole bytes for one of version 2,
+    ``tests/test_work_bounds.py``)."""
     store, span, _ = _canonical_case(kind, codec, tmp_path, redis_server, fuzz_model)
     record = read_span(_record_bytes(store, span))
     for extra in (b"\x00", b"\x80"):

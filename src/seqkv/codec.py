@@ -28,9 +28,12 @@ Invariants:
 6. Every decode entry point (``decompress``, ``decompress_tokens``, ``decompress_batch``,
    ``decode_many``) refuses, before any forward or table, a session of no tokens, a vocabulary
    below 2, more positions than the model's context, more tokens than the caller's
-   ``max_tokens`` (default ``token_limit``) or an estimated peak above ``max_memory_bytes``
+   ``max_tokens`` (default ``token_limit``) or an estimated peak above ``max_memory_bytes``,
+   and at a model-free level more tokens than a floored code carries or (without a model) more
+   work than ``seqkv.limits.MAX_MODEL_FREE_WORK`` (``seqkv.levels.model_free`` invariant 3)
    (``CorruptFileError`` for what no honest file states, ``DecodeLimitError`` for the caller's
-   limits; enforced, ``tests/test_decode_limits.py``). A floored token code (a
+   limits; enforced, ``tests/test_decode_limits.py``, ``tests/test_work_bounds.py``). A
+   model-free level's tokens are verified before its KV prefill. A floored token code (a
    fresh encode, ``.skv`` format 5) is decoded under the information guard and checked canonical
    after verification, its residual too; a trimmed one (formats 3 and 4) is checked canonical
    (``seqkv.session`` invariant 4).
@@ -107,7 +110,8 @@ from seqkv.levels import (
     TraceColumns,
     parse_level,
 )
-from seqkv.limits import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_TOKENS, MODEL_FREE_MAX_VOCAB
+from seqkv.levels.model_free import ModelFreeLevel, check_model_free_decode
+from seqkv.limits import MODEL_FREE_MAX_TOKENS, MODEL_FREE_MAX_VOCAB
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryMismatchError, DictionaryUnavailableError
 from seqkv.models.adapter import CausalLM
@@ -778,9 +782,15 @@ class _Pending:
                                    "up to its token count")
         self.decoder = ArithmeticDecoder(
             session.token_code, OVERRUN_BITS if session.code_form == "floored" else None)
+        prefix = self.item.prefix
+        before = [] if prefix is None else list(prefix.tokens)
         return DecodeRequest(self.decoder, session.count, lengths, self.context,
-                             self.vocab_size, self.item.prefix, with_kv, progress,
-                             self.item.dictionary, self.classes, self.kv_schedule)
+                             self.vocab_size, prefix, with_kv, progress,
+                             self.item.dictionary, self.classes, self.kv_schedule,
+                             check_tokens=lambda tail: verify(session, before + list(tail),
+                                                              None, 0, kv_checkable=False),
+                             # a tokens-only decode (``decompress_tokens``) returns no trace
+                             with_figures=with_kv)
 
     def check_code(self) -> None:
         """After the decode and its verification: the token code is the one its writer writes
@@ -813,7 +823,7 @@ def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
         resolve_dictionary(session, _Given(item.dictionary))  # raises the error that applies
         raise DictionaryMismatchError("the session was coded without a mixing dictionary: "
                                       "decode it without one")
-    _check_sizes(session, model, vocab, item.prefix, limits, with_kv)
+    _check_sizes(session, level, model, vocab, item.prefix, limits, with_kv)
     schedule = kv_schedule(model, session) if model is not None and with_kv else None
     return _Pending(item, level, time.perf_counter(), context, vocab,
                     classes=_classes(model, level), kv_schedule=schedule)
@@ -876,13 +886,14 @@ def token_limit(model: CausalLM | None, max_tokens: int | None) -> int:
     return context if isinstance(context, int) and context > 0 else MODEL_FREE_MAX_TOKENS
 
 
-def _check_sizes(session: CodedSession, model: CausalLM | None, vocab: int,
+def _check_sizes(session: CodedSession, level: CodingLevel, model: CausalLM | None, vocab: int,
                  prefix: Prefix | None, limits: DecodeLimits, with_kv: bool) -> None:
     """Refuse, before any allocation or forward, a session whose sizes this decode cannot
     honour: no tokens, a vocabulary below 2, more positions than the model's context, more
     tokens than the caller's limit (default ``token_limit``), an estimated peak memory above
-    the caller's budget, without a model a vocabulary above ``MODEL_FREE_MAX_VOCAB`` or more
-    work than ``MAX_MODEL_FREE_WORK``."""
+    the caller's budget, without a model a vocabulary above ``MODEL_FREE_MAX_VOCAB``, and at a
+    model-free level what ``seqkv.levels.model_free.check_model_free_decode`` refuses (more tokens
+    than a guarded code carries; without a model, more work than ``MAX_MODEL_FREE_WORK``)."""
     positions = session.count + (len(prefix.tokens) if prefix is not None else 0)
     if session.count < 1:
         raise CorruptFileError("the file declares no tokens")
@@ -913,10 +924,9 @@ def _check_sizes(session: CodedSession, model: CausalLM | None, vocab: int,
         raise DecodeLimitError(
             f"the file declares a vocabulary of {vocab:,}: more than a model-free decode "
             f"allows ({MODEL_FREE_MAX_VOCAB:,}); pass the model, whose vocabulary bounds it")
-    elif session.count * vocab > MAX_MODEL_FREE_WORK:
-        raise DecodeLimitError(
-            f"the file declares {session.count:,} tokens over a vocabulary of {vocab:,}: more "
-            "work than a model-free decode allows; pass the model, whose context bounds it")
+    if isinstance(level, ModelFreeLevel):
+        check_model_free_decode(level, vocab, positions, session.count, session.token_code,
+                                guarded=session.code_form == "floored", capped=model is None)
 
 
 def _decode_levels(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,

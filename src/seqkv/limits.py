@@ -46,18 +46,20 @@ MAX_VARINT_BYTES = 8
 MAX_ID_LENGTH = 128
 
 # Sizes a coded file or its reader may reach.
-# NOTE: the most tokens a decode may produce without a model, whose context would bound it:
-# 131,072 tokens, the longest context of the models seqkv runs, unless the caller's
-# ``max_tokens`` says otherwise (README, "Bounded decoding"; ``seqkv.codec.token_limit``).
+# NOTE: a decode without the model (``ngram``/``plain`` tokens only, a tokens-only store) has no
+# context to bound its count: at most this many tokens, the longest context of the models seqkv
+# runs, unless the caller's ``max_tokens`` says otherwise (README, "Bounded decoding").
 MODEL_FREE_MAX_TOKENS = 1 << 17
-# NOTE: without a model, decoding a model-free level costs O(tokens x vocabulary) (the ngram
-# level builds a table per token): a file may ask for at most this much work in all, which
-# bounds a forged count on a format-3/4 file (format 5 stops it at the information guard).
-MAX_MODEL_FREE_WORK = 1 << 32
-# NOTE: and at most this vocabulary, so that the work per token is bounded too: 2**18 = 262,144,
-# the largest vocabularies in use (``MAX_VOCAB`` allows 2**22, for a decode that has the model,
-# whose vocabulary the file must then equal).
+# NOTE: and at most this vocabulary: 2**18 = 262,144, the largest vocabularies in use (the
+# format allows 2**22, for a decode that has the model, whose vocabulary the file must equal).
 MODEL_FREE_MAX_VOCAB = 1 << 18
+# NOTE: and at most this much work (``ModelFreeLevel.decode_work``, in units of one token an
+# ``ngram`` table has seen: per token a table over the tokens seen so far at ``ngram``, one
+# lookup at ``plain``): what a forged count buys when no guard or model bounds it. With
+# MODEL_FREE_MAX_TOKENS it keeps the largest decode the defaults allow within the fuzz
+# harness's per-case budget of 2 s of CPU (measured by ``benchmarks/model_free_decode.py``);
+# at a vocabulary of 8,192 or more it allows 8,192 tokens of ``ngram`` (``table_cost``).
+MAX_MODEL_FREE_WORK = 1 << 28
 
 # The JSON header of format-1 and format-2 ``.skv`` files (``seqkv.formats.skv_legacy``).
 # NOTE: their writers wrote headers of about 1.4 KB, nested 3 levels deep; these bounds are

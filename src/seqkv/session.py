@@ -25,8 +25,9 @@ Invariants:
    ``ArithmeticEncoder.finish``'s bits, so the decoder guards its information and checks the
    bits are canonical), ``trimmed`` (``.skv`` formats 3 and 4: ``finish``'s bits with every
    trailing zero dropped, checked canonical, no guard) or ``bytes`` (whole bytes, padding
-   included: a store span, a format-1/2 file; no guard, checked canonical at whole bytes, so a
-   byte appended after the code is refused) (enforced by the codec).
+   included: a store span record of version 1 or 2, a format-1/2 file; no guard, checked
+   canonical at whole bytes, so a byte appended after the code is refused) (enforced by the
+   codec). A span record of version 3 keeps its code's bit length: ``floored``.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ kept once where they are needed (``seqkv.descriptions``; a store keeps its own),
 still read, and are written back as format 3. Files of formats 3 and 4 read as their writers
 wrote them (every trailing zero of the token code dropped; ``CodedSession.code_form``
 ``trimmed``) and are written back in their own format; a session whose code has no writer's
-promise (a store span's whole bytes) is written as format 4, its trailing zero bits dropped.
+promise (whole bytes: a store span record of version 1 or 2) is written as format 4, its
+trailing zero bits dropped.
 Files of formats 1 and 2 (a JSON header, ``seqkv.formats.skv_legacy``) read into the same value,
 and ``seqkv upgrade`` rewrites them in format 4 without re-coding.
 

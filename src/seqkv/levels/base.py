@@ -19,7 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -29,6 +29,7 @@ import torch
 
 from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.frequencies import CumulativeTable, symbol_cost_bits, table_and_log2p
+from seqkv.coding.tables import PositionTable, cost_bits
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.models.adapter import CausalLM
 from seqkv.progress import ProgressSink
@@ -108,6 +109,8 @@ class TraceColumns:
     kv_gap: list[float] = field(default_factory=list)
     with_entropy: bool = True
     classes: KVClasses | None = None
+    # False: ``record_share`` records nothing (a tokens-only decode, whose figures nobody reads)
+    figures: bool = True
 
     def record(self, log2p: npt.NDArray[np.float64], table: CumulativeTable, token: int,
                entropy: float | None = None) -> None:
@@ -123,6 +126,17 @@ class TraceColumns:
             # NOTE: not np.dot: it wakes OpenBLAS threads that slow the pinned torch thread 2x.
             entropy = -float((np.exp2(log2p) * log2p).sum())
         self.entropy.append(entropy)
+
+    def record_share(self, table: PositionTable, token: int, start: int, end: int) -> None:
+        """One position coded under a table of another form than a dense array (a model-free
+        level's: no KV gap), ``[start, end)`` the token's share."""
+        assert self.classes is None, "a model-free table has no KV-collision gap"
+        if not self.figures:
+            return
+        self.surprisal.append(table.surprisal(token))
+        self.cost.append(cost_bits(start, end))
+        if self.with_entropy:
+            self.entropy.append(table.entropy())
 
     def extend(self, other: TraceColumns) -> None:
         self.surprisal += other.surprisal
@@ -185,6 +199,11 @@ class DecodeRequest:
     # The schedule to rebuild the KV on: the level's own (None) or one of its former schedules,
     # as the file's execution profile names it (``seqkv.codec.kv_schedule``)
     kv_schedule: Schedule | None = None
+    # Verifies the decoded tail (raising on a mismatch) where a level has its tokens before its
+    # KV work: called before that work, so tokens that do not verify cost no prefill
+    check_tokens: Callable[[Sequence[int]], None] | None = None
+    # False: the caller reads no trace (a tokens-only decode); a level may then record none
+    with_figures: bool = True
 
     def new_trace(self) -> TraceColumns:
         return TraceColumns(classes=self.classes)

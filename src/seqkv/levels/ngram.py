@@ -7,11 +7,12 @@ integer arithmetic), so the tokens decode on any machine without the model
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from seqkv.coding.ngram import AdaptiveNgram
-from seqkv.levels.base import Distribution, LevelSpec
+from seqkv.coding.arithmetic import least_symbol_bits
+from seqkv.coding.frequencies import TOTAL_FREQUENCY
+from seqkv.coding.ngram import AdaptiveNgram, max_positions, table_cost
+from seqkv.levels.base import LevelSpec
 from seqkv.levels.model_free import FORMER_KV_SCHEDULES, KV_SCHEDULE, ModelFreeLevel
 
 
@@ -24,13 +25,19 @@ class NgramLevel(ModelFreeLevel):
                          former_schedules=FORMER_KV_SCHEDULES,
                          portable=True, reference="none")
 
-    def tables(self, vocab_size: int, prefix_tokens: Sequence[int],
-               tokens: Sequence[int]) -> Iterator[Distribution]:
-        model = AdaptiveNgram(vocab_size)
-        for token in prefix_tokens:
-            model.update(token)
-        position = 0
-        while True:
-            yield model.table()
-            model.update(tokens[position])
-            position += 1
+    def predictor(self, vocab_size: int) -> AdaptiveNgram:
+        return AdaptiveNgram(vocab_size)
+
+    def least_symbol_bits(self, vocab_size: int) -> float:
+        """Near 0: after a run of one token the model gives it all but the other tokens'
+        floor counts (at least 1 each), so a token may take as little as
+        ``-log2(1 - (V - 1) / 2**32)`` bits and only the level's caps bound a forged count."""
+        return least_symbol_bits(TOTAL_FREQUENCY - vocab_size + 1)
+
+    def decode_work(self, vocab_size: int, positions: int, count: int) -> int:
+        """Per token, a table over the tokens seen so far (at most the vocabulary or the
+        positions; ``seqkv.coding.ngram.table_cost``)."""
+        return count * table_cost(min(vocab_size, positions))
+
+    def max_positions(self, vocab_size: int) -> int:
+        return max_positions(vocab_size)

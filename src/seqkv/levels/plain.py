@@ -6,11 +6,15 @@ The floor of the dial: no predictor at all, so the tokens decode anywhere instan
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from seqkv.coding.frequencies import uniform_distribution
-from seqkv.levels.base import Distribution, LevelSpec
+import numpy as np
+
+from seqkv.coding.arithmetic import least_symbol_bits
+from seqkv.coding.frequencies import uniform_cumulative
+from seqkv.coding.ngram import PYTHON_TABLE_COST
+from seqkv.coding.tables import UniformPredictor
+from seqkv.levels.base import LevelSpec
 from seqkv.levels.model_free import FORMER_KV_SCHEDULES, KV_SCHEDULE, ModelFreeLevel
 
 
@@ -23,8 +27,14 @@ class PlainLevel(ModelFreeLevel):
                          former_schedules=FORMER_KV_SCHEDULES,
                          portable=True, reference="uniform")
 
-    def tables(self, vocab_size: int, prefix_tokens: Sequence[int],
-               tokens: Sequence[int]) -> Iterator[Distribution]:
-        uniform = uniform_distribution(vocab_size)
-        while True:
-            yield uniform
+    def predictor(self, vocab_size: int) -> UniformPredictor:
+        return UniformPredictor(vocab_size)
+
+    def least_symbol_bits(self, vocab_size: int) -> float:
+        """About ``log2 V``: the uniform table's largest count (the one that takes the
+        rounding's remainder) bounds every token's."""
+        return least_symbol_bits(int(np.diff(uniform_cumulative(vocab_size)).max()))
+
+    def decode_work(self, vocab_size: int, positions: int, count: int) -> int:
+        """One lookup a token in the one table (a binary search): a Python table's cost."""
+        return count * PYTHON_TABLE_COST

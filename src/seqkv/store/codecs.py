@@ -8,7 +8,9 @@ which the store keeps once; no ``.skv`` file is written or parsed on the way.
 
 ``TokensCodec`` keeps token streams only, at the ``plain`` or ``ngram`` level, with no model at
 all (stores of token streams; the index measured at scale without model forwards). It runs the
-levels' own model-free loop (``seqkv.levels.model_free``) without the per-position entropies.
+levels' own model-free loop (``seqkv.levels.model_free``) without the per-position figures, and
+their checks before it (``check_model_free_decode``: the model-free caps, and on a record of
+version 3 the tokens its code carries, then the information guard).
 
 Invariants:
 1. ``decode_many`` returns nothing it has not checked against the span's digests: the chain's
@@ -49,10 +51,11 @@ from seqkv.codec import (
     encode,
     verify,
 )
-from seqkv.coding.arithmetic import ArithmeticDecoder, ArithmeticEncoder, BitStream
+from seqkv.coding.arithmetic import OVERRUN_BITS, ArithmeticDecoder, ArithmeticEncoder, BitStream
 from seqkv.descriptions import profile_of
 from seqkv.digests import NO_PROFILE, model_digest, profile_digest, tokens_digest
 from seqkv.errors import (
+    CodeExhaustedError,
     DecodeLimitError,
     DecodeVerificationError,
     InvalidTokensError,
@@ -61,8 +64,13 @@ from seqkv.errors import (
 from seqkv.formats.span import SpanRecord
 from seqkv.levels import CodingLevel, parse_level
 from seqkv.levels.base import TraceColumns
-from seqkv.levels.model_free import ModelFreeLevel, code_tokens, decode_tokens
-from seqkv.limits import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_TOKENS
+from seqkv.levels.model_free import (
+    ModelFreeLevel,
+    check_model_free_decode,
+    code_tokens,
+    decode_tokens,
+)
+from seqkv.limits import MODEL_FREE_MAX_TOKENS
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.mixing.errors import DictionaryError
 from seqkv.models.adapter import CausalLM
@@ -88,7 +96,8 @@ def session_of(record: SpanRecord, level: CodingLevel, base: CodedSession) -> Co
     return replace(base, count=record.count, segments=_segments(level, record.count),
                    tokens_digest=record.tokens_digest, kv_digest=record.kv_digest,
                    dictionary=record.dictionary, token_code=record.token_code,
-                   residual=record.residual, kv_scope=record.kv_scope)
+                   residual=record.residual, kv_scope=record.kv_scope,
+                   code_form=record.code_form)
 
 
 def _recorded_profile(identity: CodecIdentity) -> ExecutionProfile | None:
@@ -295,20 +304,25 @@ class TokensCodec:
         for item in items:
             record = item.record
             before = list(item.prefix.tokens) if item.prefix is not None else []
-            if (record.count > MODEL_FREE_MAX_TOKENS
-                    or record.count * self._vocab > MAX_MODEL_FREE_WORK):
+            if record.count > MODEL_FREE_MAX_TOKENS:
                 raise DecodeLimitError(
                     f"a tokens-only span declares {record.count:,} tokens: more than a "
-                    f"model-free decode allows ({MODEL_FREE_MAX_TOKENS:,} tokens, "
-                    f"{MAX_MODEL_FREE_WORK:,} token x vocabulary steps)")
-            decoder = ArithmeticDecoder(record.token_code)
-            tokens = before + decode_tokens(self._level, self._vocab, before, record.count,
-                                            decoder, TraceColumns(with_entropy=False))
+                    f"model-free decode allows ({MODEL_FREE_MAX_TOKENS:,})")
+            # a version-3 record's code is the encoder's floored bits (``seqkv.formats.span``)
+            guarded = record.code_form == "floored"
+            decoder = ArithmeticDecoder(record.token_code, OVERRUN_BITS if guarded else None)
+            try:
+                check_model_free_decode(self._level, self._vocab, len(before) + record.count,
+                                        record.count, record.token_code, guarded, capped=True)
+                tokens = before + decode_tokens(self._level, self._vocab, before,
+                                                record.count, decoder, TraceColumns(figures=False))
+            except CodeExhaustedError as error:
+                raise CorruptRecordError(f"a tokens-only span does not decode: {error}") from error
             try:
                 verify(session_of(record, self._level, base), tokens, None, 0, False)
             except DecodeVerificationError as error:
                 raise StoreVerificationError(f"{error} (a tokens-only span)") from error
-            if not decoder.canonical_bytes():
+            if not (decoder.canonical(floor=True) if guarded else decoder.canonical_bytes()):
                 raise CorruptRecordError(
                     "a tokens-only span's token code is not the one its writer writes for the "
                     "tokens it decodes to (bytes appended after it, or bits changed past its "

@@ -57,7 +57,7 @@ from typing import Any
 
 import redis
 
-from seqkv.formats.span import SpanFrame, read_frame
+from seqkv.formats.span import READABLE_SPAN_VERSIONS, SpanFrame, read_frame
 from seqkv.limits import MAX_CHAIN_SPANS
 from seqkv.store.backends.base import (
     AuditReport,
@@ -90,8 +90,10 @@ from seqkv.store.ids import NamespaceKey, SessionName, SpanId
 
 # NOTE: a record is at least 8 bytes (head, three one-byte varints, CRC); ``parent_of`` reads
 # at most 8 bytes per varint (``seqkv.formats.framing``) and answers nil, false for a record too
-# short or malformed to name its parent.
+# short or malformed to name its parent, or of a version ``read_frame`` does not read (the
+# parent's place is the same in every version it reads: ``seqkv.formats.span`` invariant 3).
 _LIB = """
+local span_versions = SPANVERSIONS
 local function varint(s, pos)
   local v, mul = 0, 1
   for _ = 1, 8 do
@@ -106,6 +108,7 @@ local function varint(s, pos)
 end
 local function parent_of(rec)
   if type(rec) ~= 'string' or #rec < 8 then return nil, false end
+  if not span_versions[math.floor(string.byte(rec, 1) / 16)] then return nil, false end
   local codec, pos = varint(rec, 2)
   if not codec then return nil, false end
   local parent = varint(rec, pos)
@@ -147,7 +150,8 @@ local function chain(p, span, out, seen, limit)
   end
   return nil
 end
-""".replace("MAXSPANS", str(MAX_CHAIN_SPANS))
+""".replace("MAXSPANS", str(MAX_CHAIN_SPANS)).replace(
+    "SPANVERSIONS", "{" + ", ".join(f"[{v}] = true" for v in READABLE_SPAN_VERSIONS) + "}")
 
 _COMMIT = _LIB + """
 local p, name, row, expect, record, parent = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
