@@ -18,6 +18,8 @@ _BOUND_NAME = re.compile(r"(^|_)(MAX|MIN|LIMIT|CAP)(_|$)")
 # why each kind stays where it is). Each must still exist, so a rename cannot hide behind it.
 NOT_LIMITS: dict[str, str] = {
     # What bytes mean: changing one changes the bits a file holds.
+    "blockhash.py:_LENGTH_LIMIT": "format: length prefixes are four bytes",
+    "coding/ngram.py:_MAX_TOTAL": "model: the ngram table's weights fit the coder's total",
     "coding/residual_code.py:ALPHABET_LIMIT": "format",
     "coding/residual_code.py:MIN_SCALE": "format",
     "coding/residual_code.py:MAX_SCALE": "format",
@@ -99,7 +101,7 @@ def test_a_bound_defined_in_another_module_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("name", "value"), [
     ("MAX_SEGMENTS", 64), ("MAX_LAYERS", 1024), ("MODEL_FREE_MAX_TOKENS", 1 << 17),
-    ("MAX_MODEL_FREE_WORK", 1 << 32), ("MODEL_FREE_MAX_VOCAB", 1 << 18),
+    ("MAX_MODEL_FREE_WORK", 1 << 28), ("MODEL_FREE_MAX_VOCAB", 1 << 18),
     ("LEGACY_SKV_HEADER_BYTES", 64 * 1024), ("LEGACY_SKV_HEADER_DEPTH", 4),
     ("LEGACY_SKV_STRING", 256), ("LEGACY_SKV_THREADS", 4096),
     ("MAX_WARM_GEOMETRY", 1 << 20), ("MAX_WARM_TOKENS", 1 << 24),

@@ -26,6 +26,7 @@ import redis
 
 from legacy_stores import STORE_V1_TOKENS, directory_store_v1, redis_store_v1
 from seqkv import cli
+from seqkv.formats.span import SPAN_VERSION
 from seqkv.models import CausalLM
 from seqkv.store import (
     CorruptRecordError,
@@ -194,13 +195,13 @@ def test_the_audits_name_an_unlisted_unbound_row_damaged(filled: Store, attack: 
 @pytest.mark.parametrize("attack", RESET_ATTACKS)
 def test_a_schema_mark_reset_over_later_rows_is_refused(filled: Store, attack: str) -> None:
     """Stripping a row's binding and setting the schema mark back to 1 (or removing it) no
-    longer upgrades the row to unbound: the store holds bound rows and version-2 records, so
-    it is refused by name, and nothing is written."""
+    longer upgrades the row to unbound: the store holds bound rows and records of the current
+    span version, so it is refused by name, and nothing is written."""
     RESET_ATTACKS[attack](filled)
     with pytest.raises(StoreSchemaMarkError, match=r"marked schema 1 \(or not marked\) but "
                                                    r"holds session rows with a binding or the "
                                                    r"unbound mark: 2, span records of version "
-                                                   "2, which only"):
+                                                   f"{SPAN_VERSION}, which only"):
         filled.open()
     assert filled.listed() == {}
     filled.reset_schema("3")
