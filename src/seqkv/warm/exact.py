@@ -22,8 +22,8 @@ Stored form of one segment (its length fixed by the top plane's and the geometry
                            [L, 2, H, T, D] order
     top length   varint    bytes of the zlib stream that follows
     top plane    zlib      the top byte of every value, [L, 2, H, D, T] order
-    low planes   bytes     the other bytes of every value, little-endian, [L, 2, H, T, D]
-                           order: (width - 1) bytes a value
+    low planes   bytes     byte k of every value, [L, 2, H, T, D] order, for k = 0 (the least
+                           significant) to width - 2, one plane after the other
 
 Invariants:
 1. ``decode(encode(kv)[0])`` holds ``kv``'s bits exactly, NaN payloads, signed zeros,
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,6 +56,7 @@ from seqkv.warm.config import ExactConfig
 
 _INTS = {2: torch.int16, 4: torch.int32}
 """Integer dtypes of each width: how a float tensor's bits are viewed."""
+_UNSIGNED: dict[int, type[np.unsignedinteger[Any]]] = {2: np.uint16, 4: np.uint32}
 _LEVEL = 1
 _MEMORY_LEVEL = 6
 """zlib's 8-KiB symbol buffer: a Huffman table per 8,192 top bytes, about a layer's keys or
@@ -63,8 +65,8 @@ _WHAT = "the exact warm payload"
 
 
 def _verify(index: int, segment: np.ndarray, stored: Digest) -> None:
-    """Refuse a decoded segment (``[L, 2, H, T, D, width]`` bytes) unless its digest is the
-    stored one (invariant 2)."""
+    """Refuse a decoded segment (its values, little-endian) unless its digest is the stored one
+    (invariant 2)."""
     if digest(segment.reshape(-1).data) != stored:
         raise DecodeVerificationError(
             f"{_WHAT} {index} decodes to values that do not match its digest: it is damaged, "
@@ -111,25 +113,22 @@ class ExactCodec:
             )
         return kv.detach().to("cpu").contiguous()
 
-    def _planes(self, kv: torch.Tensor) -> np.ndarray:
-        """``[n, L, 2, H, T, D, width]`` bytes of each value, least significant first."""
-        ints = kv.view(_INTS[self.width]).numpy()
-        little = ints.astype(f"<i{self.width}", copy=False)
-        return little.view(np.uint8).reshape(*kv.shape, self.width)
-
     def encode(self, kv: torch.Tensor) -> tuple[list[bytes], torch.Tensor]:
         """Each segment's stored bytes, and the KV the decoder will rebuild (``kv`` itself)."""
         kv = self._check(kv)
-        planes = self._planes(kv)
-        top = self.width - 1
+        unsigned = _UNSIGNED[self.width]
+        values = kv.view(_INTS[self.width]).numpy().view(unsigned)  # [n, L, 2, H, T, D]
+        top = 8 * (self.width - 1)
         payloads = []
-        for segment in planes:  # [L, 2, H, T, D, W]
-            channels = np.ascontiguousarray(segment[..., top].transpose(0, 1, 2, 4, 3))
+        for segment in values:
+            channels = (segment.transpose(0, 1, 2, 4, 3) >> top).astype(np.uint8, order="C")
             deflater = zlib.compressobj(_LEVEL, zlib.DEFLATED, 15, _MEMORY_LEVEL, zlib.Z_RLE)
             coded = deflater.compress(channels.data) + deflater.flush()
-            low = np.ascontiguousarray(segment[..., :top])
-            payloads.append(b"".join([digest(segment.reshape(-1).data),
-                                      encode_varint(len(coded)), coded, low.tobytes()]))
+            low = [(segment >> (8 * k)).astype(np.uint8).tobytes()
+                   for k in range(self.width - 1)]
+            little = segment.astype(f"<u{self.width}", copy=False)
+            payloads.append(b"".join([digest(little.reshape(-1).data),
+                                      encode_varint(len(coded)), coded, *low]))
         return payloads, kv
 
     def _split(self, index: int, payload: bytes) -> tuple[Digest, bytes, bytes]:
@@ -152,17 +151,21 @@ class ExactCodec:
         if not payloads:
             raise InvalidKVError("there are no warm payloads to decode")
         parts = [self._split(i, p) for i, p in enumerate(payloads)]  # invariant 3
-        top = self.width - 1
+        unsigned = _UNSIGNED[self.width]
+        top = 8 * (self.width - 1)
         layers, _, heads, tokens, dim = self.shape
-        out = np.empty((len(payloads), *self.shape, self.width), dtype=np.uint8)
+        out = np.empty((len(payloads), *self.shape), dtype=unsigned)
         for index, (stored, coded, low) in enumerate(parts):
             plane = inflate(coded, self.values, f"{_WHAT} {index}'s top plane",
                             CorruptFileError)
-            segment = out[index]  # [L, 2, H, T, D, W]
-            segment[..., :top] = np.frombuffer(low, dtype=np.uint8).reshape(
-                *self.shape, top)
-            segment[..., top] = np.frombuffer(plane, dtype=np.uint8).reshape(
-                layers, 2, heads, dim, tokens).transpose(0, 1, 2, 4, 3)
-            _verify(index, segment, stored)
-        ints = out.view(f"<i{self.width}").astype(f"=i{self.width}", copy=False)
-        return torch.from_numpy(ints.reshape(len(payloads), *self.shape)).view(self.dtype)
+            channels = np.frombuffer(plane, dtype=np.uint8).reshape(
+                layers, 2, heads, dim, tokens)
+            segment = out[index]  # [L, 2, H, T, D]
+            np.left_shift(channels.transpose(0, 1, 2, 4, 3), top, out=segment, dtype=unsigned,
+                          casting="unsafe")
+            planes = np.frombuffer(low, dtype=np.uint8).reshape(self.width - 1, *self.shape)
+            for k, byte in enumerate(planes):
+                segment |= byte.astype(unsigned) << unsigned(8 * k)
+            _verify(index, segment.astype(f"<u{self.width}", copy=False), stored)
+        signed = out.view(np.int16 if self.width == 2 else np.int32)
+        return torch.from_numpy(signed).view(self.dtype)
