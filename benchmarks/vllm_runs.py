@@ -155,13 +155,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             timed: list[float] = []
             paired: list[float] = []
             loaded: list[int] = []
-            for p in prompts:
+            for index, p in enumerate(prompts):
                 if args.engine in WARM:
                     # NOTE: the same prompt recomputed (seqkv_warm false: the connector matches
                     # nothing, and its blocks are stored already, so nothing is saved) right
                     # before its warm load: the ratio of a pair is immune to the drift of load
                     # on this shared machine.
                     paired.append(_ttft(llm, args.engine, p, False)[0])
+                elif args.engine == "example" and args.pair_example:
+                    # NOTE: ExampleConnector loads every prompt it stored, so its pair is a
+                    # fresh prompt of the same length (nothing stored: recomputed).
+                    fresh = token_prompt(encode, size - 1, seed=size * 1000 + 500 + index)
+                    paired.append(_ttft(llm, args.engine, fresh, False)[0])
                 seconds, tokens = _ttft(llm, args.engine, p, True)
                 timed.append(seconds)
                 loaded.append(tokens)
@@ -225,6 +230,8 @@ def main() -> None:
     parser.add_argument("--long-resumes", type=int, default=20)
     parser.add_argument("--quality-prompts", type=int, default=100)
     parser.add_argument("--quality-tokens", type=int, default=256)
+    parser.add_argument("--pair-example", action="store_true",
+                        help="pair each raw load with a recompute of a fresh prompt of its length")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result = run(args)

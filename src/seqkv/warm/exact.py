@@ -6,10 +6,11 @@ change had only raw storage. This coding gives back every value's bits at fewer 
 A float's top byte holds its sign and its exponent's high bits (float32 and bfloat16: the sign
 and 7 of the 8 exponent bits; float16: the sign, the 5 exponent bits and 2 mantissa bits). KV
 exponents are skewed, so that plane codes to about 3 of its 8 bits; the lower bytes are mantissa
-bits, close to uniform, and are stored as they are. On SmolLM2's KV this comes within 1% of the
-entropy of the exponent field alone (``benchmarks/exact_layouts.py``), and moving the exponent's
-last bit into the coded symbol, an XOR or a delta with the previous position's bits, or an
-arithmetic coder (constriction) instead of deflate did not pay.
+bits, close to uniform, and are stored as they are. On SmolLM2's KV
+(``benchmarks/exact_layouts.py``, ``reports/exact_layouts.md``) this codes below the order-0
+entropy of the top byte and of the exponent field under one table per block (deflate's tables
+adapt within a block), and neither an XOR with the previous position's bits, nor the exponent
+field split from the sign, nor constriction's ANS coder instead of deflate paid.
 
 The top plane is laid out channel by channel (``[L, 2, H, D, T]``: the positions of one head
 dimension adjacent, as their exponents are alike) and deflated with zlib's run-length strategy,

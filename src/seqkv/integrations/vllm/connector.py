@@ -8,9 +8,9 @@ and are what the CI driver tests.
 
 Deviations from a layer-by-layer connector: ``save_kv_layer`` and ``wait_for_layer_load`` do
 nothing. Loads are whole-step (decoded once, scattered into every layer before the forward:
-decoding is one batched dequantization, not worth pipelining by layer on a CPU), and saves copy
-all layers' new blocks at ``wait_for_save``, after the forward, then code them on a background
-thread.
+decoding is one batched call of the warm codec, not worth pipelining by layer on a CPU), and
+saves copy all layers' new blocks at ``wait_for_save``, after the forward, then code them on a
+background thread.
 
 Invariants:
 1. Tensor and pipeline parallelism above 1 are refused by name at construction (enforced:
