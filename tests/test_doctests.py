@@ -22,6 +22,7 @@ MODULES = (
     "seqkv.warm",
     "seqkv.warm.codec",
     "seqkv.warm.config",
+    "seqkv.warm.exact",
     *(f"seqkv.integrations.vllm.{name}" for name in (
         "keys", "paged", "scheduler", "settings", "worker")),
 )

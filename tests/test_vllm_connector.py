@@ -14,7 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from seqkv.errors import ConnectorConfigError, SeqKVError
+from seqkv.digests import Digest
+from seqkv.errors import ConnectorConfigError, InvalidKVError, SeqKVError
+from seqkv.formats.framing import frame, unframe
 from seqkv.integrations.vllm import (
     ColdTier,
     ConnectorSettings,
@@ -27,10 +29,13 @@ from seqkv.integrations.vllm.counters import CounterLog
 from seqkv.integrations.vllm.plan import BlockOrder, StepPlan
 from seqkv.integrations.vllm.scheduler import SchedulerCounters
 from seqkv.integrations.vllm.settings import check_parallelism
+from seqkv.integrations.vllm.worker import WorkerCore
 from seqkv.models import CausalLM
 from seqkv.store import SessionExistsError, SessionStore
 from seqkv.types import KVGeometry
-from seqkv.warm import WarmModel, decompress_warm
+from seqkv.warm import ExactCodec, ExactConfig, WarmConfig, WarmModel, decompress_warm
+from seqkv.warm import exact as exact_module
+from seqkv.warm.entry import _ERRORS, MAGIC, VERSION
 from vllm_driver import Engine, Request, recompute_logits
 
 SPACE = KeySpace(b"m" * 8, "bfloat16", 4, "cpu", b"config")
@@ -54,8 +59,29 @@ def test_settings_refuse_unknown_keys_and_types() -> None:
         ConnectorSettings.parse({"warm_predictor": "topk"})
 
 
-def test_warm_loads_are_off_by_default() -> None:
-    assert ConnectorSettings.parse({}).warm_default is False
+def test_the_warm_mode_and_its_defaults() -> None:
+    """Exact by default, loading for every request that does not opt out; a configuration with
+    a lossy key and no mode is lossy, loading only for requests that opt in (as it was)."""
+    default = ConnectorSettings.parse({})
+    assert default == ConnectorSettings() and default.warm_mode == "exact"
+    assert default.loads_by_default and default.coding(torch.bfloat16) == ExactConfig("bfloat16")
+    older = ConnectorSettings.parse({"warm_bits": 3, "warm_quantizer": "turboquant_mse"})
+    assert older.warm_mode == "lossy" and not older.loads_by_default
+    assert older.coding(torch.bfloat16) == WarmConfig()
+    lossy = ConnectorSettings.parse({"warm_mode": "lossy", "warm_default": True})
+    assert lossy.coding(torch.float32) == WarmConfig() and lossy.loads_by_default
+    assert not ConnectorSettings.parse({"warm_default": False}).loads_by_default
+
+
+def test_the_warm_mode_refuses_what_does_not_fit_it() -> None:
+    with pytest.raises(ConnectorConfigError, match=r"warm_mode 'exact' .*\['warm_bits'\]"):
+        ConnectorSettings.parse({"warm_mode": "exact", "warm_bits": 3})
+    with pytest.raises(ConnectorConfigError, match="warm_mode 'exakt' is not one of"):
+        ConnectorSettings.parse({"warm_mode": "exakt"})
+    with pytest.raises(ConnectorConfigError, match="must be a str"):
+        ConnectorSettings.parse({"warm_mode": True})
+    with pytest.raises(ConnectorConfigError, match="exact warm entries hold KV in"):
+        ConnectorSettings.parse({}).coding(torch.float64)
 
 
 def test_parallelism_is_refused_by_name() -> None:
@@ -181,7 +207,13 @@ def prompt(real_model: CausalLM) -> list[int]:
 
 @pytest.fixture
 def engine(real_model: CausalLM, tmp_path: Path) -> Engine:
+    """An engine in the default (exact) mode."""
     return Engine(real_model, str(tmp_path / "warm"))
+
+
+def _lossy(real_model: CausalLM, folder: Path) -> Engine:
+    settings = ConnectorSettings(warm_dir=str(folder), warm_mode="lossy")
+    return Engine(real_model, settings.warm_dir, settings=settings)
 
 
 def _kl(reference: torch.Tensor, other: torch.Tensor) -> float:
@@ -194,7 +226,8 @@ def _kl(reference: torch.Tensor, other: torch.Tensor) -> float:
 
 @pytest.mark.real_model
 def test_warm_load_gives_the_recompute_logits_within_quantization(
-        engine: Engine, prompt: list[int], real_model: CausalLM) -> None:
+        prompt: list[int], real_model: CausalLM, tmp_path: Path) -> None:
+    engine = _lossy(real_model, tmp_path / "warm")
     reference = recompute_logits(real_model, prompt)
     first = engine.prefill(Request("a", prompt))
     assert first.matched == 0 and torch.allclose(first.logits, reference, atol=1e-4)
@@ -220,6 +253,7 @@ def test_warm_load_gives_the_recompute_logits_within_quantization(
     zeros.allocate(blank, len(prompt))
     broken = zeros.forward(blank, saved * 16, len(prompt))
     assert error < 0.05 < _kl(reference, broken)
+    assert engine.finish(request)["seqkv_warm_lossy"] is True
     engine.close()
     zeros.close()
 
@@ -265,11 +299,104 @@ def test_entries_of_the_old_key_scheme_miss_and_never_fail_a_load(
 
 
 @pytest.mark.real_model
-def test_requests_that_do_not_opt_in_are_recomputed(engine: Engine, prompt: list[int]) -> None:
+@pytest.mark.parametrize("mode", ["lossy", "exact"])
+def test_requests_that_do_not_opt_in_are_recomputed(
+        real_model: CausalLM, prompt: list[int], tmp_path: Path, mode: str) -> None:
+    """Lossy: a request that says nothing is recomputed; exact: one that opts out."""
+    engine = _lossy(real_model, tmp_path) if mode == "lossy" else Engine(real_model,
+                                                                          str(tmp_path))
     engine.prefill(Request("a", prompt))
-    again = engine.prefill(Request("b", prompt))
+    params = None if mode == "lossy" else {"seqkv_warm": False}
+    again = engine.prefill(Request("b", prompt, kv_transfer_params=params))
     assert again.matched == 0 and engine.worker.counters().loaded_blocks == 0
     engine.close()
+
+
+def _int_view(kv: torch.Tensor) -> torch.Tensor:
+    return kv.view(torch.int32 if kv.element_size() == 4 else torch.int16)
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_an_exact_load_gives_the_raw_logits_bit_for_bit(
+        real_model: CausalLM, prompt: list[int], tmp_path: Path, dtype: torch.dtype) -> None:
+    """The default mode loads for a request that says nothing; the blocks hold the engine's own
+    bits, and the logits are those of the same forward over the raw KV, bit for bit."""
+    engine = Engine(real_model, str(tmp_path / "warm"), dtype=dtype)
+    first = Request("a", prompt)
+    engine.prefill(first)
+    full = len(prompt) // 16
+    raw = engine.layout.gather(engine.caches, first.block_ids[:full])  # [n, L, 2, H, B, D]
+    request = Request("b", prompt)
+    warm = engine.prefill(request)
+    assert warm.matched == full * 16 and not warm.load_errors
+    loaded = engine.layout.gather(engine.caches, request.block_ids[:full])
+    assert loaded.dtype == dtype and torch.equal(_int_view(loaded), _int_view(raw))
+    reference = Request("r", prompt)  # recompute from raw: the raw blocks in fresh slots
+    engine.allocate(reference, len(prompt))
+    engine.layout.scatter(engine.caches, reference.block_ids[:full], raw)
+    expected = engine.forward(reference, full * 16, len(prompt))
+    assert torch.equal(_int_view(warm.logits), _int_view(expected))
+    params = engine.finish(request)
+    assert params["seqkv_warm_loaded_tokens"] == full * 16
+    assert params["seqkv_warm_lossy"] is False
+    engine.close()
+
+
+@pytest.mark.real_model
+def test_an_exact_entry_that_fails_its_digest_is_recomputed(
+        engine: Engine, prompt: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's values changed under a valid checksum: with the digest check gone (the mutant)
+    the forgery loads and moves the logits; with it, the block is reported, deleted and
+    recomputed over the good blocks before it."""
+    first = Request("a", prompt)
+    engine.prefill(first)
+    full = len(prompt) // 16
+    raw = engine.layout.gather(engine.caches, first.block_ids[:full])
+    target = engine.worker.tier.path(engine.scheduler.space.block_keys(prompt, "")[1])
+    codec = engine.worker.codec
+    assert isinstance(codec, ExactCodec)
+    _, (header, payload) = unframe(target.read_bytes(), MAGIC, {VERSION}, _ERRORS, "entry")
+    at = len(payload) - codec.low_bytes + 2  # the third byte of block 1's first value
+    forged = frame(MAGIC, VERSION, [header, payload[:at] + bytes([payload[at] ^ 0x40])
+                                    + payload[at + 1 :]])
+
+    def from_raw(name: str, blocks: int) -> torch.Tensor:
+        """The logits of a forward from block ``blocks`` on, over the raw KV before it."""
+        reference = Request(name, prompt)
+        engine.allocate(reference, len(prompt))
+        engine.layout.scatter(engine.caches, reference.block_ids[:blocks], raw[:blocks])
+        return engine.forward(reference, blocks * 16, len(prompt))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(exact_module, "_verify", lambda *args: None)
+        mutant = engine.prefill(Request("m", prompt),
+                                before_load=lambda: target.write_bytes(forged))
+    assert not mutant.load_errors and not torch.equal(mutant.logits, from_raw("r", full))
+    request = Request("b", prompt)
+    result = engine.prefill(request, before_load=lambda: target.write_bytes(forged))
+    assert result.load_errors == {request.block_ids[1]}
+    assert engine.worker.counters().damaged_deleted == 1
+    assert torch.equal(result.logits, from_raw("r1", 1))  # block 0 loaded, the rest computed
+    engine.close()
+
+
+def test_the_worker_refuses_a_cache_of_another_dtype_than_its_exact_coding(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    geometry = KVGeometry(2, 2, 8)
+    layout = PagedLayout("cpu", geometry, 4)
+    worker = WorkerCore(WarmModel(Digest(b"m" * 8), geometry), ExactConfig("bfloat16"), layout,
+                        WarmTier(tmp_path, 1 << 20))
+    caches = {f"model.layers.{i}.attn": layout.empty(3, torch.float32) for i in range(2)}
+    with pytest.raises(ConnectorConfigError, match="the two must agree"):
+        worker.register(caches)
+    # Mutant: without the check the engine starts, and every save fails on the save thread.
+    monkeypatch.setattr(WorkerCore, "_check_coding", lambda self, dtype: None)
+    worker.register(caches)
+    worker.save(StepPlan(saves=(BlockOrder("r", (b"k" * 16,), (0,)),)))
+    with pytest.raises(InvalidKVError, match="converts nothing"):
+        worker.drain()
+    worker.shutdown()
 
 
 @pytest.mark.real_model
@@ -489,7 +616,7 @@ def test_preemption_and_resumption(engine: Engine, prompt: list[int],
     assert len(produced) == 14
     params = engine.finish(request)
     assert params["seqkv_warm_loaded_tokens"] == resumed.matched
-    assert params["seqkv_warm_lossy"] is True
+    assert params["seqkv_warm_lossy"] is False  # the exact mode
     engine.close()
 
 

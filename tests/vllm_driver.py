@@ -101,13 +101,14 @@ class Engine:
         warm_model = WarmModel.of(model)
         self.layout = PagedLayout("cpu", model.geometry, block_size)
         self.caches = [self.layout.empty(num_blocks, dtype) for _ in range(model.num_layers)]
+        coding = self.settings.coding(dtype)
         space = KeySpace(warm_model.digest, str(dtype).removeprefix("torch."), block_size, "cpu",
-                         self.settings.warm.config_bytes())
+                         coding.config_bytes())
         # NOTE: two WarmTier views of one folder, as in vLLM's two processes.
         self.scheduler = SchedulerCore(self.settings, space,
                                        WarmTier(self.settings.warm_dir,
                                                 self.settings.warm_budget_bytes))
-        self.worker = WorkerCore(warm_model, self.settings.warm, self.layout,
+        self.worker = WorkerCore(warm_model, coding, self.layout,
                                  WarmTier(self.settings.warm_dir, self.settings.warm_budget_bytes))
         self.worker.register({f"model.layers.{i}.self_attn.attn": c
                               for i, c in enumerate(self.caches)})

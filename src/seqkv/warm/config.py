@@ -1,4 +1,4 @@
-"""What a warm entry is coded with: the predictor, the quantizer and its bits, and the model.
+"""What a warm entry is coded with, and the model: lossy (predictor, quantizer, bits) or exact.
 
 Motivation: a warm entry (``seqkv.warm``) restores KV without a model forward, so its decoder
 needs no model, only the KV geometry and the model's digest to refuse entries of another model.
@@ -6,18 +6,26 @@ Inside a serving engine there is no :class:`~seqkv.models.CausalLM` at all (the 
 weights), so the codec is keyed by a :class:`WarmModel`, which an engine adapter builds from the
 model folder and a Python user from a loaded model.
 
+Two codings (``WarmMode``): ``lossy`` (:class:`WarmConfig`: a predictor and a quantizer, a few
+bits per element, decoded to float32) and ``exact`` (:class:`ExactConfig`: the KV's own bits in
+its own dtype, ``seqkv.warm.exact``), for users whose outputs must not change.
+
 Invariants:
 1. Only predictors that run no model forward are accepted (``none`` and previous-token delta):
    the warm tier's point is a load without a forward (enforced: ``DeltaConfigError``).
 2. ``bits`` is a width the quantizer codes residuals at (enforced, as ``DeltaConfig`` does).
-3. A ``WarmConfig`` has one byte encoding (``config_bytes``) that the entry header stores and
-   that the connector's keys hash: two configs with equal bytes code alike (enforced).
+3. A ``WarmConfig`` or ``ExactConfig`` has one byte encoding (``config_bytes``) that the entry
+   header stores and that the connector's keys hash: two configs with equal bytes code alike,
+   and no lossy config's bytes equal an exact one's (enforced: the first byte is the coding,
+   0 or 1 lossy, 2 exact).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import get_args
+from typing import Literal, get_args
+
+import torch
 
 from seqkv.delta.predictors import NoPrediction, PreviousToken
 from seqkv.delta.predictors.previous_token import DeltaReference
@@ -36,6 +44,13 @@ WarmPredictor = NoPrediction | PreviousToken
 _REFERENCE_IDS: tuple[DeltaReference, ...] = ("previous", "anchor")
 DEFAULT_PREDICTOR = PreviousToken()
 """Previous-token delta, an anchor every 16 positions (a frozen value, shared)."""
+WarmMode = Literal["exact", "lossy"]
+WARM_MODES: tuple[WarmMode, ...] = get_args(WarmMode)
+ExactDtype = Literal["float32", "bfloat16", "float16"]
+EXACT_DTYPES: tuple[ExactDtype, ...] = get_args(ExactDtype)
+"""Stored dtype ids: the position in this tuple (append only)."""
+EXACT_CODING = 2
+"""The first byte of an exact config (0 and 1 are the lossy predictors' ids)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,49 @@ class WarmConfig:
             predictor = bytes([0])
         return predictor + bytes([QUANTIZER_IDS.index(self.quantizer), self.bits]) + (
             encode_varint(self.seed))
+
+
+@dataclass(frozen=True)
+class ExactConfig:
+    """Exact coding of KV held in ``dtype``: every value's bits come back unchanged.
+
+    >>> ExactConfig("bfloat16").label, ExactConfig("bfloat16").config_bytes()
+    ('exact bfloat16', b'\\x02\\x01')
+    >>> ExactConfig.of(torch.float16)
+    ExactConfig(dtype='float16')
+    """
+
+    dtype: ExactDtype = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in EXACT_DTYPES:
+            raise DeltaConfigError(
+                f"exact warm entries hold KV in {EXACT_DTYPES}, got {self.dtype!r}: run the "
+                "engine's KV cache in one of them, or use the lossy mode"
+            )
+
+    @classmethod
+    def of(cls, dtype: torch.dtype) -> ExactConfig:
+        """The exact config of KV held in ``dtype`` (refused by name if it is not one of
+        ``EXACT_DTYPES``)."""
+        return cls(str(dtype).removeprefix("torch."))  # type: ignore[arg-type]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
+
+    @property
+    def label(self) -> str:
+        return f"exact {self.dtype}"
+
+    def config_bytes(self) -> bytes:
+        """The stored form: the exact coding's id, then the dtype's id."""
+        return bytes([EXACT_CODING, EXACT_DTYPES.index(self.dtype)])
+
+
+EntryConfig = WarmConfig | ExactConfig
+"""What a warm entry can be coded with."""
 
 
 def predictor_from_ids(kind: int, group_size: int, reference: int) -> WarmPredictor:

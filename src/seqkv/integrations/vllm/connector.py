@@ -8,9 +8,9 @@ and are what the CI driver tests.
 
 Deviations from a layer-by-layer connector: ``save_kv_layer`` and ``wait_for_layer_load`` do
 nothing. Loads are whole-step (decoded once, scattered into every layer before the forward:
-decoding is one batched dequantization, not worth pipelining by layer on a CPU), and saves copy
-all layers' new blocks at ``wait_for_save``, after the forward, then code them on a background
-thread.
+decoding is one batched call of the warm codec, not worth pipelining by layer on a CPU), and
+saves copy all layers' new blocks at ``wait_for_save``, after the forward, then code them on a
+background thread.
 
 Invariants:
 1. Tensor and pipeline parallelism above 1 are refused by name at construction (enforced:
@@ -68,7 +68,8 @@ def _dtype_name(dtype: object) -> str:
 
 
 class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
-    """seqkv's warm (lossy, no forward) and cold (exact) tiers behind vLLM's connector API."""
+    """seqkv's warm (exact or lossy, no forward) and cold (exact) tiers behind vLLM's connector
+    API."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: Any = None) -> None:
@@ -92,7 +93,8 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
         kv_dtype = _dtype_name(model_config.dtype)
         block_size = int(cache_config.block_size)
         layout: LayoutName = "cpu" if vllm_config.device_config.device_type == "cpu" else "nhd"
-        space = KeySpace(digest, kv_dtype, block_size, layout, self.settings.warm.config_bytes())
+        coding = self.settings.coding(model_config.dtype)
+        space = KeySpace(digest, kv_dtype, block_size, layout, coding.config_bytes())
         tier = WarmTier(self.settings.warm_dir, self.settings.warm_budget_bytes)
         trace = environment.path(TRACE_ENV, "file")
         self._trace = None if trace is None else TraceWriter(
@@ -108,7 +110,7 @@ class SeqKVConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._counters = CounterLog("scheduler", self._scheduler_counters,
                                         self.settings.counters_log_seconds)
         else:
-            self._worker = WorkerCore(WarmModel(Digest(digest), geometry), self.settings.warm,
+            self._worker = WorkerCore(WarmModel(Digest(digest), geometry), coding,
                                       PagedLayout(layout, geometry, block_size), tier,
                                       max_pending=self.settings.warm_queue)
             worker = self._worker

@@ -20,8 +20,9 @@ Invariants:
 1. A match is block-aligned and leaves at least the prompt's last token to compute (vLLM needs
    one token to sample from), and counts only blocks whose entries exist now, in order from the
    first (enforced).
-2. A request that did not opt in (``seqkv_warm``, default ``ConnectorSettings.warm_default``)
-   never matches: warm loads are lossy and opt-in (enforced).
+2. A request whose ``seqkv_warm`` is not ``true`` (when absent:
+   ``ConnectorSettings.loads_by_default``, ``true`` in the exact mode, ``false`` in the lossy
+   one) never matches: lossy loads are opt-in, exact ones opt-out (enforced).
 3. Keys are rooted at the request's tenant; two tenants' equal prompts share no key (enforced by
    ``KeySpace``; checked by the driver).
 4. A block is planned for saving once it is full and its KV computed
@@ -183,7 +184,7 @@ class SchedulerCore:
 
     def wants_warm(self, request: RequestView) -> bool:
         params = request.kv_transfer_params or {}
-        value = params.get("seqkv_warm", self.settings.warm_default)
+        value = params.get("seqkv_warm", self.settings.loads_by_default)
         return value is True
 
     def match(self, request: RequestView, num_computed_tokens: int) -> int:
@@ -322,7 +323,8 @@ class SchedulerCore:
         tenant = self.tenant(request)
         result: dict[str, int | str | bool] = {
             "seqkv_warm_loaded_tokens": 0 if state is None else state.loaded_tokens,
-            "seqkv_warm_lossy": state is not None and state.loaded_tokens > 0,
+            "seqkv_warm_lossy": (self.settings.warm_mode == "lossy" and state is not None
+                                 and state.loaded_tokens > 0),
             "seqkv_warm_saved_blocks": 0 if state is None else state.saved_blocks,
         }
         if self.settings.cold_store is not None:

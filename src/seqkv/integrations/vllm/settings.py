@@ -8,11 +8,14 @@ key                    default                     meaning
 =====================  ==========================  ===============================================
 ``warm_dir``           ``/tmp/seqkv-warm``         folder of the warm tier's entries (one a block)
 ``warm_budget_bytes``  1 GiB                       warm bytes kept; least recently used evicted
-``warm_bits``          3                           quantizer bits of warm entries
-``warm_quantizer``     ``turboquant_mse``          any ``seqkv.quantizers`` name
-``warm_predictor``     ``previous_token``          ``previous_token`` or ``none``
-``warm_group``         16                          previous-token anchor spacing (positions)
-``warm_default``       ``false``                   load warm KV for requests that do not say
+``warm_mode``          ``exact`` (see below)       ``exact``: the KV's own bits; ``lossy``: the
+                                                   four keys below
+``warm_bits``          3                           lossy: quantizer bits of warm entries
+``warm_quantizer``     ``turboquant_mse``          lossy: any ``seqkv.quantizers`` name
+``warm_predictor``     ``previous_token``          lossy: ``previous_token`` or ``none``
+``warm_group``         16                          lossy: previous-token anchor spacing
+``warm_default``       exact: ``true``,            load warm KV for requests that do not say
+                       lossy: ``false``
 ``warm_save``          ``true``                    code full blocks into the warm tier
 ``warm_queue``         16                          save batches queued before new ones drop
 ``cold_store``         none (cold tier off)        ``dir:PATH`` or ``redis://HOST:PORT/DB``
@@ -23,13 +26,27 @@ key                    default                     meaning
 =====================  ==========================  ===============================================
 
 Per request (``SamplingParams(extra_args={"kv_transfer_params": {...}})``): ``seqkv_warm``
-(bool, opt in to a lossy warm load), ``seqkv_tenant`` (str; else the request's ``cache_salt``),
-``seqkv_session`` (str, the cold tier's session id; else the request id).
+(bool: opt in to a lossy warm load, or out of an exact one), ``seqkv_tenant`` (str; else the
+request's ``cache_salt``), ``seqkv_session`` (str, the cold tier's session id; else the request
+id).
+
+The default mode is ``exact``, chosen from the connector's table (``reports/vllm_connector.md``,
+README *vLLM connector*): an exact load gives the engine the bits it computed, so its outputs are
+those of a raw reload, and it stores fewer bytes than raw KV (1.19x float32, 1.48x bfloat16) and
+loads far faster than a recompute. Every lossy mode measured under vLLM changed most greedy outputs
+(3 bits: 96 of 100 continuations, the first difference 19 tokens in on average), so it cannot be
+a default. Its entries are smaller (3-bit: 3.3x smaller than exact in bfloat16, 8x in float32):
+choose it (``warm_mode: "lossy"``, or any lossy key) where capacity matters more than unchanged
+outputs, and let requests opt in. A configuration that names a lossy key and no mode keeps the
+lossy mode it had.
 
 Invariants:
-1. Parsing is total: every key is either used or refused (enforced).
-2. ``warm_default`` is ``false``: a warm load is lossy, so a request gets one only when it or
-   the operator asks (enforced; README *vLLM connector* says where warm loads do not win).
+1. Parsing is total: every key is either used or refused; a lossy key beside
+   ``warm_mode: "exact"`` is refused by name (enforced).
+2. A lossy warm load happens only when the request or the operator asks (``warm_default``'s
+   default is ``false`` in the lossy mode); an exact one, which changes no output, happens for
+   every request that does not opt out (enforced; README *vLLM connector* says where warm loads
+   do not win).
 """
 
 from __future__ import annotations
@@ -38,27 +55,38 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import get_args
 
+import torch
+
 from seqkv.delta.predictors import NoPrediction, PreviousToken
 from seqkv.errors import ConnectorConfigError, SeqKVError
 from seqkv.quantizers import QuantizerName
-from seqkv.warm import WarmConfig
+from seqkv.warm import EntryConfig, ExactConfig, WarmConfig, WarmMode
+from seqkv.warm.config import WARM_MODES
 
 DEFAULT_BUDGET = 1 << 30
 """1 GiB of warm entries: about 220,000 tokens of SmolLM2-135M at 3 bits."""
+DEFAULT_MODE: WarmMode = "exact"
+"""See the module docstring for why."""
+_LOSSY_KEYS = ("warm_bits", "warm_quantizer", "warm_predictor", "warm_group")
 
 
 @dataclass(frozen=True)
 class ConnectorSettings:
     """Parsed ``kv_connector_extra_config``.
 
-    >>> ConnectorSettings.parse({"warm_bits": 4}).warm.label
+    >>> ConnectorSettings.parse({"warm_bits": 4}).coding(torch.bfloat16).label
     'previous-token (G=16) + turboquant_mse-4'
+    >>> ConnectorSettings.parse({}).coding(torch.bfloat16).label
+    'exact bfloat16'
     """
 
     warm_dir: str = "/tmp/seqkv-warm"
     warm_budget_bytes: int = DEFAULT_BUDGET
+    warm_mode: WarmMode = DEFAULT_MODE
     warm: WarmConfig = field(default_factory=WarmConfig)
-    warm_default: bool = False
+    """The lossy mode's coding (unused in the exact mode)."""
+    warm_default: bool | None = None
+    """Load for requests that do not say; ``None``: the mode's default (``loads_by_default``)."""
     warm_save: bool = True
     warm_queue: int = 16
     """Save batches (one per engine step) queued for coding before new ones are dropped."""
@@ -70,11 +98,27 @@ class ConnectorSettings:
     counters_log_seconds: float = 60.0
     """Each side logs its counters at most this often (``counters.CounterLog``); 0: never."""
 
+    def coding(self, kv_dtype: torch.dtype) -> EntryConfig:
+        """What the warm entries of an engine whose KV is ``kv_dtype`` are coded with."""
+        if self.warm_mode == "lossy":
+            return self.warm
+        try:
+            return ExactConfig.of(kv_dtype)
+        except SeqKVError as error:
+            raise ConnectorConfigError(f"warm_mode 'exact': {error}") from None
+
+    @property
+    def loads_by_default(self) -> bool:
+        """Whether a request that does not say (``seqkv_warm``) gets a warm load."""
+        if self.warm_default is not None:
+            return self.warm_default
+        return self.warm_mode == "exact"
+
     @classmethod
     def parse(cls, extra: Mapping[str, object]) -> ConnectorSettings:
-        known = {"warm_dir", "warm_budget_bytes", "warm_bits", "warm_quantizer",
-                 "warm_predictor", "warm_group", "warm_default", "warm_save", "warm_queue",
-                 "cold_store", "cold_queue", "model_digest", "counters_log_seconds"}
+        known = {"warm_dir", "warm_budget_bytes", "warm_mode", *_LOSSY_KEYS, "warm_default",
+                 "warm_save", "warm_queue", "cold_store", "cold_queue", "model_digest",
+                 "counters_log_seconds"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ConnectorConfigError(
@@ -92,6 +136,15 @@ class ConnectorSettings:
                 )
             return value
 
+        lossy_keys = [key for key in _LOSSY_KEYS if key in extra]
+        mode = typed("warm_mode", str, "lossy" if lossy_keys else DEFAULT_MODE)
+        if mode not in WARM_MODES:
+            raise ConnectorConfigError(f"warm_mode {mode!r} is not one of {WARM_MODES}")
+        if mode == "exact" and lossy_keys:
+            raise ConnectorConfigError(
+                f"warm_mode 'exact' stores the KV bit for bit; {lossy_keys} configure the lossy "
+                "mode: remove them, or set warm_mode to 'lossy'"
+            )
         quantizer = typed("warm_quantizer", str, "turboquant_mse")
         if quantizer not in get_args(QuantizerName):
             raise ConnectorConfigError(
@@ -137,6 +190,8 @@ class ConnectorSettings:
             raise ConnectorConfigError(
                 f"kv_connector_extra_config['counters_log_seconds'] must be a number >= 0, got "
                 f"{interval!r}")
+        default = typed("warm_default", bool, None)
+        assert default is None or isinstance(default, bool)
         cold = typed("cold_store", str, None)
         assert cold is None or isinstance(cold, str)
         if cold is not None and not (cold.startswith("dir:") or cold.startswith("redis://")):
@@ -145,8 +200,9 @@ class ConnectorSettings:
         return cls(
             warm_dir=str(typed("warm_dir", str, cls.warm_dir)),
             warm_budget_bytes=budget,
+            warm_mode=mode,
             warm=warm,
-            warm_default=bool(typed("warm_default", bool, False)),
+            warm_default=default,
             warm_save=bool(typed("warm_save", bool, True)),
             warm_queue=queue,
             cold_store=cold,

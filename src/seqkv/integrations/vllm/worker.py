@@ -7,7 +7,8 @@ the forward never waits for the coder. This module does that without importing v
 
 Invariants:
 1. A load decodes only entries that pass every check of ``seqkv.warm.entry`` (checksum, model,
-   tag = the block's key, geometry, payload length, finite scales); every block whose entry is
+   tag = the block's key, geometry, the connector's coding and dtype, payload length, finite
+   scales; an exact entry's values against its digest); every block whose entry is
    missing or fails is reported by ``take_load_errors`` and never written with wrong KV: the
    engine recomputes it (enforced; checked by the driver with corrupted entries). An entry
    that was read and failed is deleted, so later requests do not match it and fail again; the
@@ -25,6 +26,9 @@ Invariants:
    the tier holds, so two requests of one prompt code it once, in one step or in steps
    either side of the first write (enforced; checked by the driver and under vLLM,
    ``tests/test_vllm_e2e.py``).
+6. In the exact mode the entries hold the cache dtype's bits and nothing is converted on
+   either side: a load writes the bits the engine computed (enforced: ``register`` refuses a
+   cache of another dtype than the coding's; checked by the driver, logits equal bit for bit).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from seqkv.integrations.vllm.keys import entry_tag
 from seqkv.integrations.vllm.paged import PagedLayout
 from seqkv.integrations.vllm.plan import StepPlan
 from seqkv.integrations.vllm.warm_tier import WarmTier
-from seqkv.warm import WarmCodec, WarmConfig, WarmModel
+from seqkv.warm import EntryConfig, ExactConfig, WarmModel, segment_codec
 from seqkv.warm.entry import EntryHeader, read_entry, write_entry
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -93,12 +97,12 @@ def layer_order(names: list[str]) -> list[str]:
 class WorkerCore:
     """The worker side (see the module docstring)."""
 
-    def __init__(self, model: WarmModel, config: WarmConfig, layout: PagedLayout,
+    def __init__(self, model: WarmModel, config: EntryConfig, layout: PagedLayout,
                  tier: WarmTier, max_pending: int = 16) -> None:
         self.model = model
         self.layout = layout
         self.tier = tier
-        self.codec = WarmCodec(config, model.geometry, layout.block_size)
+        self.codec = segment_codec(config, model.geometry, layout.block_size)
         self.config = config
         self.max_pending = max_pending
         self._caches: list[torch.Tensor] = []
@@ -133,7 +137,18 @@ class WorkerCore:
                     f"KV cache dtype {cache.dtype} is not supported by the warm tier; use "
                     "--kv-cache-dtype auto (float32, float16 or bfloat16)"
                 )
+            self._check_coding(cache.dtype)
         self._caches = ordered
+
+    def _check_coding(self, dtype: torch.dtype) -> None:
+        """Refuse a cache whose dtype is not the exact coding's (invariant 4): its saves would
+        all fail on the background thread."""
+        if isinstance(self.config, ExactConfig) and dtype != self.config.torch_dtype:
+            raise ConnectorConfigError(
+                f"the warm tier codes exact entries of {self.config.dtype}, and the engine's KV "
+                f"cache is {dtype}: an exact entry is the cache's own bits, so the two must "
+                "agree (the connector derives its coding from the model's dtype)"
+            )
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -242,7 +257,7 @@ class WorkerCore:
                         protected: frozenset[bytes]) -> None:
         started = time.perf_counter()
         try:
-            payloads, _ = self.codec.encode(kv.to(torch.float32))
+            payloads, _ = self.codec.encode(kv)  # the lossy codec computes in float32
             written = 0
             for key, payload in zip(keys, payloads, strict=True):
                 header = EntryHeader(self.model.digest, entry_tag(key), self.config,
