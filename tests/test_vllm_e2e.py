@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from benchmark_scripts import load_benchmark
 from seqkv.integrations.vllm import ConnectorSettings, KeySpace, folder_digest
@@ -309,9 +310,10 @@ def _wait_for(path: Path, what: str) -> None:
 def _key_space(warm: Path, response: Response) -> KeySpace:
     """The connector's keys, in the KV dtype the server chose (``scripts/vllm.sh`` picks it by
     CPU): the one whose first key of ``response``'s prompt is in the folder."""
-    config = ConnectorSettings.parse({}).warm.config_bytes()
+    settings = ConnectorSettings.parse({})
     digest = folder_digest(MODEL)
     for dtype in ("float32", "bfloat16", "float16"):
+        config = settings.coding(getattr(torch, dtype)).config_bytes()
         space = KeySpace(digest, dtype, BLOCK, "cpu", config)
         if (warm / f"{space.block_keys(response.prompt, '')[0].hex()}.skw").is_file():
             return space
