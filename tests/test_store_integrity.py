@@ -45,6 +45,7 @@ from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.ids import SessionName, check_namespace, namespace_key
+from store_records import record_bytes
 
 STORE_V1 = Path(__file__).parent / "data" / "store-v1"
 KINDS = ["directory", "redis"]
@@ -454,20 +455,6 @@ def test_a_record_file_past_the_size_bound_is_refused_before_it_is_read(
         store.get("y", namespace="n")
 
 
-def _record_bytes(store: SessionStore, span: int, data: bytes | None = None) -> bytes:
-    """Span ``span``'s record as stored (replaced by ``data`` first, if given)."""
-    backend = store.backend
-    if isinstance(backend, DirectoryBackend):
-        if data is not None:
-            backend._path(span).write_bytes(data)
-        return backend._path(span).read_bytes()
-    assert isinstance(backend, RedisBackend)
-    key = f"{backend._ns(namespace_key(check_namespace('n')))}:s:{span}"
-    if data is not None:
-        backend.client.set(key, data)
-    return bytes(backend.client.get(key))
-
-
 def _canonical_case(kind: str, codec: str, tmp_path: Path, server: RedisServer,
                     model: CausalLM) -> tuple[SessionStore, int, int]:
     """A store holding ``x`` and ``x2`` (``x`` and 6 more tokens: a child span of ``x``'s);
@@ -504,14 +491,14 @@ def test_a_byte_after_the_token_code_is_refused(kind: str, codec: str, tmp_path:
     record of version 3, which keeps the code's bit length; whole bytes for one of version 2,
     ``tests/test_work_bounds.py``)."""
     store, span, _ = _canonical_case(kind, codec, tmp_path, redis_server, fuzz_model)
-    record = read_span(_record_bytes(store, span))
+    record = read_span(record_bytes(store, span))
     for extra in (b"\x00", b"\x80"):
         code = record.token_code
-        _record_bytes(store, span, write_span(dataclasses.replace(record, token_code=BitStream(
+        record_bytes(store, span, write_span(dataclasses.replace(record, token_code=BitStream(
             code.data + extra, 8 * len(code.data) + 8))))
         with pytest.raises(CorruptRecordError, match="token code is not the one its writer"):
             store.get("x", namespace="n")
-    _record_bytes(store, span, write_span(record))
+    record_bytes(store, span, write_span(record))
     assert store.get("x2", namespace="n").tokens[:30] == TOKENS["x"]
 
 
@@ -524,14 +511,14 @@ def test_a_chain_leaf_whose_start_is_not_canonical_is_refused(
     recomputed) cut the same prefix and decoded to the same session. Span invariant 2 allows
     only the writer's start."""
     store, _, leaf = _canonical_case(kind, codec, tmp_path, redis_server, fuzz_model)
-    record = read_span(_record_bytes(store, leaf))
+    record = read_span(record_bytes(store, leaf))
     assert record.start == len(TOKENS["x"])
     for start in (record.start + 1, record.start + 20):
-        _record_bytes(store, leaf, write_span(dataclasses.replace(record, start=start)))
+        record_bytes(store, leaf, write_span(dataclasses.replace(record, start=start)))
         with pytest.raises(CorruptRecordError, match=rf"span {leaf}'s record starts at token "
                                                      rf"{start}, but its parent span"):
             store.get("x2", namespace="n")
         deep = store.audit_deep(namespace="n")
         assert "x2" in {d.session for d in deep.damaged}
-    _record_bytes(store, leaf, write_span(record))
+    record_bytes(store, leaf, write_span(record))
     assert store.get("x2", namespace="n").tokens == [*TOKENS["x"], 1, 2, 3, 4, 5, 6]

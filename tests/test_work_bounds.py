@@ -37,7 +37,7 @@ from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.backends.redis import RedisBackend
 from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.errors import StoreVerificationError
-from seqkv.store.ids import check_namespace, namespace_key
+from store_records import record_bytes
 from test_fuzz_record import as_version_2
 
 TOKENS = [5, 17, 17, 3, 9, 10, 11, 12]
@@ -178,20 +178,6 @@ def _store(kind: str, codec: str, tmp_path: Path, server: RedisServer,
     return SessionStore(backend, codecs, hot_bytes=0)
 
 
-def _record_bytes(store: SessionStore, span: int, data: bytes | None = None) -> bytes:
-    """Span ``span``'s record as stored (replaced by ``data`` first, if given)."""
-    backend = store.backend
-    if isinstance(backend, DirectoryBackend):
-        if data is not None:
-            backend._path(span).write_bytes(data)
-        return backend._path(span).read_bytes()
-    assert isinstance(backend, RedisBackend)
-    key = f"{backend._ns(namespace_key(check_namespace('n')))}:s:{span}"
-    if data is not None:
-        backend.client.set(key, data)
-    return bytes(backend.client.get(key))
-
-
 def _put(store: SessionStore, codec: str, model: CausalLM, name: str, tokens: list[int],
          level: str) -> int:
     kv = None if codec == "tokens" else model.prefill(tokens)
@@ -208,9 +194,9 @@ def test_a_record_count_its_code_cannot_carry_is_refused(
     a record that keeps no bit length (version 2), after decoding all 100."""
     store = _store(kind, codec, tmp_path, redis_server, fuzz_model)
     span = _put(store, codec, fuzz_model, "x", SESSION, "plain")
-    record = read_span(_record_bytes(store, span))
+    record = read_span(record_bytes(store, span))
     assert record.code_form == "floored"
-    _record_bytes(store, span, write_span(dataclasses.replace(record, count=100)))
+    record_bytes(store, span, write_span(dataclasses.replace(record, count=100)))
     with pytest.raises(CorruptRecordError, match="cannot carry 100 tokens at the plain level"):
         store.get("x", namespace="n")
     assert consumed[0] == 0
@@ -239,9 +225,9 @@ def test_records_of_version_2_still_read(kind: str, codec: str, tmp_path: Path,
     spans = [_put(store, codec, fuzz_model, name, tokens, "ngram") for name, tokens in
              (("x", SESSION), ("x2", [*SESSION, 1, 2, 3]))]
     for span in spans:
-        _record_bytes(store, span, as_version_2(_record_bytes(store, span)))
-        assert read_frame(_record_bytes(store, span)).version == 2
-        assert read_span(_record_bytes(store, span)).code_form == "bytes"
+        record_bytes(store, span, as_version_2(record_bytes(store, span)))
+        assert read_frame(record_bytes(store, span)).version == 2
+        assert read_span(record_bytes(store, span)).code_form == "bytes"
     assert store.get("x2", namespace="n").tokens == [*SESSION, 1, 2, 3]
     assert store.get("x", namespace="n").tokens == SESSION
     _put(store, codec, fuzz_model, "x3", [*SESSION, 1, 2, 3, 4], "ngram")
@@ -249,10 +235,10 @@ def test_records_of_version_2_still_read(kind: str, codec: str, tmp_path: Path,
     store.delete("x2", namespace="n")
     store.delete("x3", namespace="n")
     assert store.audit(namespace="n").consistent
-    data = _record_bytes(store, spans[0])
+    data = record_bytes(store, spans[0])
     record = read_span(data)
     forged = write_span(dataclasses.replace(record, count=60, code_form="floored"))
-    _record_bytes(store, spans[0], as_version_2(forged))
+    record_bytes(store, spans[0], as_version_2(forged))
     with pytest.raises(StoreVerificationError):
         store.get("x", namespace="n")
 
@@ -300,8 +286,8 @@ def test_the_redis_scripts_read_only_readable_record_versions(
     scripts, the walk goes on and only Python's reader names the version."""
     store = _store("redis", "tokens", tmp_path, redis_server, fuzz_model)
     span = _put(store, "tokens", fuzz_model, "x", SESSION, "ngram")
-    data = _record_bytes(store, span)
-    _record_bytes(store, span, bytes([9 << 4 | data[0] & 0x0F]) + data[1:])
+    data = record_bytes(store, span)
+    record_bytes(store, span, bytes([9 << 4 | data[0] & 0x0F]) + data[1:])
     with pytest.raises(CorruptRecordError, match="too short or malformed"):
         store.get("x", namespace="n")
     check = ("  if not span_versions[math.floor(string.byte(rec, 1) / 16)] then return nil, "
