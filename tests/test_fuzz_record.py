@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -83,6 +83,20 @@ def _noisy(model: CausalLM, tokens: list[int], salt: int) -> torch.Tensor:
     return kv + 3e-4 * torch.randn(kv.shape, generator=generator)
 
 
+
+def _read_back(backend: DirectoryBackend, model: CausalLM, names: Sequence[str]) -> list[Stored]:
+    """Each named session as the store returns it, with its chain's span ids."""
+    ids = [SessionName(name) for name in names]
+    chains = backend.fetch_sessions(namespace_key(check_namespace(NAMESPACE)), ids)
+    reader = SessionStore(backend, model_codecs(model), hot_bytes=0)
+    sessions = []
+    for name, chain in zip(ids, chains, strict=True):
+        assert chain is not None
+        got = reader.get(name, namespace=NAMESPACE)
+        assert got.kv is not None
+        sessions.append(Stored(name, got.tokens, got.kv, tuple(s.span for s in chain.chain)))
+    return sessions
+
 @pytest.fixture(scope="module")
 def stored(fuzz_model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixture]:
     root = tmp_path_factory.mktemp("store")
@@ -101,16 +115,8 @@ def stored(fuzz_model: CausalLM, tmp_path_factory: pytest.TempPathFactory) -> It
               namespace=NAMESPACE)
     store.close()
     backend = DirectoryBackend(root)
-    names = [SessionName(n) for n in ("base", "child", "appended", "noisy", "short")]
-    chains = backend.fetch_sessions(namespace_key(check_namespace(NAMESPACE)), names)
-    reader = SessionStore(backend, model_codecs(fuzz_model), hot_bytes=0)
-    sessions = []
-    for name, chain in zip(names, chains, strict=True):
-        assert chain is not None
-        got = reader.get(name, namespace=NAMESPACE)
-        assert got.kv is not None
-        sessions.append(Stored(name, got.tokens, got.kv, tuple(s.span for s in chain.chain)))
-    yield Fixture(root, backend, sessions)
+    yield Fixture(root, backend, _read_back(backend, fuzz_model, (
+        "base", "child", "appended", "noisy", "short")))
     backend.close()
 
 
@@ -256,16 +262,8 @@ def at_every_level(fuzz_model: CausalLM,
         store.put(level, tokens, fuzz_model.prefill(tokens), level=level, namespace=NAMESPACE)
     store.close()
     backend = DirectoryBackend(root)
-    reader = SessionStore(backend, model_codecs(fuzz_model), hot_bytes=0)
-    names = [SessionName(name) for level in LEVELS for name in (level, f"{level}-head")]
-    chains = backend.fetch_sessions(namespace_key(check_namespace(NAMESPACE)), names)
-    sessions = []
-    for name, chain in zip(names, chains, strict=True):
-        assert chain is not None
-        got = reader.get(name, namespace=NAMESPACE)
-        assert got.kv is not None
-        sessions.append(Stored(name, got.tokens, got.kv, tuple(s.span for s in chain.chain)))
-    yield Fixture(root, backend, sessions)
+    yield Fixture(root, backend, _read_back(backend, fuzz_model, [
+        name for level in LEVELS for name in (level, f"{level}-head")]))
     backend.close()
 
 
