@@ -596,6 +596,27 @@ def test_each_guard_against_coding_twice_is_needed(
     assert counts[guard == "written"] == 4
 
 
+def test_a_save_that_fails_before_its_queue_releases_its_blocks(
+        tiny_model: CausalLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save whose copy out of the paged cache fails never reaches the coding thread, which is
+    what releases its queued keys: the worker releases them, so the next save codes them (a
+    mutant that keeps them queued saves nothing afterwards)."""
+    engine = Engine(tiny_model, str(tmp_path / "warm"))
+    keys = tuple(engine.scheduler.space.block_keys(list(range(3, 35)), "")[:2])
+
+    def failing(*args: object) -> object:
+        raise RuntimeError("copy failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(type(engine.worker.layout), "gather", failing)
+        with pytest.raises(RuntimeError, match="copy failed"):
+            engine.worker.save(StepPlan(saves=(BlockOrder("a", keys, (0, 1)),)))
+    engine.worker.save(StepPlan(saves=(BlockOrder("b", keys, (0, 1)),)))
+    engine.worker.drain()
+    assert engine.worker.counters().saved_blocks == 2
+    engine.close()
+
+
 @pytest.mark.real_model
 def test_preemption_and_resumption(engine: Engine, prompt: list[int],
                                    real_model: CausalLM) -> None:

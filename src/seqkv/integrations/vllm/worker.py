@@ -249,9 +249,16 @@ class WorkerCore:
         if not chosen:
             return
         keys, blocks = list(chosen), list(chosen.values())
-        copied = self.layout.gather(self._caches, blocks)  # [n, L, 2, H, B, D], engine dtype
         protected = plan.protected
-        self._queue.submit(lambda: self._code_and_write(keys, copied, protected))
+        try:
+            copied = self.layout.gather(self._caches, blocks)  # [n, L, 2, H, B, D], engine dtype
+            self._queue.submit(lambda: self._code_and_write(keys, copied, protected))
+        except BaseException:
+            # NOTE: only ``_code_and_write`` releases its keys; a save that never reaches it
+            # releases them here, or those blocks would never be saved again.
+            with self._lock:
+                self._in_flight.difference_update(keys)
+            raise
 
     def _code_and_write(self, keys: list[bytes], kv: torch.Tensor,
                         protected: frozenset[bytes]) -> None:
