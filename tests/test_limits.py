@@ -113,5 +113,7 @@ def test_a_bound_defined_in_another_module_is_caught(tmp_path: Path) -> None:
     ("MAX_TEXT_BYTES_PER_POSITION", 64), ("MAX_DESCRIPTION_BYTES", 64 * 1024),
 ])
 def test_the_gathered_bounds_keep_their_values(name: str, value: int) -> None:
-    """Moving a bound here changed no reader: each has the value its module defined."""
+    """Moving a bound here changed no reader: each has the value its module defined, but for
+    ``MAX_MODEL_FREE_WORK``, which counts decode work now (``ModelFreeLevel.decode_work``, 2**28)
+    where it counted tokens x vocabulary (2**32): changed on purpose with its unit."""
     assert getattr(limits, name) == value
