@@ -282,6 +282,15 @@ def test_kv_of_another_dtype_or_shape_is_refused(kv: torch.Tensor) -> None:
         ExactCodec(ExactConfig(), KVGeometry(2, 2, 16), 0)
 
 
+def test_kv_of_another_dtype_is_an_invalid_kv_error(tiny_model: CausalLM) -> None:
+    """The caller's KV, not a configuration, is what is wrong: ``InvalidKVError`` naming it."""
+    g = tiny_model.geometry
+    kv = torch.zeros(g.layers, 2, g.kv_heads, len(TOKENS), g.head_dim, dtype=torch.float64)
+    with pytest.raises(InvalidKVError, match=r"takes KV of float32, bfloat16, float16, not "
+                                             r"torch\.float64"):
+        compress_exact(tiny_model, kv, tokens=TOKENS)
+
+
 def test_exact_config_preconditions() -> None:
     with pytest.raises(DeltaConfigError, match="exact warm entries hold KV in"):
         ExactConfig.of(torch.float64)

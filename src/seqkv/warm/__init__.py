@@ -57,6 +57,7 @@ from seqkv.types import KVGeometry
 from seqkv.warm.codec import WarmCodec, steps_for
 from seqkv.warm.config import (
     DEFAULT_PREDICTOR,
+    EXACT_DTYPES,
     EntryConfig,
     ExactConfig,
     WarmConfig,
@@ -231,6 +232,9 @@ def compress_exact(
     warm entry (``seqkv.warm.exact``); ``tokens`` and ``tag`` as for ``compress_warm``."""
     warm = _warm_model(model)
     tensor, tag = _checked(warm, kv, tokens, tag)
+    if str(tensor.dtype).removeprefix("torch.") not in EXACT_DTYPES:
+        raise InvalidKVError(f"the exact coding takes KV of {', '.join(EXACT_DTYPES)}, not "
+                             f"{tensor.dtype}")
     config = ExactConfig.of(tensor.dtype)
     return _entry(warm, tag, ExactCodec(config, warm.geometry, int(tensor.shape[3])), tensor)
 
