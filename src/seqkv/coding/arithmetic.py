@@ -53,6 +53,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from seqkv.coding.frequencies import FREQUENCY_BITS, TOTAL_FREQUENCY, CumulativeTable
 from seqkv.errors import CodeExhaustedError
@@ -160,9 +161,9 @@ class ArithmeticDecoder:
     """Decodes symbols in the order they were encoded, given the same tables."""
 
     def __init__(self, stream: BitStream, overrun_bits: int | None = None) -> None:
-        self._bits = np.unpackbits(np.frombuffer(stream.data, dtype=np.uint8))[: stream.num_bits]
-        # the code's bytes with every bit past ``num_bits`` zero: read a run of bits at a time
-        self._data = np.packbits(self._bits).tobytes()
+        # the code's bytes with every bit past ``num_bits`` zero (the only copy kept): read a
+        # run of bits at a time
+        self._data = np.packbits(self._stream_bits(stream.data, stream.num_bits)).tobytes()
         self._num_bits = stream.num_bits
         self._position = 0  # bits read: the first 64, then one a shift
         self._low = 0
@@ -176,6 +177,10 @@ class ArithmeticDecoder:
         self._value = self._read(0, _STATE_BITS)
         self._position = _STATE_BITS
 
+    @staticmethod
+    def _stream_bits(data: bytes, num_bits: int) -> npt.NDArray[np.uint8]:
+        return np.unpackbits(np.frombuffer(data, dtype=np.uint8))[:num_bits]
+
     def _read(self, position: int, count: int) -> int:
         """The ``count`` bits at ``position`` as an integer, zeros past the code's end."""
         if position >= self._num_bits or not count:
@@ -188,7 +193,7 @@ class ArithmeticDecoder:
 
     def _exhausted(self) -> CodeExhaustedError:
         return CodeExhaustedError(
-            f"the token code of {self._bits.shape[0]:,} bits has run out: decoding on would "
+            f"the token code of {self._num_bits:,} bits has run out: decoding on would "
             f"take more than {self._shift_limit:,} bits of information from it, which no "
             "honest stream does (a forged token count, a damaged code, or probabilities this "
             "machine does not reproduce)")
@@ -208,15 +213,15 @@ class ArithmeticDecoder:
         decoded so far: with the floor of invariant 2 (``floor``) or trimmed to its last one bit
         (the writers before it)."""
         bits = self._finished_bits(floor)
-        return len(bits) == self._bits.shape[0] and bool(
-            np.array_equal(np.asarray(bits, dtype=np.uint8), self._bits))
+        return len(bits) == self._num_bits and bool(np.array_equal(
+            np.asarray(bits, dtype=np.uint8), self._stream_bits(self._data, self._num_bits)))
 
     def canonical_bytes(self) -> bool:
         """Whether the stream's bytes are what a writer of whole bytes (a store span record of
         version 1 or 2, a ``.skv`` file of format 1 or 2) packs from ``finish``'s bits, floored
         or trimmed, zero-padded to a byte: no byte appended or dropped, no bit changed past the
         code's end."""
-        stream = np.concatenate([self._bits, np.zeros(-self._bits.shape[0] % 8, np.uint8)])
+        stream = self._stream_bits(self._data, 8 * len(self._data))
         for floor in (True, False):
             bits = self._finished_bits(floor)
             bits += [0] * (-len(bits) % 8)
