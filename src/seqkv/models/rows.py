@@ -78,10 +78,9 @@ _INITIAL_CAPACITY = 64
 # (forward counts are gated figures; the rows themselves do not depend on the chunk).
 RECOMPUTE_CHUNK_ROWS = 256
 # NOTE: a forward's per-row attention calls are shared with one helper thread when they read at
-# least this many keys in all (a 256-row chunk from position ~16 on). Measured here (AMD EPYC,
-# 1 thread, 3 KV heads x 64): a call costs ~13 us at 16 keys and ~0.12 us per key beyond, the
-# hand-off tens of us. On the 8,185-token text these calls were 158 s of a 229-s `plain`
-# compress, all on one of the two cores.
+# least this many keys in all (a 256-row chunk from position ~16 on): the hand-off costs
+# about as much as a call over a few hundred keys, and on long texts these calls are most of a
+# ``rows``-schedule forward, all on one core otherwise.
 PARALLEL_ATTENTION_KEYS = 4096
 
 
@@ -317,7 +316,7 @@ class RowForward:
         tokens = [int(t) for t in ids]
         for start in range(0, len(tokens), RECOMPUTE_CHUNK_ROWS):
             # NOTE: no LM head: the KV is complete after the last block, and the head's
-            # 49,152 outputs per row were 15% of a 600-token recompute (0.45 of 2.9 s here)
+            # 49,152 outputs per row would be a sizeable share of a recompute
             self.forward([(sequence, tokens[start : start + RECOMPUTE_CHUNK_ROWS])],
                          logits=False)
         return sequence.kv().to("cpu", torch.float32)

@@ -5,7 +5,7 @@ cannot give what it needs: the row-invariant forward (``seqkv.models.rows``) sto
 values in its own pool and attends one row at a time; the distortion metrics
 (``seqkv.delta.metrics``) read each layer's queries; the injectivity premise
 (``seqkv.checker.premises``) needs the first layer's keys and values of every vocabulary id. Each
-of them used to reach into Llama's module names. A ``Backbone`` is the one place that knows an
+of them needs an architecture's module names. A ``Backbone`` is the one place that knows an
 architecture's modules: the drivers see only its geometry and a few steps, and every attention
 goes through the driver's ``Attend`` callback, so a driver decides where keys and values live
 and how a query attends to them while the backbone decides everything else (norms,
