@@ -1,5 +1,5 @@
 """The prose of the package's source: every comment and every docstring-like string of
-``src/seqkv``, line by line, with where it is.
+``src/seqkv`` (and the comments of its C source), line by line, with where it is.
 
 Shared by ``test_comments.py`` (no timing figures or history in prose) and ``test_references.py``
 (every dotted ``seqkv.`` name in prose resolves). Comments come from ``tokenize`` (so a ``#``
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,7 +48,41 @@ def prose_of(source: str, path: str) -> Iterator[ProseLine]:
                 yield ProseLine(path, node.lineno + offset, text.strip(), "docstring")
 
 
+_C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
+
+
+def c_prose_of(source: str, path: str) -> Iterator[ProseLine]:
+    """The comment lines of one C file's ``source`` (``/* */`` blocks and ``//`` lines)."""
+    for match in _C_COMMENT.finditer(source):
+        first = source.count("\n", 0, match.start()) + 1
+        for offset, text in enumerate(match.group(0).splitlines()):
+            yield ProseLine(path, first + offset, text.strip(), "comment")
+
+
 def package_prose(root: Path = SRC) -> Iterator[ProseLine]:
-    """Every comment and docstring line under ``root``, in path order."""
-    for file in sorted(root.rglob("*.py")):
-        yield from prose_of(file.read_text(encoding="utf-8"), str(file.relative_to(ROOT)))
+    """Every comment and docstring line of the Python and C files under ``root``, in path
+    order."""
+    for file in sorted([*root.rglob("*.py"), *root.rglob("*.c")]):
+        text, where = file.read_text(encoding="utf-8"), str(file.relative_to(ROOT))
+        yield from (c_prose_of if file.suffix == ".c" else prose_of)(text, where)
+
+
+def cli_help_texts() -> dict[str, str]:
+    """What ``seqkv --help`` and each verb's ``--help`` print, by command line (``"seqkv store
+    put"``), rendered by the CLI's own argparse parsers, its whitespace runs (argparse wraps
+    to the terminal's width) each one space."""
+    import argparse
+
+    from seqkv import cli
+
+    texts: dict[str, str] = {}
+
+    def walk(parser: argparse.ArgumentParser, command: str) -> None:
+        texts[command] = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{command} {name}")
+
+    walk(cli.build_parser(), "seqkv")
+    return texts
