@@ -322,7 +322,7 @@ class DecompressResult:
 
 
 class DictionarySource(Protocol):
-    """Where a decoder finds mixing dictionaries by digest (``seqkv.mixing.DictionaryFolder``,
+    """Where a decoder finds mixing dictionaries by digest (``seqkv.cli.dict.DictionaryFile``,
     a store, or a mapping)."""
 
     def get(self, digest: str) -> Dictionary | None: ...

@@ -1,7 +1,7 @@
 """Saving and loading a ``PrefixTrie``: one crash-safe file, node KV compressed losslessly.
 
-Format 2 (written since this version) frames six sections with ``seqkv.framing`` (4-byte magic
-``\\x89SKT``, version byte, section lengths, CRC-32); integers are minimal LEB128 varints::
+Format 2 (the format written) frames six sections with ``seqkv.formats.framing`` (4-byte
+magic ``\\x89SKT``, version byte, section lengths, CRC-32); integers are minimal LEB128 varints::
 
     header      clock, nominal KV bytes per token, node count     varints
                 token width                                       u8   4 or 8 bytes
