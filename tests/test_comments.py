@@ -30,7 +30,8 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     # what the code used to be; "is used to" (a purpose) is not history
     "history": re.compile(r"(?i)(?<!is )(?<!are )(?<!be )(?<!been )\bused to\b|\bformerly\b"
                           r"|\breverted\b|\bnow (?:writes|reads|uses|carries|runs|lives|returns"
-                          r"|stores|takes|keeps|goes)\b"),
+                          r"|stores|takes|keeps|goes)\b|\bsince this (?:version|release)\b"
+                          r"|\(was \d"),
     "issue number": re.compile(r"\bissues? #?\d+\b|(?<![\w&])#\d+\b"),
     # a commit hash: 7 to 12 hex digits with a digit and a letter, standing alone (a digest in
     # a doctest's output is quoted)
@@ -123,6 +124,8 @@ def test_every_allowed_line_still_exists(prose: list[ProseLine]) -> None:
     ("about 25x slower to encode", "speed-up"),
     ("each of them used to reach into Llama's module names", "history"),
     ("the first load now writes what transformers made of it", "history"),
+    ("Format 5 (written since this version) is format 4", "history"),
+    ("products at 21 GB/s (was 14)", "history"),
     ("(issue 29)", "issue number"),
     ("see #46", "issue number"),
     ("not worth its 150 lines of C (0fa3781, reverted by 0429f57)", "commit hash"),

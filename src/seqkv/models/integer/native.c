@@ -1976,7 +1976,7 @@ static int64_t linear_into(const seqkv_linear_t *w, const int8_t *planes, int64_
 }
 
 /* The working memory of one layer for `rows` rows, allocated once for all layers of a forward
- * (a fresh allocation per layer costs its page faults again: 10% of a prefill, measured). */
+ * (a fresh allocation per layer costs its page faults again, a visible share of a prefill). */
 typedef struct {
     int8_t *planes, *qkv_planes;
     int64_t *exponent, *qkv, *shift, *attended, *attended_exponent, *gate, *up, *delta;
