@@ -322,7 +322,7 @@ class DecompressResult:
 
 
 class DictionarySource(Protocol):
-    """Where a decoder finds mixing dictionaries by digest (``seqkv.mixing.DictionaryFolder``,
+    """Where a decoder finds mixing dictionaries by digest (``seqkv.cli.dict.DictionaryFile``,
     a store, or a mapping)."""
 
     def get(self, digest: str) -> Dictionary | None: ...
@@ -613,8 +613,8 @@ def kv_schedule(model: CausalLM, session: CodedSession) -> Schedule:
     own: the session's profile then matches none, and its KV is not reproduced exactly anyway.
 
     Trying a former ``rows`` profile builds the model's row-invariant forward (its row-block
-    calibration: 1.4 s once per process, SmolLM2-135M), only for a file whose profile is not
-    this machine's own for the level."""
+    calibration runs once per process), only for a file whose profile is not this machine's own
+    for the level."""
     spec = level_of(session).spec
     own = spec.schedule
     if not spec.former_schedules or session.kv_digest is None or profile_digest(
@@ -830,8 +830,8 @@ def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
 
 
 # NOTE: what a decode holds per token beyond its KV (README, "Bounded decoding"): the decoded
-# ids and the trace's per-position floats (Python lists, ~24-32 bytes an entry), measured at
-# about 150 bytes a token here; per vocabulary entry, the tables one step builds (weights,
+# ids and the trace's per-position floats (Python lists, ~24-32 bytes an entry), about 150
+# bytes a token; per vocabulary entry, the tables one step builds (weights,
 # cumulative counts, log2-probabilities, entropy terms: int64 and float64), about 48 bytes.
 DECODE_BYTES_PER_TOKEN = 256
 DECODE_BYTES_PER_SYMBOL = 64

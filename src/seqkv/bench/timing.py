@@ -54,9 +54,9 @@ from seqkv.models.adapter import CausalLM
 from seqkv.schedule import cpu_model
 
 RATIOS = ("encode[portable]", "decode[portable]", "encode[ngram]", "decode[ngram]")
-# NOTE: 96 tokens of prose, the figures gate's first case: long enough that each operation takes
-# over 0.1 s here (timer resolution and Python overhead are noise below that), short enough that
-# one run of every ratio stays near 15 s on 2 cores.
+# NOTE: 96 tokens of prose, the figures gate's first case: long enough that timer resolution and
+# Python overhead are noise beside each operation, short enough that one run of every ratio
+# stays a short gate.
 TIMING_TOKENS = 96
 DEFAULT_ROUNDS = 5
 HISTORY_RUNS = 3  # k: the last k clean runs make the baseline

@@ -26,7 +26,7 @@ schedules a file meets, for each KV path the product has, and compares their KV:
   (the decode's verification), which is the gate here.
 
 Why windows: each whole-text schedule costs a pass over the text, and ``seqkv check`` must cost
-at most a verified ``compress`` plus 8 float prefills (issue 28); the schedules a file actually
+at most a verified ``compress`` plus 8 float prefills; the schedules a file actually
 meets run on the whole text (the encoder and the decoder, the restore's prefill), the others
 on a stated window, which a batch- or thread-dependent forward fails from its first rows.
 
@@ -194,8 +194,8 @@ def float_schedules(model: CausalLM, tokens: Sequence[int], prefill_kv: torch.Te
         ("the same prefill again", len(tokens), lambda: _prefill(model, tokens, threads)),
         ("token steps, 1 thread", steps, lambda: model.stepped_kv(tokens[:steps])),
         # NOTE: 64-row chunks, not 16: each float32 forward streams the 540 MB of weights, 68 GB
-        # for 125 chunks of 16 over 1,987 tokens against 17 GB for 31 of 64; the float
-        # schedules were 39 of a 323 CPU s tokens-level check (benchmarks/check_cost.py)
+        # for 125 chunks of 16 over 1,987 tokens against 17 GB for 31 of 64
+        # (benchmarks/check_cost.py measures the schedules' share of a check)
         ("chunks of 64", len(tokens), lambda: _prefill(model, tokens, threads, chunk=64)),
         ("batch of 2", len(head), lambda: _prefill(model, head, threads, batch=2)),
         ("1 thread", len(head), lambda: _prefill(model, head, 1)),

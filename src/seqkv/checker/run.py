@@ -73,9 +73,8 @@ class CheckOptions:
     entropy_contexts: int = 16  # contexts drawn from the data for the model's entropy rate
     # NOTE: sampled continuations per context. Each step of a batch reads every row's whole
     # context KV, so the estimate's cost is contexts x continuations x length x mean context:
-    # 4 continuations cost 39.5 CPU s of a 165.6 s check of 1,987 tokens (SmolLM2-135M, this
-    # 2-core CPU, benchmarks/check_cost.py), a check then over its budget of a verified
-    # compress + 8 prefills. The interval is over the contexts' means (``sampling``
+    # with 4 continuations a check runs over its budget of a verified compress + 8 prefills
+    # (benchmarks/check_cost.py). The interval is over the contexts' means (``sampling``
     # invariant 2), so 2 continuations keep it honest; they widen it.
     entropy_sequences: int = 2
     entropy_length: int = 32  # tokens per continuation

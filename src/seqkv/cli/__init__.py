@@ -1,4 +1,4 @@
-"""The ``seqkv`` command: compress, decompress, inspect, upgrade, check, store, bench, demo, doctor.
+"""The seqkv command: compress, decompress, inspect, upgrade, check, store, bench, demo, doctor.
 
 Every ``SeqKVError`` (bad input, damaged file, wrong model), every bad argument and every error
 of the operating system on an input or output ends the command with one line on stderr and exit

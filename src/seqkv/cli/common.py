@@ -92,10 +92,8 @@ def load_for(args: argparse.Namespace) -> CausalLM:
     else:
         with _quiet():
             model = load(args.model)
-    # NOTE: a verb keeps its model to the end, and each full collection walked all of it:
-    # profiled here, 5-9% of a one-row integer step at 4,096 tokens of context was the
-    # collector's; a 400-token portable decode ran 1-4% faster frozen (3 alternations, loaded
-    # machine).
+    # NOTE: a verb keeps its model to the end, and each full collection would walk all of it,
+    # a visible share of a long context's integer steps (reports/code_notes.md).
     # The frozen objects are never collected, not even at exit: triton's bindings (imported by
     # torch) then report their objects in frozen cycles as ~27 lines of "nanobind: leaked ..."
     # on stderr after every verb. Unfrozen at exit, before the interpreter's last collection.

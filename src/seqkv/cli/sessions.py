@@ -362,13 +362,12 @@ def add_session_verbs(commands: common.Subparsers) -> None:
     common.tolerance_option(c, DEFAULT_TOLERANCE)
     c.add_argument("--level", type=common.level_argument, default=parse_level(DEFAULT_LEVEL),
                    metavar="LEVEL", help="rate-compute dial: portable (default: integer "
-                   "predictor, exact on any machine; the 586-token sample in 400 bytes, 5.46 "
-                   "bits/token, encode about 2x one prefill, decode faster than token-by-token "
-                   "generation), tokens (the float model, within 0.4%% of portable's bits, "
-                   "about 25x slower to encode), rows (as tokens, fast encode, batched "
-                   "decoding), segments:N (N segments decoded in parallel, more bits), ngram, "
-                   "plain (no model per token), portable+mix (with --dict), portable4 (as "
-                   "portable, on the model's 4-bit weight blocks)")
+                   "predictor, exact on any machine, decodes faster than token-by-token "
+                   "generation), tokens (the float model, about portable's bits, much slower "
+                   "to encode), rows (as tokens, fast encode, batched decoding), segments:N (N "
+                   "segments decoded in parallel, more bits), ngram, plain (no model per "
+                   "token), portable+mix (with --dict), portable4 (as portable, on the model's "
+                   "4-bit weight blocks)")
     c.add_argument("--dict", metavar="DICT", type=common.input_file_no_stdin,
                    help="a mixing dictionary (seqkv dict build) for the portable+mix level")
     c.add_argument("--no-verify", action="store_true", help="skip the verifying decode")

@@ -5,8 +5,8 @@
 ``default``). Texts are tokenized with the model; ``put-many`` / ``get-many`` read and write
 JSON lines (``{"id": ..., "text" or "tokens": ..., "namespace": ...}``) with a progress bar.
 
-Sessions are coded at ``portable`` unless ``--level`` says otherwise (issue 15). The store keeps
-mixing dictionaries per namespace (issue 16): ``dict-put DICT`` stores a dictionary built for the
+Sessions are coded at ``portable`` unless ``--level`` says otherwise. The store keeps
+mixing dictionaries per namespace: ``dict-put DICT`` stores a dictionary built for the
 namespace (``seqkv dict build --namespace NS``) and makes it current, and ``put --level
 portable+mix`` codes with it; ``get`` finds each span's dictionary in the same namespace.
 ``dict-ls`` lists the namespace's dictionaries and names the current one.

@@ -6,7 +6,7 @@ boundary and spent 5 to 32 bits (17 on average) over the ideal per stream, ~0.55
 3,000-bit stream; real text at 3.5 bits/token over 512 tokens is ~1,800 bits, so that alone
 misses the 0.5% target. This coder ends on a bit boundary with at most 2 bits of flush, and its
 per-symbol cost is bounded by ``frequencies.py``'s quantization (~1.7e-5 bits/token). Its speed is
-irrelevant here: each token costs a model forward step (tens of milliseconds), the coder ~10 us.
+irrelevant here: each token costs a model forward step, orders of magnitude more than the coder.
 
 The coder is the classic interval-halving scheme with pending ("follow") bits (Witten, Neal and
 Cleary, 1987) on 64-bit integer bounds, written with Python integers so no step can overflow.

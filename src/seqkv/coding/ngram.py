@@ -51,7 +51,7 @@ SMALL_SEEN = 64
 # NOTE: what one table costs, in the units of ``seqkv.limits.MAX_MODEL_FREE_WORK``: a Python
 # table PYTHON_TABLE_COST plus PYTHON_ENTRY_COST a token seen, a numpy table ARRAY_TABLE_COST
 # (its some 20 numpy calls) plus ARRAY_ENTRY_COST a token seen, each with the coder's step and
-# the model's update around it (calibrated, with margin, on a loaded 2-core machine by
+# the model's update around it (calibrated, with margin, under load by
 # ``benchmarks/model_free_decode.py``). At a vocabulary of 8,192 or more the caps then allow
 # 8,192 tokens (8,192 x (16,384 + 2 x 8,192) = 2**28): SmolLM2's context, so that any file its
 # encoder writes decodes without it.

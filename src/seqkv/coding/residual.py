@@ -79,8 +79,7 @@ def encode_residual(
     if torch.equal(target.view(torch.int32), recomputed.view(torch.int32)):
         # NOTE: the usual case (the caller's KV came from the schedule the decoder replays):
         # every symbol is 0, and the code is what _coded_residual gives for it (tested),
-        # without its ten passes over the KV (35-110 ms of a 200-token portable encode,
-        # SmolLM2-135M).
+        # without its ten passes over the KV (a visible share of a portable encode).
         unchanged = (recomputed if mode is ResidualMode.BIT_EXACT else
                      _rebuild(recomputed, torch.zeros((), dtype=torch.int64), mode, tolerance))
         return _zero_code(tuple(target.shape), mode, tolerance), unchanged

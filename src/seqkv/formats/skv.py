@@ -1,6 +1,6 @@
 """The .skv file: a ``CodedSession`` as a compact binary header, the token code, the residual.
 
-Format 5 (written since this version) is format 4 whose token code is exactly the bits
+Format 5 (the format written) is format 4 whose token code is exactly the bits
 ``ArithmeticEncoder.finish`` writes, floor included (``seqkv.coding.arithmetic`` invariant 2):
 its decoder stops a stream once the information decoded exceeds what the code carries (a forged
 token count costs at most ``OVERRUN_BITS`` of decoding past the code's end) and refuses a code

@@ -5,7 +5,7 @@ frame. A sibling format of ``.skv`` (``seqkv.formats.skv``), of the same value
 A span is a run of tokens coded against a prefix: its parent span's chain, cut at ``start``
 tokens. Per span the store keeps only this record: no model identity, execution profile, level
 or vocabulary (those live once per store, in the codec's identity, as an index), no prefix hash
-(the parent is a span id). Record version 3 (written since this version), integers as varints
+(the parent is a span id). Record version 3 (the version written), integers as varints
 (``seqkv.formats.framing``)::
 
     head       u8       3 << 4 | flags: bit 0 the KV is exact, bit 1 a residual follows, bit 2

@@ -22,7 +22,7 @@ level          tokens coded under                              decoding
                (``levels/portable.py``); ``portable:N`` runs   any machine; one float prefill for
                the first N layers only                         the KV (exact on the same profile)
 ``portable``   ``portable`` mixed, exactly, with a mixing      as ``portable``, plus the mixer's
-``+mix``       dictionary's predictors (``seqkv.mixing``)      work (under 1 ms per token)
+``+mix``       dictionary's predictors (``seqkv.mixing``)      work (small beside a forward)
 ``portable4``  ``portable`` on the model's Q4_1 weight         as ``portable``, a step reading
                blocks (``models/integer/blocks.py``);          fewer weight bytes
                ``portable4:N`` the first N layers

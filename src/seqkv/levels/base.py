@@ -97,8 +97,8 @@ def kv_gap_bits(log2p: npt.NDArray[np.float64], classes: KVClasses) -> float:
 class TraceColumns:
     """Per-position figures (see ``seqkv.codec.CodingTrace``), filled in any order.
 
-    ``with_entropy`` False skips the entropies (a sum over the vocabulary per position, 40% of a
-    model-free put at V = 49,152 here): surprisal and table cost stay, which the bounds need.
+    ``with_entropy`` False skips the entropies (a sum over the vocabulary per position, a large
+    share of a model-free put at V = 49,152): surprisal and table cost stay, which the bounds need.
     ``classes`` (the model's KV-collision classes, possibly none) adds Theorem 1's exact gap per
     position; None (a level whose tables are not the model's) records no gap.
     """

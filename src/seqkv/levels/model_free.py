@@ -58,9 +58,9 @@ from seqkv.models.adapter import CausalLM
 from seqkv.types import Schedule
 
 # NOTE: the schedule these levels compute their KV on, and the one files of earlier releases
-# did. One prefill restores a 600-token session in about the time of zstd -d + a prefill (the
-# user's alternative); the row-invariant forward's chunks took 2.4-2.8x that, and at 8,185
-# tokens 110 s against 34 s (its per-row attention calls; SmolLM2-135M, 2-core AMD EPYC).
+# did. One prefill restores a session in about the time of zstd -d + a prefill (the user's
+# alternative); the row-invariant forward's chunks take several times that, its per-row
+# attention calls most of it on long texts (reports/code_notes.md).
 KV_SCHEDULE: Schedule = "prefill"
 FORMER_KV_SCHEDULES: tuple[Schedule, ...] = ("rows",)
 

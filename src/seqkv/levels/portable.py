@@ -20,7 +20,7 @@ recomputed KV with ``kv_exact = False`` (``seqkv.codec``). Coded without the cal
 float model, and every decoder reports its recomputed KV unverified (``kv_exact = False``).
 
 ``portable:N`` runs only the first N layers (then the final norm and head): less compute per
-token, more bits per token (measured: not worth it on SmolLM2-135M, see the README).
+token, more bits per token (on SmolLM2-135M the bits cost more than the compute saves).
 
 ``portable+mix`` codes under the integer predictor's table mixed, exactly, with a mixing
 dictionary's predictors and the session's own (``seqkv.mixing``): below the model's own
@@ -86,19 +86,18 @@ TABLE_ROWS = 64
 # NOTE: a lone stream drafts up to this many tokens per forward: the integer forward has no
 # padding to fill, so each draft costs its row; prompt lookup's hits come in runs of a few.
 MAX_DRAFT = 7
-# NOTE: drafts only after a repeated 3-gram. With native.c a drafted row costs about a fifth of
-# a one-row forward (2 threads: 1 row 10.5-15 ms, 4 rows 20-36 ms, 8 rows 31-40 ms), and
-# single-token matches rarely continue: 150 tokens decoded in 3.5 s drafting after any 1-gram
-# match, 2.2-2.6 s after 2- or 3-grams (prose); 2.6-2.9 s and 2.0-2.5 s on code (SmolLM2-135M).
+# NOTE: drafts only after a repeated 3-gram. With native.c a drafted row costs a fraction of a
+# one-row forward, but single-token matches rarely continue, so drafting after any 1-gram match
+# decodes slower than after 2- or 3-grams on prose and on code (reports/code_notes.md).
 DRAFT_MIN_NGRAM = 3
 BATCH_GROUP = "integer-forward"
 # NOTE: the integer forward's rows are the same on any thread count. Its torch path runs on one
-# thread: on this 2-core machine two ran a one-row step in 310-2,800 ms while another process
-# kept the second core busy (torch._int_mm's OpenMP workers wait on each other). native.c shares
+# thread: on two, a one-row step stalls by whole scheduler slices while another process keeps
+# the second core busy (torch._int_mm's OpenMP workers wait on each other). native.c shares
 # each layer's output blocks dynamically, so a delayed thread takes fewer; an encode (forwards
-# of up to 256 rows) runs on two (a one-row step 10.5-15 ms against 17-22 ms on one,
-# SmolLM2-135M). A decode's one-row steps wait at every region for a descheduled thread, so
-# each decode measures which count is faster (``models/integer/threads.py``).
+# of up to 256 rows) runs on two, which beat one on a quiet machine. A decode's one-row steps
+# wait at every region for a descheduled thread, so each decode measures which count is faster
+# (``models/integer/threads.py``).
 TORCH_PATH_THREADS = 1
 NATIVE_THREADS = 2
 
@@ -111,11 +110,8 @@ def integer_threads(engine: IntegerForward) -> int:
 # NOTE: encode buffers kept per model for this many encodes running at once (more allocate
 # their own and drop them). A set is the logits of a 256-row forward and 64 rows of tables
 # (100 + 50 MB on SmolLM2): numpy asks for transparent huge pages for arrays this large, and a
-# fresh set cost its faults and zeroing on every encode. Measured (200-token encodes,
-# SmolLM2-135M, this 2-core CPU, 3 blocks of 7, in a process that had run the other levels
-# first, as the decode bench does): medians 0.265-0.278 s kept against 0.295-0.396 s
-# fresh, the slowest 0.28-0.42 s against 0.65-0.97 s, 37 huge-page faults an encode against
-# none; in a fresh process the two were within noise (0.207-0.257 s against 0.230-0.269 s).
+# fresh set costs its faults and zeroing on every encode, most in a process whose memory other
+# work has fragmented (reports/code_notes.md).
 KEPT_BUFFER_SETS = 2
 
 
@@ -459,9 +455,8 @@ def decode_streams(engine: IntegerForward, streams: Sequence[_Stream],
         calls = [(s.sequence, [s.tokens[-1], *guess]) for s, guess in zip(active, guesses,
                                                                           strict=True)]
         # NOTE: the round's tables run on the chosen count too: native.c builds them with
-        # OpenMP, and a 2-thread table step stalls under load as a forward does (measured:
-        # benchmarks/decode_under_load.py, the 1-thread policy lost 28% under load while its
-        # tables still ran on 2 threads)
+        # OpenMP, and a 2-thread table step stalls under load as a forward does
+        # (benchmarks/decode_under_load.py)
         threads = policy.choose()
         start = time.perf_counter()
         with pinned_threads(threads):

@@ -16,8 +16,8 @@ Size policy: at most ``max_tokens`` tokens. When the deduplicated sample holds m
 kept by how often later sample sessions repeated them (repeated tokens per segment token), ties
 to the earlier segment, and kept in sample order. Content seen once in the sample goes first.
 
-Format 2 (written since this version) frames four sections with ``seqkv.framing`` (4-byte magic
-``\\x89SKD``, version byte, section lengths, CRC-32); integers are minimal LEB128 varints::
+Format 2 (the format written) frames four sections with ``seqkv.formats.framing`` (4-byte
+magic ``\\x89SKD``, version byte, section lengths, CRC-32); integers are minimal LEB128 varints::
 
     header      vocabulary size varint, token width u8 (2 or 4 bytes: 2 when the vocabulary
                 fits), segment count varint, token count varint

@@ -244,8 +244,8 @@ class CausalLM:
 
         Like a serving engine's prefill, it computes the output layer for the last position
         only (``logits_to_keep=1``): the KV does not depend on it, and the rest of the
-        ``[T, vocab]`` logits cost 17% of the prefill (70 of 423 ms for 200 tokens,
-        SmolLM2-135M, 2 threads).
+        ``[T, vocab]`` logits would be a sizeable share of the prefill (the head is the widest
+        layer).
 
         It runs on the ``prefill`` schedule's threads whatever the caller's setting: a float
         forward's bits depend on the thread count, and the levels that rebuild the KV with one

@@ -1,12 +1,10 @@
-"""A converted copy of each GGUF model, so that a process loads it in 1.5 s instead of 17.
+"""A converted copy of each GGUF model, so that a process loads it without converting it again.
 
 transformers reads a GGUF file's metadata one field at a time and rebuilds its tensor-name map
-once per tensor: measured here (SmolLM2-135M-Instruct, transformers 5.24, 2 cores), 3.7 s for
-the tokenizer and 12.4 s for the model, of which 1.5 s is the dequantization itself. Every
-``seqkv`` process paid that. The first load of a GGUF file now writes what transformers made of
+once per tensor, so a conversion costs many times the dequantization itself, and every
+``seqkv`` process would pay it. The first load of a GGUF file writes what transformers made of
 it (the float32 weights as safetensors, the config, the tokenizer) into a folder of the model
-cache, and later loads read that folder (0.4 s, plus 0.55 s to check it; 1.5 s in all in a
-fresh process).
+cache, and later loads read that folder and check it.
 
 The cache lives in ``$SEQKV_MODEL_CACHE`` (default ``$XDG_CACHE_HOME/seqkv/models`` or
 ``~/.cache/seqkv/models``; ``SEQKV_MODEL_CACHE=off`` turns it off), one folder per GGUF file

@@ -2,12 +2,12 @@
 
 The codec's probabilities must be reproduced bit for bit by the decoder. With transformers'
 forward that pins the schedule: one prefill, token-by-token steps and chunks of any size give
-logits that differ by up to ~1e-4 (measured, ``seqkv.decoding.probes``). A CPU matrix product
-gives a row the same bits in products of different row counts M only from some M on, and that
-threshold depends on the machine: measured with torch 2.13 (MKL), one Xeon gave every row the
-bits of a larger product from M = 4 on one thread, another (this project's CI kind, an AVX-512
-Xeon with the same torch) only from M = 16; on two threads the second changed the bits of the
-1536 -> 576 product for M = 57 to 101. So the forward runs on one thread and measures its row
+logits that differ by up to ~1e-4 (measured by the lab's ``research/decoding/probes.py``). A CPU
+matrix product gives a row the same bits in products of different row counts M only from some M
+on, and that threshold depends on the machine: with torch 2.13 (MKL), one Xeon gave every row
+the bits of a larger product from M = 4 on one thread, another (this project's CI kind, an
+AVX-512 Xeon with the same torch) only from M = 16; on two threads the second changed the bits
+of the 1536 -> 576 product for M = 57 to 101. So the forward runs on one thread and measures its row
 block once per model on the machine it runs on (``calibrate_row_block``), and computes the model
 as
 
@@ -74,14 +74,14 @@ _PROBE_MAX_OUTPUTS = 4096
 ROW_THREADS = 1
 _INITIAL_CAPACITY = 64
 # NOTE: rows per forward of ``RowForward.recompute``: the encoder's chunk
-# (``seqkv.levels.ENCODE_CHUNK_ROWS``), so recomputing a tail costs the forwards it always did
-# (forward counts are gated figures; the rows themselves do not depend on the chunk).
+# (``seqkv.levels.portable.ENCODE_CHUNK_ROWS``), so recomputing a tail costs the forwards an
+# encode's chunks cost (forward counts are gated figures; the rows themselves do not depend on
+# the chunk).
 RECOMPUTE_CHUNK_ROWS = 256
 # NOTE: a forward's per-row attention calls are shared with one helper thread when they read at
-# least this many keys in all (a 256-row chunk from position ~16 on). Measured here (AMD EPYC,
-# 1 thread, 3 KV heads x 64): a call costs ~13 us at 16 keys and ~0.12 us per key beyond, the
-# hand-off tens of us. On the 8,185-token text these calls were 158 s of a 229-s `plain`
-# compress, all on one of the two cores.
+# least this many keys in all (a 256-row chunk from position ~16 on): the hand-off costs
+# about as much as a call over a few hundred keys, and on long texts these calls are most of a
+# ``rows``-schedule forward, all on one core otherwise.
 PARALLEL_ATTENTION_KEYS = 4096
 
 
@@ -317,7 +317,7 @@ class RowForward:
         tokens = [int(t) for t in ids]
         for start in range(0, len(tokens), RECOMPUTE_CHUNK_ROWS):
             # NOTE: no LM head: the KV is complete after the last block, and the head's
-            # 49,152 outputs per row were 15% of a 600-token recompute (0.45 of 2.9 s here)
+            # 49,152 outputs per row would be a sizeable share of a recompute
             self.forward([(sequence, tokens[start : start + RECOMPUTE_CHUNK_ROWS])],
                          logits=False)
         return sequence.kv().to("cpu", torch.float32)

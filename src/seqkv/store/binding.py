@@ -4,7 +4,7 @@ Motivation: a span's record carries the digests of its chain's tokens and KV, an
 verifies them, but the session row that says which span ends a session and how many of its
 tokens the session holds was trusted as read. A row whose length was lowered, or that points at
 another session's span, or over whose span another span's record was copied, decoded without an
-error to tokens of another session (issue 29). Each row now carries a binding: a digest over the
+error to tokens of another session. So each row carries a binding: a digest over the
 namespace's key, the session id, the length, the span it names, the digest of the session's
 tokens and the KV digest its span's record holds, recorded when a put or an append commits the
 row and compared on every read, once the chain's spans were decoded and verified against their

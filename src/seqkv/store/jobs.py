@@ -34,7 +34,7 @@ from seqkv.store.ids import check_namespace, check_session_id
 from seqkv.store.store import SessionStore
 
 # NOTE: actors ask for half a CPU each: with a whole one, 2 actors on a 2-CPU Ray instance left no
-# CPU for the read tasks that feed them, and the job hung (measured: no progress in 8 minutes).
+# CPU for the read tasks that feed them, and the job hangs.
 _ACTOR_CPUS = 0.5
 
 Tokenize = Callable[[str], list[int]]

@@ -1,7 +1,7 @@
 """Saving and loading a ``PrefixTrie``: one crash-safe file, node KV compressed losslessly.
 
-Format 2 (written since this version) frames six sections with ``seqkv.framing`` (4-byte magic
-``\\x89SKT``, version byte, section lengths, CRC-32); integers are minimal LEB128 varints::
+Format 2 (the format written) frames six sections with ``seqkv.formats.framing`` (4-byte
+magic ``\\x89SKT``, version byte, section lengths, CRC-32); integers are minimal LEB128 varints::
 
     header      clock, nominal KV bytes per token, node count     varints
                 token width                                       u8   4 or 8 bytes
@@ -22,11 +22,10 @@ statistics in format 2: a loaded trie restarts them (``PrefixTrie.from_snapshot`
 saved, loaded and saved again gives the same bytes.
 
 KV compression: the float bytes of each node's span are split into byte planes (all first bytes,
-then all second bytes, ...) and deflated with zlib level 6, which is lossless. Measured on this
-machine (2-core x86_64) on the float32 KV of one prefill of ``src/seqkv/data/sample.txt`` (586
-tokens) by the embedded SmolLM2-135M, 27.0 MB: byte planes + zlib 0.845 of the size in 1.4 s;
-plain zlib 0.923 (0.8 s); lzma preset 6 0.916 (12.4 s). The same KV cast to fp16: 0.858 with byte
-planes. Float mantissas are close to incompressible, so expect no more than ~15%. The tests check
+then all second bytes, ...) and deflated with zlib level 6, which is lossless: on the float32
+KV of one prefill of ``src/seqkv/data/sample.txt`` by the embedded SmolLM2-135M, byte planes +
+zlib give 0.845 of the size, plain zlib 0.923, lzma preset 6 0.916 at many times the time.
+Float mantissas are close to incompressible, so expect no more than ~15%. The tests check
 the round trip bit for bit and that the ratio is below 1 (0.87 on the tiny test model's KV).
 
 Invariants:

@@ -4,8 +4,8 @@ Motivation: seqkv runs its own forwards over a transformers model where transfor
 cannot give what it needs: the row-invariant forward (``seqkv.models.rows``) stores keys and
 values in its own pool and attends one row at a time; the distortion metrics
 (``seqkv.delta.metrics``) read each layer's queries; the injectivity premise
-(``seqkv.checker.premises``) needs the first layer's keys and values of every vocabulary id. Each
-of them used to reach into Llama's module names. A ``Backbone`` is the one place that knows an
+(``seqkv.models.collisions``) needs the first layer's keys and values of every vocabulary id. Each
+of them needs an architecture's module names. A ``Backbone`` is the one place that knows an
 architecture's modules: the drivers see only its geometry and a few steps, and every attention
 goes through the driver's ``Attend`` callback, so a driver decides where keys and values live
 and how a query attends to them while the backbone decides everything else (norms,

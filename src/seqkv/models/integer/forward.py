@@ -133,8 +133,7 @@ _HEAD_ROWS = 16
 _HEAD_COLUMNS = 4096
 _SMALL_ROWS = 16
 # NOTE: attention temporaries are [rows, heads, keys] int64; blocks of 32 rows keep them
-# cache-sized (with the head's blocking, a 256-token prefill under the profiler went from
-# 5.2 s to 2.0 s).
+# cache-sized (with the head's blocking, this more than halves a 256-token prefill).
 _ATTENTION_ROWS = 32
 _NATIVE_MAX_HEAD_DIM = 1024  # native.c's per-vector and per-head buffers
 
@@ -527,11 +526,11 @@ class IntegerForward:
     def _head(self, hidden: torch.Tensor) -> npt.NDArray[np.int64]:
         """Final norm and output layer, in blocks of rows and columns (int64 ``[N, V]``).
 
-        NOTE: a [256, 49152] int64 temporary costs its page faults on every allocation
-        (measured: a multiply 82 ms fresh vs 17 ms in place or in 8-row blocks), and a 16-row
-        product with all 49,152 columns ran at 0.53 ms per row against 0.23 ms in slices of
-        4,096 columns. So blocks of ``_HEAD_ROWS`` rows meet slices of ``_HEAD_COLUMNS``
-        columns (a single row: the same CPU time either way, 42.6 vs 42.9 ms per step).
+        NOTE: a [256, 49152] int64 temporary costs its page faults on every allocation (a
+        multiply in place or in 8-row blocks avoids them), and a 16-row product with all 49,152
+        columns runs at about twice the time per row of slices of 4,096 columns, whose
+        operands stay in cache. So blocks of ``_HEAD_ROWS`` rows meet slices of
+        ``_HEAD_COLUMNS`` columns (a single row costs the same either way).
         """
         rows = hidden.shape[0]
         logits = np.empty((rows, self.vocab_size), dtype=np.int64)
@@ -635,10 +634,8 @@ class IntegerForward:
             return torch.add(raw[:, n:], raw[:, :n], alpha=1 << PLANE_BITS)
         rows = planes.shape[0] // 2
         # NOTE: one product for both planes, also for a single row: in cache two one-row
-        # products are faster (576 x 3072: 95 us vs 115 us), but a step reads each layer's
-        # weights from memory, where reading them once wins (64 distinct 576 x 1536 weights:
-        # 105 us vs 137 us each; a whole one-row step at 128 tokens of context: 48.3 ms vs
-        # 51.5 ms, median of 4 alternating runs, one thread, SmolLM2-135M).
+        # products are faster, but a step reads each layer's weights from memory, where
+        # reading them once wins (reports/code_notes.md).
         raw = int_matmul(planes, weight)  # [2 * rows, planes * N]
         high, low = raw[:rows], raw[rows:]
         wide = linear.planes > 1 or linear.in_features > _INT32_DEPTH
@@ -750,8 +747,8 @@ class IntegerForward:
     def _mlp(self, index: int, layer: IntLayer | BlockLayer, hidden: torch.Tensor
              ) -> torch.Tensor:
         x = self._norm(hidden, layer.mlp_gain if isinstance(layer, BlockLayer) else None)
-        # NOTE: gate and up as two products of 1,536 columns: a 512-row product with all 3,072
-        # columns ran 1.5x slower than the two halves (4.3 ms vs 2.8 ms, one thread).
+        # NOTE: gate and up as two products of 1,536 columns: one product with all 3,072
+        # columns is slower than the two halves (its output leaves the cache).
         gate_linear, up_linear = self._gate_up[index]
         gate = self._linear(x, gate_linear, GATE_FRAC)
         up = self._linear(x, up_linear, GATE_FRAC)

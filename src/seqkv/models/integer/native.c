@@ -194,12 +194,11 @@ static int64_t norm_range(const int64_t *hidden, int64_t rows, int64_t r0, int64
  * broadcast adds 4 products to each of a block's 16 outputs, so there are no horizontal sums.
  * Each int32 lane sums k products below 2**15: exact for k <= 2**16.
  * The accumulators are named variables, not arrays: GCC keeps arrays of vectors in memory and
- * stores them back every iteration (measured 2x slower). Two tiles:
+ * stores them back every iteration, at about half the speed. Two tiles:
  *   - 4 blocks x 3 rows (24 accumulators, 10 loads per 24 products) for prefills and drafts:
- *     a 256-row prefill's products at 68% of this CPU's vpdpbusd peak (was 42% with 1 x 6);
+ *     more loads shared per product than 1 x 6, closer to the vpdpbusd peak;
  *   - 8 blocks x 1 row (16 accumulators, 8 weight streams) for steps, which read each weight
- *     once: a one-row step's products at 21 GB/s (was 14), near the 22-23 GB/s the two cores
- *     read from memory. */
+ *     once: a one-row step's products then run near the memory bandwidth. */
 #define DP(acc, v, x) acc = _mm512_dpbusd_epi32(acc, v, x)
 #define TILE_ROWS 3
 #define TILE_BLOCKS 8
@@ -1232,11 +1231,11 @@ static int64_t attend_head_direct(const int8_t *q_plane, int64_t q_shift, int64_
  * sums and output are the integers attend_head_direct computes: the same int32 products summed
  * in another order (exact: each key's sum stays in int32 in any order, attend_head_direct),
  * the same value sums per 512 keys, the same scalar steps per head.
- * NOTE: measured on SmolLM2-135M (3 query heads per key head, d 64, AMD EPYC family 25), a
- * one-row step after 4,000 tokens spent half its time in attend_head_direct, most of it
- * waiting for keys that its three query heads each read again. Grouping alone measured no
- * faster, nor did cache hints on the per-head loop alone; both together: 2 threads, 4,096
- * tokens, 20.4-23.4 -> 15.4-18.1 ms a step (minima; benchmarks/long_context_costs.py step). */
+ * NOTE: on SmolLM2-135M (3 query heads per key head, d 64), a one-row step after some
+ * thousands of tokens spends about half its time in attend_head_direct, most of it waiting for
+ * keys that its three query heads each read again. Grouping alone was no faster, nor were cache
+ * hints on the per-head loop alone; both together are (benchmarks/long_context_costs.py step;
+ * reports/code_notes.md). */
 #define PREFETCH_KEYS 16  /* keys ahead that the loops ask the cache for */
 static inline ALWAYS_INLINE void attend_group_body(const int8_t *q_planes,
                                 const int64_t *q_shift, int64_t h0, int64_t count,
@@ -1848,9 +1847,7 @@ static int64_t attend_laid_out(const int8_t *q_planes, const int64_t *q_shift, i
  *   token_stride (elements), key_shift, value_shift [tokens, heads] (int8, stride shift_stride);
  *   out [n, heads, d], exponent [n]. Returns 0, or -1 when out of memory or built without VNNI.
  * Both ways compute the same integers. Laying the keys and values out costs about what a few
- * rows' direct scores cost, so it pays from LAYOUT_ROWS rows (one forward after 500 tokens, 2
- * threads, SmolLM2-135M: 1 row 11.3 ms direct vs 14.0 laid out; 4 rows 21.5 vs 15.3; 64 rows
- * 188 vs 117; after 100 tokens the two are even at 3-4 rows). */
+ * rows' direct scores cost, so it pays from LAYOUT_ROWS rows (reports/code_notes.md). */
 #define LAYOUT_ROWS 4
 static int64_t seqkv_attend(const int8_t *q_planes, const int64_t *q_shift, int64_t q_vectors,
                      int64_t n, int64_t position, int64_t heads, int64_t kv_heads, int64_t d,
@@ -1979,7 +1976,7 @@ static int64_t linear_into(const seqkv_linear_t *w, const int8_t *planes, int64_
 }
 
 /* The working memory of one layer for `rows` rows, allocated once for all layers of a forward
- * (a fresh allocation per layer costs its page faults again: 10% of a prefill, measured). */
+ * (a fresh allocation per layer costs its page faults again, a visible share of a prefill). */
 typedef struct {
     int8_t *planes, *qkv_planes;
     int64_t *exponent, *qkv, *shift, *attended, *attended_exponent, *gate, *up, *delta;

@@ -273,8 +273,8 @@ class NativeKernels:
         """Call ``name`` with tensors and arrays passed as their data pointers, ctypes
         structures by address, None as NULL and ints as int64; return its status (0, or -2 for a
         function-specific refusal). The caller passes C-contiguous CPU tensors and arrays of the
-        dtypes the C signature states (the callers allocate them so; not checked per call: a check
-        costs ~1 us a tensor)."""
+        dtypes the C signature states (the callers allocate them so; not checked per call: a
+        check per tensor would cost more than many of the calls)."""
         status = int(self._functions[name](*[
             argument.data_ptr() if isinstance(argument, torch.Tensor)
             else argument.ctypes.data if isinstance(argument, np.ndarray)

@@ -30,9 +30,9 @@ Invariants:
    2**-21, ``log2`` within 2e-7); they never feed the table.
 4. So is each row's entropy, of the distribution ``p / S``: ``log2(S) - P + sum(p * z) / S /
    2**20`` (at least 0), from a sum the table pass adds up anyway (native.c's
-   ``weighted_gaps``), not from a second pass over the row's log2-probabilities (measured:
-   that pass, ``exp2`` over 49,152 entries per coded token, was 18 ms of a 300 ms portable
-   encode of 200 tokens, SmolLM2-135M). It agrees with ``-sum(2**log2p * log2p)`` to about
+   ``weighted_gaps``), not from a second pass over the row's log2-probabilities (that pass,
+   ``exp2`` over every vocabulary entry per coded token, is a visible share of a portable
+   encode). It agrees with ``-sum(2**log2p * log2p)`` to about
    1e-7 bits (the same two approximations); it never feeds the table either.
 """
 
@@ -123,9 +123,8 @@ def integer_tables(logits: npt.NDArray[np.integer],
     allocates).
 
     NOTE: native.c computes the same tables (``seqkv_integer_tables``, asserted equal by
-    tests/test_integer_native.py) where it builds: numpy took 1.2 of 6.6 s of a 16-session
-    portable decode and 0.45 of 1.0 s of a 64-token portable encode (SmolLM2-135M), most of
-    it in exp2_neg_fine's table lookups.
+    tests/test_integer_native.py) where it builds: numpy's tables are a large share of a
+    portable decode and encode, most of it in exp2_neg_fine's table lookups.
     """
     rows = np.ascontiguousarray(_checked(logits, 2))
     kernels = native.load()  # on torch's thread count (the caller pins it)
@@ -137,8 +136,8 @@ def integer_tables(logits: npt.NDArray[np.integer],
 class TableBuffers:
     """Reusable outputs of ``integer_tables`` for up to ``rows`` rows of ``vocab`` logits: a
     portable encoder builds 64 tables at a time, 25 MB of each array on SmolLM2, and fresh
-    arrays cost their page faults every time (most of the encode's variance on this shared
-    machine, measured)."""
+    arrays cost their page faults every time (most of an encode's variance on a shared
+    machine)."""
 
     def __init__(self, rows: int, vocab: int) -> None:
         self.cumulative = np.empty((rows, vocab + 1), dtype=np.int64)

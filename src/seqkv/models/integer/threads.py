@@ -1,18 +1,18 @@
 """How many threads the integer forward's decode steps run on: the faster count, measured.
 
 Motivation: ``native.c`` shares each layer's output blocks between OpenMP threads, and a step
-waits at the end of every parallel region for its slowest thread. On a quiet 2-core machine two
-threads run a one-row step of SmolLM2-135M in 10.5-15 ms against 17-22 ms on one; while another
-process keeps one core busy, the thread that shares that core is descheduled for whole time
-slices and the other waits for it at every region: a single-session decode fell from ~70 to ~11
-tokens/s in a bench run here. One thread on the free core loses only the second thread's share.
+waits at the end of every parallel region for its slowest thread. On a quiet machine two
+threads run a one-row step faster than one; while another process keeps one core busy, the
+thread that shares that core is descheduled for whole time slices and the other waits for it at
+every region, and a decode runs several times slower. One thread on the free core loses only
+the second thread's share.
 Which count is faster depends on what else the machine runs, and changes while a decode runs, so
 a decode measures its own steps: ``ThreadPolicy`` keeps a smoothed step time per candidate count,
 runs the faster one, and tries the other every ``explore_every`` steps.
 
 A probe of more threads than the machine has free cores is not run: beside a competing
 process a 2-thread step usually costs 2-3x a 1-thread one, and at random a whole scheduler slice
-more (measured 124-138 ms against 6 ms), so before it runs a count above one the policy reads
+more, so before it runs a count above one the policy reads
 the machine's runnable threads (``procs_running`` in Linux's ``/proc/stat``, one read per probe)
 and, while the cores are busy, treats the probe as a slow one without running it. Where that
 count cannot be read, timing alone decides.
@@ -46,16 +46,16 @@ THREADS_ENV = "SEQKV_INTEGER_THREADS"
 # NOTE: native.c on SmolLM2-135M: two threads beat one on a quiet 2-core machine; more than the
 # cores the process may use never helps.
 MAX_NATIVE_THREADS = 2
-# NOTE: one step in this many runs a count that is not the current best: at ~15 ms a step that is
-# one probe every ~0.25 s, so a decode notices a competing process appearing or leaving within
-# a fraction of a second, and a probe of the slow count costs under 1/16 of the decode.
+# NOTE: one step in this many runs a count that is not the current best: a decode notices a
+# competing process appearing or leaving within a few dozen steps, and a probe of the slow count
+# costs under 1/16 of the decode.
 EXPLORE_EVERY = 16
 SMOOTHING = 0.3  # weight of the newest step in a count's smoothed time
 # NOTE: a probe that ran this much slower than the best doubles the steps until the next one,
 # up to MAX_EXPLORE_EVERY: beside a competing process a 2-thread probe step costs about 3x a
-# 1-thread step, and probing every 16th step cost 13% of a loaded decode (benchmarks/
-# decode_under_load.py: 5.87 s against 5.19 s on one thread); at 128 steps (~0.8 s) it is under
-# 2%, and the decode still notices the competing process leaving within a second.
+# 1-thread step, so probing every 16th step costs about 1/8 of a loaded decode (benchmarks/
+# decode_under_load.py); at 128 steps it is under 2%, and the decode still notices the
+# competing process leaving within a few hundred steps.
 BACKOFF_RATIO = 1.5
 MAX_EXPLORE_EVERY = 128
 

@@ -17,8 +17,8 @@ NOTE: one int8 plane per weight row, measured on the 4 shipped texts (256 tokens
 simulation of per-row quantization, SmolLM2-135M): int8 rows cost -0.2/+0.8/+0.1/+0.2 % of
 cross-entropy on prose/code/legal/technical (with the norm folded in: -0.2/+0.5/-0.2/+0.6 %),
 two planes (15 bits) cost nothing measurable (+0.00 %), but a batch-1 step reads every weight
-byte: one-row products over all 30 layers' two-plane matrices took 28 ms against 11 ms for one
-plane (int8, this CPU, one thread). The default is one
+byte, so one-row products over two-plane matrices take more than twice the time of one plane
+(int8). The default is one
 plane; ``IntegerConfig(weight_planes=2)`` builds the 15-bit predictor (benchmarked by
 ``benchmarks/integer_predictor.py --weight-planes 2``).
 

@@ -1,6 +1,6 @@
 """The backend seam: the few atomic operations the store needs from a directory or Redis.
 
-Data model (per namespace): span records (immutable, ``seqkv.store.record``), a reference count
+Data model (per namespace): span records (immutable, ``seqkv.formats.span``), a reference count
 per span, a session table (id -> the span holding the session's last token, and its length) and
 the prefix index (key -> span). A span's reference count is the number of sessions whose entry
 names it plus the number of spans whose parent it is. Mixing dictionaries (``seqkv.mixing``) are

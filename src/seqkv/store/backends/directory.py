@@ -5,7 +5,7 @@ Layout of the store directory::
     store.sqlite3          sessions, span reference counts, the prefix index, codec identities,
                            mixing dictionaries (bytes per namespace and digest, the current one,
                            and which span was coded with which)
-    records/<hh>/<id>      one file per span record (``seqkv.store.record``), <hh> = id mod 256
+    records/<hh>/<id>      one file per span record (``seqkv.formats.span``), <hh> = id mod 256
 
 Motivation: records are immutable blobs, written once with the classic atomic-file protocol; the
 metadata must change atomically across several rows (a session entry, two or three counts,

@@ -6,7 +6,7 @@ Key layout (``P`` = the key prefix, ``N`` = 32 hex digits of the namespace key):
     P:codecs          hash    codec index -> identity description (JSON), stored once
     P:codecidx        hash    codec digest -> codec index
     P:N:id            string  span id counter (INCR: ids only grow)
-    P:N:s:<id>        string  span record (``seqkv.store.record``)
+    P:N:s:<id>        string  span record (``seqkv.formats.span``)
     P:N:c             hash    span id -> reference count
     P:N:n             hash    session id -> "<span>:<length>:<binding, 32 hex digits>" (rows of
                               schema 1, "<span>:<length>", become "<span>:<length>:-")
