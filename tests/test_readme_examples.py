@@ -49,7 +49,8 @@ def test_the_readme_python_blocks_run(readme_model: CausalLM) -> None:
 def test_a_broken_block_fails(readme_model: CausalLM) -> None:
     # Mutant: the restore compared with other tokens; the block's own assert must catch it.
     blocks = python_blocks(README.read_text(encoding="utf-8"))
-    mutant = blocks[0].replace("assert decoded.tokens == tokens", "assert decoded.tokens == tokens[1:]")
+    mutant = blocks[0].replace("assert decoded.tokens == tokens",
+                               "assert decoded.tokens == tokens[1:]")
     assert mutant != blocks[0]
     with pytest.raises(AssertionError):
         run_blocks([mutant])

@@ -128,7 +128,8 @@ def test_a_changed_number_fails(readme: str) -> None:
 def test_a_number_inside_a_longer_one_does_not_count(tmp_path: Path) -> None:
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "r.md").write_text("ratio 15.95x, count 12,638, bits 4.5017\n")
-    table = ("| figure | value | command | model, data, CPU path | report |\n|---|---|---|---|---|\n"
+    table = ("| figure | value | command | model, data, CPU path | report |\n"
+             "|---|---|---|---|---|\n"
              "| x | 5.95x; 2,638; 4.50 | c | m | [reports/r.md](reports/r.md) |\n")
     problems = missing_figures(f"# t\n\n{FIGURES_HEADING}\n\n{table}", tmp_path)
     assert problems == ["x: 5.95 is not in reports/r.md", "x: 2,638 is not in reports/r.md",
