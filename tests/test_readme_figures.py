@@ -150,3 +150,41 @@ def test_a_missing_report_or_a_row_without_one_fails(readme: str) -> None:
 def test_a_long_readme_fails(readme: str) -> None:
     assert length_problems(readme + "\n" * MAX_LINES)
     assert length_problems(readme + " word" * MAX_WORDS)
+
+
+GUIDES = ROOT / "docs" / "guides"
+GUIDE_NAMES = ("install", "levels", "store", "vllm", "checks", "formats", "limits", "cpu",
+               "extending")
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def broken_links(text: str, base: Path) -> list[str]:
+    """Relative links of a markdown page that name no file. A guide links a report as
+    ``../measurements/NAME.md``: the docs site's page generated from ``reports/NAME.md``."""
+    broken = []
+    for target in LINK.findall(text):
+        if "://" in target:
+            continue
+        measured = re.fullmatch(r"\.\./measurements/([\w.+-]+\.md)", target)
+        path = ROOT / "reports" / measured.group(1) if measured else base / target
+        if not path.exists():
+            broken.append(target)
+    return broken
+
+
+def test_the_readme_links_every_guide_and_every_link_resolves(readme: str) -> None:
+    for name in GUIDE_NAMES:
+        assert f"(docs/guides/{name}.md)" in readme, name
+    assert broken_links(readme, ROOT) == []
+    assert "mkdocs serve" in readme
+
+
+@pytest.mark.parametrize("name", GUIDE_NAMES)
+def test_every_guide_link_resolves(name: str) -> None:
+    path = GUIDES / f"{name}.md"
+    assert broken_links(path.read_text(encoding="utf-8"), GUIDES) == []
+
+
+def test_a_link_to_a_missing_report_or_guide_fails() -> None:
+    text = "[a](../measurements/no-such-report.md) [b](no-such-guide.md) [c](store.md)"
+    assert broken_links(text, GUIDES) == ["../measurements/no-such-report.md", "no-such-guide.md"]
