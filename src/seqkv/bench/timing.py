@@ -18,7 +18,7 @@ that appears within the run (an operation that grows slower as the process ages)
 
 Self-test: ``SEQKV_TIMING_INJECT='encode[portable]=2'`` makes the gate sleep after the named
 operation for (factor - 1) times its duration, a slowdown the gate must catch
-(``tests/test_timing_gate.py``; README, *Regression gates*).
+(``tests/test_timing_gate.py``; docs/guides/checks.md, *Regression gates*).
 
 Invariants:
 1. Every timed round divides by a reference run made just before it, in the same process

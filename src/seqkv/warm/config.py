@@ -58,7 +58,7 @@ class WarmConfig:
     """Predictor, quantizer and bits of a warm entry.
 
     The default, previous-token delta with an anchor every 16 positions and 3-bit TurboQuant,
-    is the point the connector's quality table measures (README, *vLLM connector*).
+    is the point the connector's quality table measures (docs/guides/vllm.md).
 
     >>> WarmConfig().label
     'previous-token (G=16) + turboquant_mse-3'

@@ -31,7 +31,7 @@ request's ``cache_salt``), ``seqkv_session`` (str, the cold tier's session id; e
 id).
 
 The default mode is ``exact``, chosen from the connector's table (``reports/vllm_connector.md``,
-README *vLLM connector*): an exact load gives the engine the bits it computed, so its outputs are
+docs/guides/vllm.md): an exact load gives the engine the bits it computed, so its outputs are
 those of a raw reload, and it stores fewer bytes than raw KV (1.19x float32, 1.48x bfloat16) and
 loads far faster than a recompute. Every lossy mode measured under vLLM changed most greedy outputs
 (3 bits: 96 of 100 continuations, the first difference 19 tokens in on average), so it cannot be
@@ -45,7 +45,7 @@ Invariants:
    ``warm_mode: "exact"`` is refused by name (enforced).
 2. A lossy warm load happens only when the request or the operator asks (``warm_default``'s
    default is ``false`` in the lossy mode); an exact one, which changes no output, happens for
-   every request that does not opt out (enforced; README *vLLM connector* says where warm loads
+   every request that does not opt out (enforced; docs/guides/vllm.md says where warm loads
    do not win).
 """
 
