@@ -48,7 +48,8 @@ MAX_ID_LENGTH = 128
 # Sizes a coded file or its reader may reach.
 # NOTE: a decode without the model (``ngram``/``plain`` tokens only, a tokens-only store) has no
 # context to bound its count: at most this many tokens, the longest context of the models seqkv
-# runs, unless the caller's ``max_tokens`` says otherwise (docs/guides/limits.md, "Bounded decoding").
+# runs, unless the caller's ``max_tokens`` says otherwise (docs/guides/limits.md, "Bounded
+# decoding").
 MODEL_FREE_MAX_TOKENS = 1 << 17
 # NOTE: and at most this vocabulary: 2**18 = 262,144, the largest vocabularies in use (the
 # format allows 2**22, for a decode that has the model, whose vocabulary the file must equal).

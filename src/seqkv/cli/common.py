@@ -261,7 +261,8 @@ def decode_limit_options(command: argparse.ArgumentParser) -> None:
                                            "131,072)")
     command.add_argument("--max-memory-mb", type=int_in(1, 1 << 30), default=None,
                          metavar="MB", help="refuse a file whose decode would hold more than MB "
-                                            "MiB beyond the model (docs/guides/limits.md: Bounded decoding)")
+                                            "MiB beyond the model (docs/guides/limits.md: "
+                                            "Bounded decoding)")
 
 
 def memory_limit(args: argparse.Namespace) -> int | None:
