@@ -832,7 +832,8 @@ def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
 # NOTE: what a decode holds per token beyond its KV (docs/guides/limits.md, "Bounded
 # decoding"): the decoded ids and the trace's per-position floats (Python lists, ~24-32 bytes
 # an entry), about 150 bytes a token; per vocabulary entry, the tables one step builds
-# (weights, cumulative counts, log2-probabilities, entropy terms: int64 and float64), about 48 bytes.
+# (weights, cumulative counts, log2-probabilities, entropy terms: int64 and float64), about
+# 48 bytes.
 DECODE_BYTES_PER_TOKEN = 256
 DECODE_BYTES_PER_SYMBOL = 64
 # NOTE: copies of the KV a verified decode holds at once: the stepper's cache, the rebuilt
