@@ -1,5 +1,5 @@
-"""The documentation site's generated parts: report pages (``docs/hooks.py``) and doctest fences
-(``docs/griffe_doctests.py``). The strict build itself runs in ``scripts/test.sh``."""
+"""The documentation site's generated parts: report pages (``docs/hooks.py``) and docstring
+markup (``docs/griffe_markup.py``). The strict build itself runs in ``scripts/test.sh``."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _module(name: str) -> ModuleType:
     return module
 
 
-doctests = _module("griffe_doctests")
+markup = _module("griffe_markup")
 
 
 def _site(
@@ -166,10 +166,10 @@ Indented as code::
 
 
 def test_doctest_blocks_are_fenced_once() -> None:
-    fenced = doctests.fence_doctests(DOCSTRING)
+    fenced = markup.fence_doctests(DOCSTRING)
     assert fenced.count("```pycon") == 1
     assert "```pycon\n>>> [(1, 2) for _ in range(1)]\n[(1, 2)]\n>>> x = 1\n```\n" in fenced
-    assert doctests.fence_doctests(fenced) == fenced
+    assert markup.fence_doctests(fenced) == fenced
 
 
 def test_an_unfenced_doctest_is_not_code_in_markdown() -> None:
@@ -178,4 +178,28 @@ def test_an_unfenced_doctest_is_not_code_in_markdown() -> None:
     block = ">>> [(1, 2)]\n[(1, 2)]\n"
     extensions = ["pymdownx.superfences"]
     assert "<code>" not in markdown.markdown(block, extensions=extensions)
-    assert "<code>" in markdown.markdown(doctests.fence_doctests(block), extensions=extensions)
+    assert "<code>" in markdown.markdown(markup.fence_doctests(block), extensions=extensions)
+
+
+def test_sphinx_roles_become_inline_code() -> None:
+    text = "See :mod:`.settings`, :class:`~seqkv.delta.Predictor` and :py:func:`seqkv.compress`."
+    assert markup.rst_to_markdown(text) == "See `.settings`, `Predictor` and `seqkv.compress`."
+    # The defect: left as they are, the roles' markup shows on the page.
+    assert ":mod:" in markdown.markdown(text)
+    assert "<code>Predictor</code>" in markdown.markdown(markup.rst_to_markdown(text))
+
+
+def test_a_literal_block_marker_keeps_one_colon() -> None:
+    text = "Layout::\n\n    magic  4 bytes\n\n::\n\n    x\n\nRatio 1::2 stays."
+    assert (
+        markup.rst_to_markdown(text)
+        == "Layout:\n\n    magic  4 bytes\n\n\n\n    x\n\nRatio 1::2 stays."
+    )
+
+
+def test_fenced_text_is_not_rewritten() -> None:
+    text = "```text\n:mod:`x` ends::\n\n```\n"
+    assert markup.rst_to_markdown(text) == text
+    assert markup.rst_to_markdown(DOCSTRING) == markup.rst_to_markdown(
+        markup.rst_to_markdown(DOCSTRING)
+    )
