@@ -100,6 +100,13 @@ def test_a_report_copied_into_docs_is_refused(tmp_path: Path) -> None:
         _on_files(config, "index.md", "measurements/a.md")
 
 
+def test_a_missing_reports_folder_is_refused(tmp_path: Path) -> None:
+    # Without the check the site would build with an empty Measurements section.
+    config = _site(tmp_path, {})
+    with pytest.raises(PluginError, match=r"no .*reports to generate"):
+        _on_files(config, "index.md")
+
+
 def test_titles_tell_reports_of_one_heading_apart(tmp_path: Path) -> None:
     config = _site(
         tmp_path,
