@@ -28,9 +28,10 @@ import pytest
 
 from source_prose import ROOT, SRC, ProseLine, package_prose, prose_of
 
-# A dotted name: ``seqkv`` not preceded by a path or word character, then dotted parts (a
-# hyphen is kept so that a tag such as ``seqkv.store.skv-adapter`` is matched whole).
-NAME = re.compile(r"(?<![\w./-])seqkv(?:\.[A-Za-z_][\w-]*)+")
+# A dotted name: ``seqkv`` not preceded by a path or word character, nor opening a Markdown
+# link's target (``[page](seqkv.md)`` names a file), then dotted parts (a hyphen is kept so that
+# a tag such as ``seqkv.store.skv-adapter`` is matched whole).
+NAME = re.compile(r"(?<![\w./-])(?<!\]\()seqkv(?:\.[A-Za-z_][\w-]*)+")
 
 # Persisted strings that look like dotted names -> where they are data.
 PERSISTED: dict[str, str] = {
