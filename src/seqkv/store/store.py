@@ -103,7 +103,7 @@ from seqkv.store.errors import (
 from seqkv.store.hot import ChainState, HotTier
 from seqkv.store.ids import SessionName, SpanId, StoreNamespace, Tenant, check_session_id
 from seqkv.store.index import IndexSpacing
-from seqkv.store.prefixes import Lookup, Match, PrefixMatcher
+from seqkv.store.prefixes import Match, PrefixMatcher
 from seqkv.store.registry import CodecFactory, CodecRegistry, model_codecs
 
 # NOTE: 256 MiB holds the decoded KV of ~11,000 SmolLM2-135M tokens (23,040 float32 bytes each).
@@ -231,8 +231,8 @@ class SessionStore:
         self._hot = HotTier(hot_bytes)
         self._dictionaries = NamespaceDictionaries(backend)
         self._chains = ChainDecoder(backend, self._registry, self._hot, self._dictionaries)
-        self._prefixes = PrefixMatcher(backend, self._chains, spacing or IndexSpacing(),
-                                       max_candidates)
+        self._prefixes = PrefixMatcher(backend, self._chains, self._hot,
+                                       spacing or IndexSpacing(), max_candidates)
 
     @classmethod
     def directory(cls, path: str | os.PathLike[str], model: CausalLM, *,
@@ -281,8 +281,7 @@ class SessionStore:
         token_list = [int(t) for t in tokens]
         codec, _ = self._registry.for_level(level)
         started = self._backend.round_trips
-        lookup = self._prefixes.lookup(tenant, token_list)
-        match = self._prefixes.match(tenant, token_list, None, codec, lookup)
+        match, _ = self._prefixes.find(tenant, token_list, None, codec, lock=False)
         return PrefixMatch(match.length, match.candidates, self._backend.round_trips - started)
 
     def put(self, session_id: str, tokens: Sequence[int],
@@ -306,18 +305,25 @@ class SessionStore:
         codec, index = self._registry.for_level(level)
         started = self._backend.round_trips
         for _ in range(_RETRIES):
-            lookup: Lookup = self._prefixes.lookup(tenant, token_list)
-            match = self._prefixes.match(tenant, token_list, target, codec, lookup)
-            coding = _Coding(tenant, name, token_list, target, codec, index, match,
-                             lookup.keys_after(match.length), None, started)
+            match, lookup = self._prefixes.find(tenant, token_list, target, codec, lock=True)
+            keys = () if lookup is None else lookup.keys_after(match.length)
+            coding = _Coding(tenant, name, token_list, target, codec, index, match, keys, None,
+                             started)
             try:
                 return self._code_and_commit(coding)
             except ParentGoneError:
-                # The matched chain was deleted after it was decoded (or found hot).
-                for span, _ in match.state.spans if match.state is not None else ():
-                    self._hot.discard(self._chains.key(tenant, span))
+                # The matched chain was deleted (by another worker) after it was decoded or
+                # found in the trie: the trie forgets every chain through its spans.
+                gone = {span for span, _ in (match.state.spans if match.state else ())}
+                if match.node is not None:
+                    self._hot.unlock(match.node)
+                    match = dataclasses.replace(match, node=None)
+                self._hot.discard(self._chains.root(tenant), gone.__contains__)
             except DictionaryGoneError:
                 pass  # gc removed the dictionary after another put_dictionary replaced it
+            finally:
+                if match.node is not None:
+                    self._hot.unlock(match.node)
         raise ConcurrentUpdateError(
             f"session {name!r}: the prefix or dictionary it was coded with kept being deleted; "
             "retry")
@@ -357,7 +363,7 @@ class SessionStore:
                             encoded.session.kv_digest)
         if encoded.kv is not None or not coding.codec.uses_kv:
             spans = state.spans_until(start) if state is not None and parent is not None else ()
-            self._hot.put(self._chains.key(coding.tenant, span), ChainState(
+            self._hot.put(self._chains.root(coding.tenant), ChainState(
                 tuple(tokens), encoded.kv, exact, (*spans, (span, start))))
         return PutResult(coding.name, len(tokens), start, len(tokens) - start, span,
                          len(record), encoded.coded_bytes, coding.match.candidates,
