@@ -22,7 +22,6 @@ from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.codec import DecodedSpan, EncodedSpan, SpanCodec, SpanItem, StoredReader
 from seqkv.store.codecs import ModelCodec, TokensCodec
 from seqkv.store.errors import SessionExistsError, SessionNotFoundError
-
 from seqkv.store.ids import SessionName, check_namespace, namespace_key
 from seqkv.store.index import IndexSpacing
 from seqkv.store.registry import CodecFactory, model_codecs

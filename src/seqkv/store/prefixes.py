@@ -38,9 +38,9 @@ from seqkv.store.chains import ChainDecoder
 from seqkv.store.codec import SpanCodec
 from seqkv.store.errors import CorruptRecordError, StoreVerificationError
 from seqkv.store.hot import ChainState, HotMatch, HotTier
-from seqkv.trie.cache import CacheNode
 from seqkv.store.ids import SpanId, Tenant
 from seqkv.store.index import IndexSpacing, chain_keys
+from seqkv.trie.cache import CacheNode
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,12 @@ span that every session extending it references), and per span only a small reco
 session (``seqkv.formats.span``). A session is a chain of spans: put codes the tokens after the
 longest stored prefix, append codes only the new turn against the stored session.
 
-A put: look up the new session's index keys in one request, verify the deepest candidates'
-tokens (``seqkv.store.prefixes``), code the rest against the match (``seqkv.store.codec``), and
-commit the new span, its index entries, the counts and the session entry in one atomic backend
-call. A get: fetch every asked session's chain in one request and decode the spans not hot,
-parents first (``seqkv.store.chains``). This module composes those parts; each is one concern:
+A put: find the longest prefix this worker's prefix trie holds (``seqkv.store.hot``); unless
+it covers the session, look up the new session's index keys in one request and verify the
+deepest candidates' tokens (``seqkv.store.prefixes``); code the rest against the longest match
+(``seqkv.store.codec``), and commit the new span, its index entries, the counts and the session
+entry in one atomic backend call. A get: fetch every asked session's chain in one request and
+decode the spans the trie does not hold, parents first (``seqkv.store.chains``). This module composes those parts; each is one concern:
 prefixes, chains, dictionaries (``seqkv.store.dictionaries``), codecs
 (``seqkv.store.registry``), backends (``seqkv.store.backends``).
 
@@ -42,8 +43,9 @@ The default level is ``portable``: its tokens decode on any machine with the mod
 the KV is exact on the encoder's execution profile.
 
 What mutates: ``put``/``append``/``delete``/``gc``/``put_dictionary`` change the backend;
-``put``, ``append``, ``get`` and ``get_many`` also fill this process's hot tier, and reads of
-dictionaries fill this process's dictionary cache.
+``put``, ``append``, ``get`` and ``get_many`` also insert into this process's prefix trie (a put
+locks the path it matched there until it commits), and reads of dictionaries fill this
+process's dictionary cache.
 
 Limits: a ``SessionStore`` object serves one thread (its hot tier is unlocked); open one per
 thread or process, all on the same backend. Two writers that code the same new prefix at the

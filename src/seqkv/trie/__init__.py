@@ -3,7 +3,8 @@
 Start with :class:`PrefixTrie` (insert, match, resolve, release, evict), :func:`prefix_hash` (the
 content hash a ``.skv`` file uses to reference a stored prefix), :func:`trie_distance` (the trie
 metric d_T), :func:`cluster_sessions` (the paper's clusters, reduced to what is sound),
-and :func:`save_trie` / :func:`load_trie`. Eviction is ``seqkv.eviction``'s (its policies are
+and :class:`RadixCache` (a store worker's prefix index and hot tier: SGLang's prefix-cache
+shape over the chains of stored spans). Eviction is ``seqkv.eviction``'s (its policies are
 re-exported here); the trie's benchmark against vLLM-style hashed blocks lives outside the
 package (``research.bench.trie``).
 
@@ -19,6 +20,7 @@ from seqkv.eviction import (
     ProbabilityWeightedPolicy,
     make_policy,
 )
+from seqkv.trie.cache import CacheMatch, RadixCache
 from seqkv.trie.clusters import Cluster, ClusterReport, cluster_sessions, cluster_trie_sessions
 from seqkv.trie.errors import (
     CorruptTrieFileError,
@@ -60,6 +62,7 @@ from seqkv.trie.radix import (
 from seqkv.trie.sequence import ScoredSequence
 
 __all__ = [
+    "CacheMatch",
     "DEFAULT_NAMESPACE",
     "Cluster",
     "ClusterReport",
@@ -84,6 +87,7 @@ __all__ = [
     "PrefixNotFoundError",
     "PrefixTrie",
     "ProbabilityWeightedPolicy",
+    "RadixCache",
     "ResolvedPrefix",
     "SaveReport",
     "ScoredSequence",
