@@ -11,8 +11,8 @@ it covers the session, look up the new session's index keys in one request and v
 deepest candidates' tokens (``seqkv.store.prefixes``); code the rest against the longest match
 (``seqkv.store.codec``), and commit the new span, its index entries, the counts and the session
 entry in one atomic backend call. A get: fetch every asked session's chain in one request and
-decode the spans the trie does not hold, parents first (``seqkv.store.chains``). This module composes those parts; each is one concern:
-prefixes, chains, dictionaries (``seqkv.store.dictionaries``), codecs
+decode the spans the trie does not hold, parents first (``seqkv.store.chains``). This module
+composes those parts; each is one concern: prefixes, chains, dictionaries (``seqkv.store.dictionaries``), codecs
 (``seqkv.store.registry``), backends (``seqkv.store.backends``).
 
 Invariants:

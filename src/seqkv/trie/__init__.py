@@ -62,8 +62,8 @@ from seqkv.trie.radix import (
 from seqkv.trie.sequence import ScoredSequence
 
 __all__ = [
-    "CacheMatch",
     "DEFAULT_NAMESPACE",
+    "CacheMatch",
     "Cluster",
     "ClusterReport",
     "CorruptTrieFileError",
