@@ -12,8 +12,9 @@ deepest candidates' tokens (``seqkv.store.prefixes``); code the rest against the
 (``seqkv.store.codec``), and commit the new span, its index entries, the counts and the session
 entry in one atomic backend call. A get: fetch every asked session's chain in one request and
 decode the spans the trie does not hold, parents first (``seqkv.store.chains``). This module
-composes those parts; each is one concern: prefixes, chains, dictionaries (``seqkv.store.dictionaries``), codecs
-(``seqkv.store.registry``), backends (``seqkv.store.backends``).
+composes those parts; each is one concern: prefixes, chains, dictionaries
+(``seqkv.store.dictionaries``), codecs (``seqkv.store.registry``), backends
+(``seqkv.store.backends``).
 
 Invariants:
 1. A span's prefix state is exactly what a decoder rebuilds (``seqkv.store.chains``,
