@@ -57,6 +57,7 @@ index names first, as with vLLM's concurrently computed blocks.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -79,6 +80,7 @@ from seqkv.formats.span import SpanRecord, span_parts, write_span
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.mixing.dictionary import Dictionary, DictionaryDigest
 from seqkv.models.adapter import CausalLM
+from seqkv.session import Prefix
 from seqkv.store.backends.base import (
     AuditReport,
     ByteCounts,
@@ -106,8 +108,10 @@ from seqkv.store.errors import (
 from seqkv.store.hot import ChainState, HotTier
 from seqkv.store.ids import SessionName, SpanId, StoreNamespace, Tenant, check_session_id
 from seqkv.store.index import IndexSpacing
+from seqkv.store.pins import StorePrefixSource, pin_name
 from seqkv.store.prefixes import Match, PrefixMatcher
 from seqkv.store.registry import CodecFactory, CodecRegistry, model_codecs
+from seqkv.trie.keys import Namespace, prefix_hash
 
 # NOTE: 256 MiB holds the decoded KV of ~11,000 SmolLM2-135M tokens (23,040 float32 bytes each).
 DEFAULT_HOT_BYTES = 256 << 20
@@ -286,6 +290,48 @@ class SessionStore:
         started = self._backend.round_trips
         match, _ = self._prefixes.find(tenant, token_list, None, codec, lock=False)
         return PrefixMatch(match.length, match.candidates, self._backend.round_trips - started)
+
+    def pin_prefix(self, session_id: str, length: int, *, namespace: str) -> Prefix:
+        """The first ``length`` tokens of a stored session and their KV, as the prefix a
+        ``.skv`` file is coded against (``seqkv.compress(..., prefix=...)``), pinned in the
+        store under its content hash (``seqkv.store.pins``): ``prefix_source(namespace=...)``
+        resolves it for ``decompress``. Pinning the same prefix again returns it."""
+        tenant = Tenant.of(namespace)
+        if not is_int(length) or not length >= 1:
+            raise InvalidTokensError(f"length is {length!r}: pass a positive number of tokens")
+        stored = self.get(session_id, namespace=namespace)
+        if length > len(stored.tokens):
+            raise InvalidTokensError(
+                f"session {session_id!r} holds {len(stored.tokens):,} tokens, fewer than the "
+                f"{length:,} asked: pin a prefix of the session")
+        tokens = tuple(stored.tokens[:length])
+        kv = None if stored.kv is None else stored.kv[:, :, :, :length].contiguous()
+        hash_ = prefix_hash(Namespace(tenant.name), tokens)
+        (found,) = self._backend.fetch_sessions(tenant.key, [pin_name(hash_)])
+        if found is None:
+            # another worker may pin it between the two calls: its row is the same
+            with contextlib.suppress(SessionExistsError):
+                self.put(pin_name(hash_), tokens, kv, level=self._level_of(tenant, session_id),
+                         namespace=namespace)
+        return Prefix(tokens, kv, hash_)
+
+    def prefix_source(self, *, namespace: str) -> StorePrefixSource:
+        """The ``seqkv.codec.PrefixSource`` of ``namespace``: ``decompress(...,
+        prefixes=store.prefix_source(namespace=...))`` finds prefixes ``pin_prefix`` pinned."""
+        tenant = Tenant.of(namespace)
+
+        def read(name: SessionName) -> tuple[tuple[int, ...], Prefix]:
+            stored = self.get(name, namespace=namespace)
+            return tuple(stored.tokens), Prefix(tuple(stored.tokens), stored.kv)
+
+        return StorePrefixSource(Namespace(tenant.name), read)
+
+    def _level_of(self, tenant: Tenant, session_id: str) -> str:
+        """The level of the codec that coded a stored session's last span."""
+        (found,) = self._backend.fetch_sessions(tenant.key, [check_session_id(session_id)])
+        if found is None or not found.chain:
+            raise self._not_found(check_session_id(session_id), tenant)
+        return self._chains.records().get(found.chain[-1]).codec.identity().level
 
     def put(self, session_id: str, tokens: Sequence[int],
             kv: DynamicCache | torch.Tensor | None = None, *,
