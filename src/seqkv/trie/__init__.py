@@ -6,7 +6,9 @@ metric d_T), :func:`cluster_sessions` (the paper's clusters, reduced to what is 
 and :class:`RadixCache` (a store worker's prefix index and hot tier: SGLang's prefix-cache
 shape over the chains of stored spans). Eviction is ``seqkv.eviction``'s (its policies are
 re-exported here); the trie's benchmark against vLLM-style hashed blocks lives outside the
-package (``research.bench.trie``).
+package (``research.bench.trie``). The trie's own snapshot format is retired: the store's chain
+of spans is its persistent form, and :func:`load_trie` refuses a snapshot by name
+(``TrieSnapshotRetiredError``) with how to rebuild it.
 
 Invariants:
 1. Importing the package computes nothing and holds no mutable state (enforced: modules define
@@ -31,6 +33,7 @@ from seqkv.trie.errors import (
     PrefixNotFoundError,
     TrieError,
     TrieFileError,
+    TrieSnapshotRetiredError,
     TruncatedTrieFileError,
     UnknownSessionError,
     UnsupportedTrieVersionError,
@@ -45,7 +48,7 @@ from seqkv.trie.keys import (
     prefix_hash,
 )
 from seqkv.trie.metric import Neighbor, prefix_probability, trie_distance
-from seqkv.trie.persistence import SaveReport, load_trie, save_trie, trie_from_bytes, trie_to_bytes
+from seqkv.trie.persistence import load_trie, trie_from_bytes
 from seqkv.trie.radix import (
     EvictedNode,
     EvictionResult,
@@ -89,7 +92,6 @@ __all__ = [
     "ProbabilityWeightedPolicy",
     "RadixCache",
     "ResolvedPrefix",
-    "SaveReport",
     "ScoredSequence",
     "SessionId",
     "SessionInfo",
@@ -97,6 +99,7 @@ __all__ = [
     "TrieError",
     "TrieFileError",
     "TrieSizes",
+    "TrieSnapshotRetiredError",
     "TrieStats",
     "TruncatedTrieFileError",
     "UnknownSessionError",
@@ -107,8 +110,6 @@ __all__ = [
     "make_policy",
     "prefix_hash",
     "prefix_probability",
-    "save_trie",
     "trie_distance",
     "trie_from_bytes",
-    "trie_to_bytes",
 ]
