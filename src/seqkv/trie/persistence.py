@@ -3,9 +3,9 @@
 Motivation: the prefix a worker keeps in memory is a radix trie (``seqkv.trie.cache``) over the
 chains of a ``SessionStore``, and the store's chain of spans, coded under the model, is its
 persistent form: a second persisted prefix tree (this format stored node KV as byte planes and
-zlib, 0.845 of raw) is not kept. Nothing writes a snapshot; a reader given one says how to
-rebuild what it held: put its sessions into a store (``SessionStore.put``), and pin the
-prefixes ``.skv`` files name (``SessionStore.pin_prefix``).
+zlib, not with seqkv's own coding) is not kept. Nothing writes a snapshot; a reader given one
+says how to rebuild what it held: put its sessions into a store (``SessionStore.put``), and pin
+the prefixes ``.skv`` files name (``SessionStore.pin_prefix``).
 
 Invariants:
 1. Bytes that start with the snapshot magic raise ``TrieSnapshotRetiredError`` before anything
