@@ -48,10 +48,11 @@ What mutates: ``put``/``append``/``delete``/``gc``/``put_dictionary`` change the
 locks the path it matched there until it commits), and reads of dictionaries fill this
 process's dictionary cache.
 
-Limits: a ``SessionStore`` object serves one thread (its hot tier is unlocked); open one per
-thread or process, all on the same backend. Two writers that code the same new prefix at the
-same moment both store it (each finds nothing in the index); later sessions reference the one the
-index names first, as with vLLM's concurrently computed blocks.
+Limits: a ``SessionStore`` object serves one thread (its hot tier takes no thread lock); open
+one per thread or process, all on the same backend. Two writers that code the same new prefix
+at the same moment both store it (each finds nothing in the index); later sessions reference
+the one the index names first (or the one a worker's trie holds), as with vLLM's concurrently
+computed blocks.
 """
 
 from __future__ import annotations
@@ -281,8 +282,8 @@ class SessionStore:
                     namespace: str) -> PrefixMatch:
         """How many leading ``tokens`` a ``put`` at ``level`` would find stored; stores nothing.
 
-        One index request, then at most ``max_candidates`` chains fetched (each one request) or
-        found hot.
+        None when this worker's prefix trie holds every token; else one index request, then at
+        most ``max_candidates`` chains fetched (each one request) or found in the trie.
         """
         tenant = Tenant.of(namespace)
         token_list = [int(t) for t in tokens]
