@@ -128,3 +128,31 @@ def test_a_deleted_prefix_found_in_the_trie_is_forgotten_and_the_put_retried(
     assert result.shared_tokens == 0
     assert store.get("b", namespace="n").tokens == [*PROMPT, 2]
     assert store.hot.trie.sizes().protected_bytes == 0  # every lock was released
+
+
+def _protected_while_coding(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The trie's protected bytes while a put that matched in the trie codes and commits."""
+    seen: list[int] = []
+    code = SessionStore._code_and_commit
+
+    def watched(self: SessionStore, coding: Any) -> Any:
+        seen.append(self.hot.sizes().protected_bytes)
+        return code(self, coding)
+
+    store.put("a", [*PROMPT, 1, 2, 3], level="ngram", namespace="n")
+    monkeypatch.setattr(SessionStore, "_code_and_commit", watched)
+    store.put("b", [*PROMPT, 1, 2, 3, 9], level="ngram", namespace="n")
+    assert store.hot.sizes().protected_bytes == 0  # released after the commit
+    return seen[0]
+
+
+def test_an_in_flight_put_locks_the_path_it_matched(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _protected_while_coding(_store(tmp_path), monkeypatch) >= 8 * (len(PROMPT) + 3)
+
+
+def test_the_lock_test_catches_a_put_that_does_not_lock(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(HotTier, "lock", lambda self, node: None)
+    monkeypatch.setattr(HotTier, "unlock", lambda self, node: None)
+    assert _protected_while_coding(_store(tmp_path), monkeypatch) == 0

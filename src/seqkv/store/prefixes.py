@@ -27,6 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,8 +105,8 @@ class PrefixMatcher:
              codec: SpanCodec, *, lock: bool) -> tuple[Match, Lookup | None]:
         """The longest stored prefix of ``tokens``: the trie's, or a longer one the index
         names (invariants 3 and 5), and the lookup (None: the trie held every token, so
-        nothing new is coded and no index key is set); with ``lock``, a trie match's node is
-        locked (the caller unlocks ``match.node``)."""
+        nothing new is coded and no index key is set); with ``lock``, the trie's matched path
+        is locked until the put commits (the caller unlocks ``match.node``)."""
         hot = self._usable(self._hot.match(self._chains.root(tenant), tokens), target, codec)
         if hot.state is not None and hot.length == len(tokens):
             if lock and hot.node is not None:
@@ -113,11 +114,12 @@ class PrefixMatcher:
             return Match(hot.length, hot.state, 0, hot.node if lock else None), None
         lookup = self.lookup(tenant, tokens)
         match = self.match(tenant, tokens, target, codec, lookup)
+        node = hot.node if lock and hot.state is not None else None
+        if node is not None:
+            self._hot.lock(node)  # the put codes against these tokens, whichever chain it takes
         if match.length >= hot.length or hot.state is None:
-            return match, lookup
-        if lock and hot.node is not None:
-            self._hot.lock(hot.node)
-        return Match(hot.length, hot.state, match.candidates, hot.node if lock else None), lookup
+            return dataclasses.replace(match, node=node), lookup
+        return Match(hot.length, hot.state, match.candidates, node), lookup
 
     @staticmethod
     def _usable(hot: HotMatch, target: torch.Tensor | None, codec: SpanCodec) -> HotMatch:
