@@ -5,13 +5,12 @@
 #
 # Structural cases per format (SEQKV_FUZZ_CASES is per test and original, see the tests):
 #   .skv format 3         9 originals x 1,112  = 10,008  (tests/test_fuzz_skv*.py)
-#   trie format 2         3 originals x 3,334  = 10,002  (tests/test_fuzz_trie.py)
 #   dictionary format 2   3 originals x 3,334  = 10,002  (tests/test_fuzz_dictionary.py)
 #   store span records    ~80% of 12,700       ~ 10,160  (tests/test_fuzz_record.py; the report
 #                                                          gives the exact structural count)
 #   store metadata        2 backends x 1,000 seeded row, parent, count and index damages, plus
 #                         each named damage once per backend (tests/test_fuzz_store.py)
-# Override a count with SEQKV_FUZZ_CASES_SKV, _TRIE, _DICTIONARY, _STORE or _METADATA; the seed with
+# Override a count with SEQKV_FUZZ_CASES_SKV, _DICTIONARY, _STORE or _METADATA; the seed with
 # SEQKV_FUZZ_SEED; the folder with SEQKV_FUZZ_REPORT (default reports/fuzz). SEQKV_PYTHON names
 # an interpreter whose environment already has seqkv (then scripts/setup.sh is not run).
 # Each test file runs under a wall-clock limit (SEQKV_FUZZ_TIMEOUT seconds, default 7200): a file
@@ -45,7 +44,6 @@ run() {  # format, cases, pytest arguments
   echo "   exit $rc after $((SECONDS - started)) s"
   [ "$rc" = 0 ] || status=1
 }
-run trie "${SEQKV_FUZZ_CASES_TRIE:-3334}" tests/test_fuzz_trie.py
 run dictionary "${SEQKV_FUZZ_CASES_DICTIONARY:-3334}" tests/test_fuzz_dictionary.py
 # The format-3 structural cases run one test per original (tests/test_fuzz_skv_each.py), so that
 # one tally over its budget does not stop the others.

@@ -25,10 +25,6 @@ DECODERS: dict[str, tuple[str, ...]] = {
     "src/seqkv/formats/skv_legacy.py": (
         "read_legacy", "_fail", "_object", "_int", "_number", "_str", "_sha256", "_list",
         "_show", "_parse", "_schedule", "_segments", "_kv_shape", "_residual", "upgraded"),
-    "src/seqkv/trie/persistence.py": (
-        "trie_from_bytes", "decompress_kv", "_corrupt", "_decode", "_layout", "_read",
-        "_read_nodes", "_read_legacy", "_field", "_parse_legacy", "_assemble", "_check_tree",
-        "path_work_limit"),
     "src/seqkv/mixing/dictionary.py": (
         "Dictionary.__init__", "Dictionary.from_bytes", "_read", "_read_format_1",
         "_token_width", "_token_dtype"),

@@ -1,8 +1,8 @@
 """Outcome labels for formats whose crafted files can be valid files of other content.
 
-A trie snapshot or a dictionary carries no digest of its own content (the CRC-32 detects
-damage, it is not a seal): a structural mutation with its checksum recomputed can be a valid
-file of another trie or dictionary, which the loader must accept. The fuzz tests of those
+A dictionary carries no digest of its own content (the CRC-32 detects damage, it is not a
+seal): a structural mutation with its checksum recomputed can be a valid file of another
+dictionary, which the loader must accept. The fuzz tests of those
 formats therefore split "the decode did not fail" in two: the original content, or another
 valid file that re-saves to exactly its own bytes (the loaders' canonical form). Either way
 the user-facing check (decoding a ``.skv`` file with what was loaded) must end in a

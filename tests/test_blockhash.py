@@ -175,7 +175,6 @@ _NOT_PREFIX_KEYS = {
     "store/backends/base.py:of": "a codec identity's description",
     "store/binding.py:digest_binding": "a session row's binding (a whole session's digest)",
     "store/ids.py:namespace_key": "a namespace's name",
-    "trie/persistence.py:_read_legacy": "a legacy trie file's checksum",
 }
 
 

@@ -1,5 +1,5 @@
 """Fuzz classes for bounded work: forged token counts, inputs quadratic for a naive pre-parse
-guard, zlib bombs inside the ratio caps, vocabularies below 2, and non-canonical token codes.
+guard, vocabularies below 2, and non-canonical token codes.
 
 Each case runs under the harness's budget (``tests/test_fuzz_harness.py``: 2 s and 256 MiB of
 peak resident memory beyond what the loaded model and the fixtures hold) and must end in a
@@ -7,7 +7,7 @@ peak resident memory beyond what the loaded model and the fixtures hold) and mus
 from the original in its bytes must be refused (two files never decode alike). The model is the
 tiny Llama with its full context of 4,096 positions (``tiny_model``): a forged count within the
 context is what the information guard of ``.skv`` format 5 has to stop. Tallies are named
-``skv-bounds-*`` and ``trie-bounds-*`` so that ``scripts/fuzz_summary.py`` reports them with
+``skv-bounds-*`` so that ``scripts/fuzz_summary.py`` reports them with
 their formats.
 """
 
@@ -30,8 +30,6 @@ from seqkv.formats.framing import frame, unframe
 from seqkv.formats.skv import _ERRORS, MAGIC, read_skv, write_skv
 from seqkv.limits import MAX_MODEL_FREE_WORK, MAX_VOCAB, MODEL_FREE_MAX_VOCAB
 from seqkv.models import CausalLM
-from seqkv.trie import PrefixTrie, trie_from_bytes, trie_to_bytes
-from seqkv.trie.persistence import LEGACY_MAGIC
 from test_fuzz_harness import HOSTILE_INTEGERS, Tally, case_count
 
 TOKENS = [5, 17, 17, 3, 99, 250, 7, 7, 7, 31, 400, 12, 8, 8, 301, 77]
@@ -152,7 +150,7 @@ def _legacy_raw(data: bytes, header: bytes) -> bytes:
 def test_fuzz_quadratic_inputs() -> None:
     """Headers that cost a regular-expression guard quadratic time: a string of escaped quotes
     that never ends, long runs of backslashes, brackets nested to the cap, at the size caps of
-    the JSON-headed formats (format-1/2 .skv: 64 KiB; format-1 trie: 8 MiB)."""
+    the JSON-headed formats (format-1/2 .skv: 64 KiB)."""
     tally = Tally("skv-bounds-quadratic")
     skv = (LEGACY / "v2-tokens.skv").read_bytes()
     bodies = {
@@ -166,43 +164,11 @@ def test_fuzz_quadratic_inputs() -> None:
     for what, header in bodies.items():
         tally.run(f".skv format 2: {what}", lambda h=header: _decoded_header(skv, h))
     tally.check()
-    trie_tally = Tally("trie-bounds-quadratic")
-    for quotes in (64_000, 1 << 20, 4 << 20):
-        header = b'{"writer":"' + b'\\"' * quotes
-        trie_tally.run(f"trie format 1: {quotes:,} escaped quotes",
-                       lambda h=header: trie_from_bytes(_trie_v1(h)) is None)
-    trie_tally.check()
 
 
 def _decoded_header(data: bytes, header: bytes) -> bool:
     read_skv(_legacy_raw(data, header))
     return False  # a header of no known file: accepting it would be wrong
-
-
-def _trie_v1(header: bytes) -> bytes:
-    body = struct.pack("<8sHHIQ", LEGACY_MAGIC, 1, 0, len(header), 0) + header
-    return body + hashlib.sha256(body).digest()
-
-
-def test_fuzz_zlib_bombs_inside_the_caps() -> None:
-    """Trie nodes whose KV is zeros, declaring 2 to 64 MiB from a few KB: within zlib's own
-    ratio (about 1,032x), refused by the file's KV cap (16x + 1 MiB) before anything is
-    inflated, and the honest nodes of random KV around them still load."""
-    cases: list[tuple[str, bytes, bool]] = []
-    for mebibytes in (2, 4, 16, 64):
-        tokens = mebibytes * 32  # [1, 2, 32, tokens, 128] float32: 32 KiB a token
-        trie = PrefixTrie()
-        trie.insert(list(range(1, tokens + 1)), [-1.0] * tokens,
-                    torch.zeros(1, 2, 32, tokens, 128))
-        cases.append((f"zeros, {mebibytes} MiB declared", trie_to_bytes(trie), False))
-    honest = PrefixTrie()
-    kv = torch.randn(1, 2, 32, 16, 128, generator=torch.Generator().manual_seed(0))
-    honest.insert(list(range(1, 17)), [-1.0] * 16, kv)
-    cases.append(("random KV, 512 KiB", trie_to_bytes(honest), True))
-    tally = Tally("trie-bounds-zlib-bombs")
-    for what, data, loads in cases:
-        tally.run(what, lambda d=data, ok=loads: (trie_from_bytes(d) is not None) == ok)
-    tally.check()
 
 
 def _token_code_variants(data: bytes) -> list[tuple[str, bytes]]:

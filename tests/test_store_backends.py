@@ -22,7 +22,6 @@ from seqkv.store.backends.redis_server import RedisServer
 from seqkv.store.codec import DecodedSpan, EncodedSpan, SpanCodec, SpanItem, StoredReader
 from seqkv.store.codecs import ModelCodec, TokensCodec
 from seqkv.store.errors import SessionExistsError, SessionNotFoundError
-from seqkv.store.hot import HotTier
 from seqkv.store.ids import SessionName, check_namespace, namespace_key
 from seqkv.store.index import IndexSpacing
 from seqkv.store.registry import CodecFactory, model_codecs
@@ -217,17 +216,18 @@ def test_refcounts_equal_a_recount_after_any_operations(
 
 
 def test_hot_tier_keeps_its_budget() -> None:
-    from seqkv.store.hot import ChainState
+    from seqkv.store.hot import ChainState, HotTier
     from seqkv.store.ids import NamespaceKey, SpanId
 
     tier = HotTier(capacity_bytes=3 * 8 * 10)
-    for span in range(5):
-        tier.put(("s", NamespaceKey(b"n"), SpanId(span)),
-                 ChainState(tuple(range(10)), None, True, ((SpanId(span), 0),)))
+    root = ("s", NamespaceKey(b"n"))
+    for span in range(5):  # five chains of 10 tokens that share none: 80 bytes each
+        tier.put(root, ChainState(tuple(range(100 * span, 100 * span + 10)), None, True,
+                                  ((SpanId(span), 0),)))
         assert tier.nbytes <= 240
-    assert len(tier) == 3
-    assert tier.get(("s", NamespaceKey(b"n"), SpanId(0))) is None
-    assert tier.get(("s", NamespaceKey(b"n"), SpanId(4))) is not None
+    assert len(tier.trie) == 3
+    assert tier.state(root, SpanId(0)) is None
+    assert tier.state(root, SpanId(4)) is not None
 
 
 class _CountingCodec:

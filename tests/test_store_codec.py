@@ -273,14 +273,17 @@ def test_a_store_written_by_the_previous_release_still_reads(tiny_model: CausalL
     """Sessions at portable (one extending another's prefix, one appended), ngram and
     portable+mix with a dictionary; and a tokens-only store: every version-1 record decodes. The
     upgrade to schema 3 drops the index keyed by the old hash (``seqkv.store.backends.base``
-    invariant 8): a new session extending an old one is coded in full, as version 3, and the
-    next one extending it is coded against it."""
+    invariant 8): a worker that never read an old session codes a new session extending it in
+    full, as version 3, and the next one extending it is coded against it; a worker that read
+    it holds its chain in its trie and codes against it."""
     tokens = json.loads((STORE_V1 / "tokens.json").read_text())
-    store = SessionStore.directory(store_v1 / "model", tiny_model)
-    got = store.get_many(["a", "b", "c", "d"], namespace="n")
+    reader = SessionStore.directory(store_v1 / "model", tiny_model)
+    got = reader.get_many(["a", "b", "c", "d"], namespace="n")
     assert [g.tokens for g in got] == [tokens[k] for k in "abcd"]
     assert all(g.kv is not None for g in got)
     extended = tokens["a"] + [9, 9, 9]
+    assert reader.find_prefix(extended, namespace="n").length == len(tokens["a"])
+    store = SessionStore.directory(store_v1 / "model", tiny_model)
     result = store.put("e", extended, tiny_model.prefill(extended), namespace="n")
     assert result.shared_tokens == 0
     longer = [*extended, 7]

@@ -12,6 +12,8 @@ MODULES = (
     "seqkv.trie.metric",
     "seqkv.trie.radix",
     "seqkv.trie.clusters",
+    "seqkv.trie.cache",
+    "seqkv.store.pins",
 )
 
 

@@ -1,14 +1,16 @@
 """``python -m research.bench``: each layer measured on a generated workload.
 
-These were the ``seqkv bench decode|mix|store|trie|quant`` verbs. They measure (for the
-reports under ``reports/``) rather than serve, so they run from a checkout, with the same
-argument checks and one-line errors as the ``seqkv`` command (``seqkv.cli.main``); the
-regression gates stay in the package (``seqkv bench figures``, ``seqkv bench timing``).
+These were the ``seqkv bench decode|mix|store|trie|quant`` verbs; ``layer1`` measures layer 1 on
+the store. They measure (for the reports under ``reports/``) rather than serve, so they run
+from a checkout, with the same argument checks and one-line errors as the ``seqkv`` command
+(``seqkv.cli.main``); the regression gates stay in the package (``seqkv bench figures``,
+``seqkv bench timing``).
 
     python -m research.bench decode --tokens 200 --sessions 16
     python -m research.bench mix --json
     python -m research.bench store --parts model,scale
     python -m research.bench trie --json
+    python -m research.bench layer1 --sessions 200
     python -m research.bench quant --no-sweep --json
 """
 
@@ -35,6 +37,21 @@ def _cmd_trie(args: argparse.Namespace) -> int:
     result = run_trie_bench(seed=args.seed)
     common.print_figures(result.to_json_dict(), args.json,
                          f"{PROG} trie: generated multi-session workload")
+    return 0
+
+
+def _cmd_layer1(args: argparse.Namespace) -> int:
+    from research.bench.layer1 import run_layer1
+    from research.bench.trie import WorkloadSpec
+
+    command = (f"{PROG} layer1 --sessions {args.sessions} --seed {args.seed} "
+               f"--every {args.every} --report {args.report}")
+    log = None if args.json else print
+    rows = run_layer1(WorkloadSpec(sessions=args.sessions), args.seed, args.every,
+                      Path(args.report), command, log)
+    if args.json:
+        print(json.dumps([{**asdict(r), "hit_rate": r.hit_rate, "kv_bytes": r.kv_bytes}
+                          for r in rows[-2:]]))
     return 0
 
 
@@ -148,11 +165,22 @@ def _store_parts(text: str) -> str:
 
 
 def add_benches(benches: common.Subparsers) -> None:
-    """The five measurements, as verbs of their own."""
+    """The measurements, as verbs of their own."""
     bt = benches.add_parser("trie", help="prefix trie vs vLLM-style hashed blocks")
     bt.add_argument("--seed", type=common.int_in(0, 2**63 - 1), default=0)
     common.json_option(bt)
     bt.set_defaults(run=_cmd_trie)
+
+    bl = benches.add_parser("layer1", help="layer 1 on the store: token-granular prefixes (its "
+                            "trie) against hashed blocks, hit rate and bytes, row by row")
+    bl.add_argument("--sessions", type=common.int_in(1, 1_000_000), default=200)
+    bl.add_argument("--seed", type=common.int_in(0, 2**63 - 1), default=0)
+    bl.add_argument("--every", type=common.int_in(1, 1_000_000), default=50,
+                    help="sessions between report rows")
+    bl.add_argument("--report", default="reports/store_layer1.md", metavar="PATH",
+                    type=common.output_file_in_new_folder)
+    common.json_option(bl)
+    bl.set_defaults(run=_cmd_layer1)
 
     bq = benches.add_parser("quant", help="per-vector quantizers, and the rate-distortion sweep of "
                                          "predictive delta coding on the embedded model")

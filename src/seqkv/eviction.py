@@ -1,14 +1,15 @@
 """Eviction, once for every cache seqkv keeps: sizes, lock references, a budget, and an order.
 
-Motivation: seqkv keeps three caches within a byte budget: a store worker's hot tier of decoded
-spans and its mixing dictionaries (``seqkv.store.hot``), the vLLM connector's warm tier of entry
+Motivation: seqkv keeps these caches within a byte budget: a store worker's hot tier, the radix
+trie of the chains it decoded or coded (``seqkv.trie.cache``, ``seqkv.store.hot``), and its
+mixing dictionaries (``seqkv.store.dictionaries``), the vLLM connector's warm tier of entry
 files (``seqkv.integrations.vllm.warm_tier``), and the prefix trie's nodes (``seqkv.trie``).
 Each needs the accounting of SGLang's radix cache (``mem_cache/radix_cache.py``): entries with
 byte and token sizes, lock references that protect an entry while a caller uses it, evictable
 and protected sizes that add up to the total, and an order in which unprotected entries go.
 :class:`EvictionLedger` is that accounting and that order; a cache owns its values and tells
 the ledger what changed. :class:`ByteLRU` is the ledger with the values, for the caches whose
-entries are plain values (the hot tier, the dictionaries).
+entries are plain values (the dictionaries).
 
 The order is a rank per entry, lowest first. ``touch`` ranks by a logical clock (least recently
 used first); ``rank(key, priority)`` takes a policy's priority (:class:`LRUPolicy`,

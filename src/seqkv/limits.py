@@ -75,29 +75,6 @@ LEGACY_SKV_THREADS = 4096
 MAX_WARM_GEOMETRY = 1 << 20
 MAX_WARM_TOKENS = 1 << 24
 
-# Saved tries (``seqkv.trie.persistence``).
-# NOTE: deflate emits at least one bit per 258 bytes of a run, so no zlib stream inflates to
-# more than about 1,032 times its size: a node whose KV claims more than that is corrupt,
-# refused before anything is inflated.
-TRIE_ZLIB_MAX_RATIO = 1032
-# NOTE: the byte planes of real float KV do not compress much: the low mantissa bytes of fp32,
-# fp16 and bf16 alike are close to random, so no real KV shrinks more than about 2x. A file's KV
-# may inflate to at most this ratio of its KV bytes, plus ``TRIE_KV_INFLATE_SLACK`` for the zlib
-# overhead of tiny test tensors; more is a bomb (a node of zeros inside TRIE_ZLIB_MAX_RATIO:
-# 261 KB held 270 MB), refused before anything is inflated.
-TRIE_KV_MAX_RATIO = 16
-TRIE_KV_INFLATE_SLACK = 1 << 20
-# NOTE: format-1 writers wrote about 110 bytes of JSON per node; 8 MiB (some 75,000 nodes) is
-# well below the readers' 256 MiB budget.
-TRIE_LEGACY_HEADER_BYTES = 8 << 20
-# Format-1 headers nest 4 levels deep (header, nodes, a node, its KV extent).
-TRIE_LEGACY_HEADER_DEPTH = 4
-# NOTE: restoring a node hashes its whole path (``PrefixTrie.from_snapshot``). Real tries need
-# far less than 64 positions per file byte (their nodes hold KV and whole tails of sessions); a
-# crafted chain of one-token nodes would need thousands.
-TRIE_PATH_WORK_BASE = 1 << 22
-TRIE_PATH_WORK_PER_BYTE = 64
-
 # The session store (``seqkv.store``).
 # The most spans a chain may hold; a chain also holds at most its session's length of spans
 # (each span codes at least one token after its parent's start).

@@ -40,7 +40,7 @@ from seqkv.store.backends.base import StoreBackend, StoredSpan
 from seqkv.store.codec import SpanCodec, SpanItem
 from seqkv.store.dictionaries import NamespaceDictionaries
 from seqkv.store.errors import CorruptRecordError, SessionTooLongError, StoreVerificationError
-from seqkv.store.hot import ChainState, HotKey, HotTier
+from seqkv.store.hot import ChainState, HotRoot, HotTier
 from seqkv.store.ids import SpanId, Tenant
 from seqkv.store.registry import CodecRegistry
 
@@ -80,8 +80,9 @@ class ChainDecoder:
         self._hot = hot
         self._dictionaries = dictionaries
 
-    def key(self, tenant: Tenant, span: SpanId) -> HotKey:
-        return (self._backend.store_id(), tenant.key, span)
+    def root(self, tenant: Tenant) -> HotRoot:
+        """The hot tier's trie root of ``tenant`` in this store."""
+        return (self._backend.store_id(), tenant.key)
 
     def read(self, stored: StoredSpan) -> ReadSpan:
         """A stored span's record, read in the layout its codec wrote, and that codec."""
@@ -95,7 +96,7 @@ class ChainDecoder:
 
     def state(self, tenant: Tenant, span: SpanId) -> ChainState | None:
         """The decoded chain through ``span`` (None: the span is gone)."""
-        hot = self._hot.get(self.key(tenant, span))
+        hot = self._hot.state(self.root(tenant), span)
         if hot is not None:
             return hot
         chain = self._backend.fetch_chain(tenant.key, span)
@@ -114,7 +115,7 @@ class ChainDecoder:
                 stored = chain[position]
                 if stored.span in states or stored.span in need:
                     break
-                hot = self._hot.get(self.key(tenant, stored.span))
+                hot = self._hot.state(self.root(tenant), stored.span)
                 if hot is not None:
                     states[stored.span] = hot
                     break
@@ -200,4 +201,4 @@ class ChainDecoder:
                 record.kv_exact and result.kv_exact and (parent is None or parent.kv_exact),
                 (parent.spans_until(record.start) if parent else ()) + ((span, record.start),))
             states[span] = state
-            self._hot.put(self.key(tenant, span), state)
+            self._hot.put(self.root(tenant), state)

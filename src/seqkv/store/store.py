@@ -6,13 +6,15 @@ span that every session extending it references), and per span only a small reco
 session (``seqkv.formats.span``). A session is a chain of spans: put codes the tokens after the
 longest stored prefix, append codes only the new turn against the stored session.
 
-A put: look up the new session's index keys in one request, verify the deepest candidates'
-tokens (``seqkv.store.prefixes``), code the rest against the match (``seqkv.store.codec``), and
-commit the new span, its index entries, the counts and the session entry in one atomic backend
-call. A get: fetch every asked session's chain in one request and decode the spans not hot,
-parents first (``seqkv.store.chains``). This module composes those parts; each is one concern:
-prefixes, chains, dictionaries (``seqkv.store.dictionaries``), codecs
-(``seqkv.store.registry``), backends (``seqkv.store.backends``).
+A put: find the longest prefix this worker's prefix trie holds (``seqkv.store.hot``); unless
+it covers the session, look up the new session's index keys in one request and verify the
+deepest candidates' tokens (``seqkv.store.prefixes``); code the rest against the longest match
+(``seqkv.store.codec``), and commit the new span, its index entries, the counts and the session
+entry in one atomic backend call. A get: fetch every asked session's chain in one request and
+decode the spans the trie does not hold, parents first (``seqkv.store.chains``). This module
+composes those parts; each is one concern: prefixes, chains, dictionaries
+(``seqkv.store.dictionaries``), codecs (``seqkv.store.registry``), backends
+(``seqkv.store.backends``).
 
 Invariants:
 1. A span's prefix state is exactly what a decoder rebuilds (``seqkv.store.chains``,
@@ -42,18 +44,21 @@ The default level is ``portable``: its tokens decode on any machine with the mod
 the KV is exact on the encoder's execution profile.
 
 What mutates: ``put``/``append``/``delete``/``gc``/``put_dictionary`` change the backend;
-``put``, ``append``, ``get`` and ``get_many`` also fill this process's hot tier, and reads of
-dictionaries fill this process's dictionary cache.
+``put``, ``append``, ``get`` and ``get_many`` also insert into this process's prefix trie (a put
+locks the path it matched there until it commits), and reads of dictionaries fill this
+process's dictionary cache.
 
-Limits: a ``SessionStore`` object serves one thread (its hot tier is unlocked); open one per
-thread or process, all on the same backend. Two writers that code the same new prefix at the
-same moment both store it (each finds nothing in the index); later sessions reference the one the
-index names first, as with vLLM's concurrently computed blocks.
+Limits: a ``SessionStore`` object serves one thread (its hot tier takes no thread lock); open
+one per thread or process, all on the same backend. Two writers that code the same new prefix
+at the same moment both store it (each finds nothing in the index); later sessions reference
+the one the index names first (or the one a worker's trie holds), as with vLLM's concurrently
+computed blocks.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -76,6 +81,7 @@ from seqkv.formats.span import SpanRecord, span_parts, write_span
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.mixing.dictionary import Dictionary, DictionaryDigest
 from seqkv.models.adapter import CausalLM
+from seqkv.session import Prefix
 from seqkv.store.backends.base import (
     AuditReport,
     ByteCounts,
@@ -103,8 +109,10 @@ from seqkv.store.errors import (
 from seqkv.store.hot import ChainState, HotTier
 from seqkv.store.ids import SessionName, SpanId, StoreNamespace, Tenant, check_session_id
 from seqkv.store.index import IndexSpacing
-from seqkv.store.prefixes import Lookup, Match, PrefixMatcher
+from seqkv.store.pins import StorePrefixSource, pin_name
+from seqkv.store.prefixes import Match, PrefixMatcher
 from seqkv.store.registry import CodecFactory, CodecRegistry, model_codecs
+from seqkv.trie.keys import Namespace, prefix_hash
 
 # NOTE: 256 MiB holds the decoded KV of ~11,000 SmolLM2-135M tokens (23,040 float32 bytes each).
 DEFAULT_HOT_BYTES = 256 << 20
@@ -231,8 +239,8 @@ class SessionStore:
         self._hot = HotTier(hot_bytes)
         self._dictionaries = NamespaceDictionaries(backend)
         self._chains = ChainDecoder(backend, self._registry, self._hot, self._dictionaries)
-        self._prefixes = PrefixMatcher(backend, self._chains, spacing or IndexSpacing(),
-                                       max_candidates)
+        self._prefixes = PrefixMatcher(backend, self._chains, self._hot,
+                                       spacing or IndexSpacing(), max_candidates)
 
     @classmethod
     def directory(cls, path: str | os.PathLike[str], model: CausalLM, *,
@@ -274,16 +282,57 @@ class SessionStore:
                     namespace: str) -> PrefixMatch:
         """How many leading ``tokens`` a ``put`` at ``level`` would find stored; stores nothing.
 
-        One index request, then at most ``max_candidates`` chains fetched (each one request) or
-        found hot.
+        None when this worker's prefix trie holds every token; else one index request, then at
+        most ``max_candidates`` chains fetched (each one request) or found in the trie.
         """
         tenant = Tenant.of(namespace)
         token_list = [int(t) for t in tokens]
         codec, _ = self._registry.for_level(level)
         started = self._backend.round_trips
-        lookup = self._prefixes.lookup(tenant, token_list)
-        match = self._prefixes.match(tenant, token_list, None, codec, lookup)
+        match, _ = self._prefixes.find(tenant, token_list, None, codec, lock=False)
         return PrefixMatch(match.length, match.candidates, self._backend.round_trips - started)
+
+    def pin_prefix(self, session_id: str, length: int, *, namespace: str) -> Prefix:
+        """The first ``length`` tokens of a stored session and their KV, as the prefix a
+        ``.skv`` file is coded against (``seqkv.compress(..., prefix=...)``), pinned in the
+        store under its content hash (``seqkv.store.pins``): ``prefix_source(namespace=...)``
+        resolves it for ``decompress``. Pinning the same prefix again returns it."""
+        tenant = Tenant.of(namespace)
+        if not is_int(length) or not length >= 1:
+            raise InvalidTokensError(f"length is {length!r}: pass a positive number of tokens")
+        stored = self.get(session_id, namespace=namespace)
+        if length > len(stored.tokens):
+            raise InvalidTokensError(
+                f"session {session_id!r} holds {len(stored.tokens):,} tokens, fewer than the "
+                f"{length:,} asked: pin a prefix of the session")
+        tokens = tuple(stored.tokens[:length])
+        kv = None if stored.kv is None else stored.kv[:, :, :, :length].contiguous()
+        hash_ = prefix_hash(Namespace(tenant.name), tokens)
+        (found,) = self._backend.fetch_sessions(tenant.key, [pin_name(hash_)])
+        if found is None:
+            # another worker may pin it between the two calls: its row is the same
+            with contextlib.suppress(SessionExistsError):
+                self.put(pin_name(hash_), tokens, kv, level=self._level_of(tenant, session_id),
+                         namespace=namespace)
+        return Prefix(tokens, kv, hash_)
+
+    def prefix_source(self, *, namespace: str) -> StorePrefixSource:
+        """The ``seqkv.codec.PrefixSource`` of ``namespace``: ``decompress(...,
+        prefixes=store.prefix_source(namespace=...))`` finds prefixes ``pin_prefix`` pinned."""
+        tenant = Tenant.of(namespace)
+
+        def read(name: SessionName) -> tuple[tuple[int, ...], Prefix]:
+            stored = self.get(name, namespace=namespace)
+            return tuple(stored.tokens), Prefix(tuple(stored.tokens), stored.kv)
+
+        return StorePrefixSource(Namespace(tenant.name), read)
+
+    def _level_of(self, tenant: Tenant, session_id: str) -> str:
+        """The level of the codec that coded a stored session's last span."""
+        (found,) = self._backend.fetch_sessions(tenant.key, [check_session_id(session_id)])
+        if found is None or not found.chain:
+            raise self._not_found(check_session_id(session_id), tenant)
+        return self._chains.records().get(found.chain[-1]).codec.identity().level
 
     def put(self, session_id: str, tokens: Sequence[int],
             kv: DynamicCache | torch.Tensor | None = None, *,
@@ -306,18 +355,25 @@ class SessionStore:
         codec, index = self._registry.for_level(level)
         started = self._backend.round_trips
         for _ in range(_RETRIES):
-            lookup: Lookup = self._prefixes.lookup(tenant, token_list)
-            match = self._prefixes.match(tenant, token_list, target, codec, lookup)
-            coding = _Coding(tenant, name, token_list, target, codec, index, match,
-                             lookup.keys_after(match.length), None, started)
+            match, lookup = self._prefixes.find(tenant, token_list, target, codec, lock=True)
+            keys = () if lookup is None else lookup.keys_after(match.length)
+            coding = _Coding(tenant, name, token_list, target, codec, index, match, keys, None,
+                             started)
             try:
                 return self._code_and_commit(coding)
             except ParentGoneError:
-                # The matched chain was deleted after it was decoded (or found hot).
-                for span, _ in match.state.spans if match.state is not None else ():
-                    self._hot.discard(self._chains.key(tenant, span))
+                # The matched chain was deleted (by another worker) after it was decoded or
+                # found in the trie: the trie forgets every chain through its spans.
+                gone = {span for span, _ in (match.state.spans if match.state else ())}
+                if match.node is not None:
+                    self._hot.unlock(match.node)
+                    match = dataclasses.replace(match, node=None)
+                self._hot.discard(self._chains.root(tenant), gone.__contains__)
             except DictionaryGoneError:
                 pass  # gc removed the dictionary after another put_dictionary replaced it
+            finally:
+                if match.node is not None:
+                    self._hot.unlock(match.node)
         raise ConcurrentUpdateError(
             f"session {name!r}: the prefix or dictionary it was coded with kept being deleted; "
             "retry")
@@ -357,7 +413,7 @@ class SessionStore:
                             encoded.session.kv_digest)
         if encoded.kv is not None or not coding.codec.uses_kv:
             spans = state.spans_until(start) if state is not None and parent is not None else ()
-            self._hot.put(self._chains.key(coding.tenant, span), ChainState(
+            self._hot.put(self._chains.root(coding.tenant), ChainState(
                 tuple(tokens), encoded.kv, exact, (*spans, (span, start))))
         return PutResult(coding.name, len(tokens), start, len(tokens) - start, span,
                          len(record), encoded.coded_bytes, coding.match.candidates,

@@ -3,9 +3,12 @@
 Start with :class:`PrefixTrie` (insert, match, resolve, release, evict), :func:`prefix_hash` (the
 content hash a ``.skv`` file uses to reference a stored prefix), :func:`trie_distance` (the trie
 metric d_T), :func:`cluster_sessions` (the paper's clusters, reduced to what is sound),
-and :func:`save_trie` / :func:`load_trie`. Eviction is ``seqkv.eviction``'s (its policies are
+and :class:`RadixCache` (a store worker's prefix index and hot tier: SGLang's prefix-cache
+shape over the chains of stored spans). Eviction is ``seqkv.eviction``'s (its policies are
 re-exported here); the trie's benchmark against vLLM-style hashed blocks lives outside the
-package (``research.bench.trie``).
+package (``research.bench.trie``). The trie's own snapshot format is retired: the store's chain
+of spans is its persistent form, and :func:`load_trie` refuses a snapshot by name
+(``TrieSnapshotRetiredError``) with how to rebuild it.
 
 Invariants:
 1. Importing the package computes nothing and holds no mutable state (enforced: modules define
@@ -19,6 +22,7 @@ from seqkv.eviction import (
     ProbabilityWeightedPolicy,
     make_policy,
 )
+from seqkv.trie.cache import CacheMatch, RadixCache
 from seqkv.trie.clusters import Cluster, ClusterReport, cluster_sessions, cluster_trie_sessions
 from seqkv.trie.errors import (
     CorruptTrieFileError,
@@ -29,6 +33,7 @@ from seqkv.trie.errors import (
     PrefixNotFoundError,
     TrieError,
     TrieFileError,
+    TrieSnapshotRetiredError,
     TruncatedTrieFileError,
     UnknownSessionError,
     UnsupportedTrieVersionError,
@@ -43,7 +48,7 @@ from seqkv.trie.keys import (
     prefix_hash,
 )
 from seqkv.trie.metric import Neighbor, prefix_probability, trie_distance
-from seqkv.trie.persistence import SaveReport, load_trie, save_trie, trie_from_bytes, trie_to_bytes
+from seqkv.trie.persistence import load_trie, trie_from_bytes
 from seqkv.trie.radix import (
     EvictedNode,
     EvictionResult,
@@ -61,6 +66,7 @@ from seqkv.trie.sequence import ScoredSequence
 
 __all__ = [
     "DEFAULT_NAMESPACE",
+    "CacheMatch",
     "Cluster",
     "ClusterReport",
     "CorruptTrieFileError",
@@ -84,8 +90,8 @@ __all__ = [
     "PrefixNotFoundError",
     "PrefixTrie",
     "ProbabilityWeightedPolicy",
+    "RadixCache",
     "ResolvedPrefix",
-    "SaveReport",
     "ScoredSequence",
     "SessionId",
     "SessionInfo",
@@ -93,6 +99,7 @@ __all__ = [
     "TrieError",
     "TrieFileError",
     "TrieSizes",
+    "TrieSnapshotRetiredError",
     "TrieStats",
     "TruncatedTrieFileError",
     "UnknownSessionError",
@@ -103,8 +110,6 @@ __all__ = [
     "make_policy",
     "prefix_hash",
     "prefix_probability",
-    "save_trie",
     "trie_distance",
     "trie_from_bytes",
-    "trie_to_bytes",
 ]

@@ -64,3 +64,8 @@ class CorruptTrieFileError(TrieFileError):
 
 class TrieLimitError(TrieFileError):
     """A well-formed trie file whose tree would cost more to load than its size allows."""
+
+
+class TrieSnapshotRetiredError(TrieFileError):
+    """A trie snapshot (``\\x89SKT``): the format is retired; a store's chain of spans is the
+    persistent form of the prefix trie, so re-put the sessions into a store."""

@@ -57,9 +57,6 @@ class TrieNode:
     last_access: int = 0  # the trie's logical clock at the last such lookup
     created: int = 0  # the logical clock when the node was created
     alive: bool = True  # False once evicted
-    # the compressed KV as a file held it (``seqkv.trie.persistence``), saved back as it was;
-    # None once ``kv`` changes (a split) or for KV never loaded
-    kv_bytes: bytes | None = None
 
     @property
     def start(self) -> int:

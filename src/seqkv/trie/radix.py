@@ -20,7 +20,7 @@ What each operation mutates:
 - ``release`` unlocks a session's path, then evicts down to the budget (the trie may have gone
   over it while everything was locked); ``evict`` removes unreferenced leaves.
 - ``nearest_sessions``, ``distance``, ``sizes``, ``stats``, ``audit``, ``node_info``,
-  ``sessions``, ``session_sequences`` and ``snapshot`` mutate nothing.
+  ``sessions`` and ``session_sequences`` mutate nothing.
 
 Invariants:
 1. Every stored prefix is a path from its namespace's root; the trie stores exactly the union of
@@ -62,7 +62,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from seqkv.errors import EvictionConfigError, InvalidKVError
+from seqkv.errors import EvictionConfigError
 from seqkv.eviction import EvictionLedger, EvictionPolicy, EvictionPolicyName, make_policy
 from seqkv.session import Prefix
 from seqkv.trie.errors import (
@@ -217,7 +217,7 @@ class TrieAudit:
 
 @dataclass(frozen=True, slots=True)
 class TrieStats:
-    """Cumulative lookup and eviction figures since the trie was created (or loaded)."""
+    """Cumulative lookup and eviction figures since the trie was created."""
 
     match_queries: int
     match_tokens: int
@@ -244,34 +244,6 @@ class TrieStats:
     @property
     def insert_hit_rate(self) -> float:
         return self.insert_hit_tokens / self.insert_tokens if self.insert_tokens else 0.0
-
-
-@dataclass(frozen=True, eq=False)
-class NodeRecord:
-    """One node in a snapshot; ``parent`` indexes an earlier record, -1 for a root."""
-
-    parent: int
-    namespace: Namespace
-    tokens: npt.NDArray[np.int64]
-    log2_probs: npt.NDArray[np.float64]
-    kv: torch.Tensor | None
-    hit_count: int
-    last_access: int
-    created: int
-    kv_bytes: bytes | None = None  # ``kv`` compressed as a loaded file held it (TrieNode)
-
-
-@dataclass(frozen=True, eq=False)
-class TrieSnapshot:
-    """Everything ``save_trie`` writes: nodes in pre-order, roots first in their subtree.
-
-    Sessions (locks) are not part of it: they belong to running callers, not to the cache.
-    """
-
-    records: tuple[NodeRecord, ...]
-    clock: int
-    nominal_kv_bytes_per_token: int
-    kv_layout: KVLayout | None
 
 
 class PrefixTrie:
@@ -464,7 +436,7 @@ class PrefixTrie:
             if prefix_hash_of_array(node.namespace, tokens) != wanted:
                 raise PrefixHashMismatchError(
                     f"the trie holds tokens for prefix {wanted} that hash to something else: "
-                    "its memory or the file it was loaded from is damaged"
+                    "its memory is damaged"
                 )
             self._clock += 1
             for step in path[1:]:
@@ -647,79 +619,6 @@ class PrefixTrie:
                 raise AssertionError(f"size counters {kept} differ from the traversal {derived}")
             return audit
 
-    def snapshot(self) -> TrieSnapshot:
-        """A consistent copy of every node, for ``save_trie``; mutates nothing."""
-        with self._lock:
-            position: dict[TrieNode, int] = {}
-            records: list[NodeRecord] = []
-            for node in self._preorder():
-                position[node] = len(records)
-                records.append(NodeRecord(
-                    parent=-1 if node.parent is None else position[node.parent],
-                    namespace=node.namespace, tokens=node.tokens.copy(),
-                    log2_probs=node.log2_probs.copy(), kv=node.kv, hit_count=node.hit_count,
-                    last_access=node.last_access, created=node.created, kv_bytes=node.kv_bytes,
-                ))
-            return TrieSnapshot(
-                records=tuple(records), clock=self._clock,
-                nominal_kv_bytes_per_token=self._nominal, kv_layout=self._geometry,
-            )
-
-    @classmethod
-    def from_snapshot(
-        cls,
-        snapshot: TrieSnapshot,
-        *,
-        budget_bytes: int | None = None,
-        policy: EvictionPolicy[TrieNode] | EvictionPolicyName = "lru",
-    ) -> PrefixTrie:
-        """Rebuild a trie (no sessions) from ``snapshot``; ``ValueError`` if it is inconsistent."""
-        trie = cls(budget_bytes=budget_bytes, policy=policy,
-                   nominal_kv_bytes_per_token=snapshot.nominal_kv_bytes_per_token)
-        trie._geometry = snapshot.kv_layout
-        trie._clock = snapshot.clock
-        built: list[TrieNode] = []
-        for index, record in enumerate(snapshot.records):
-            built.append(trie._restore(index, record, built))
-        for node in built:
-            if trie._evictable(node):
-                trie._rank(node)
-        return trie
-
-    def _restore(self, index: int, record: NodeRecord, built: list[TrieNode]) -> TrieNode:
-        count = len(record.tokens)
-        if record.log2_probs.shape != (count,) or record.tokens.shape != (count,):
-            raise ValueError(f"node {index}: tokens and log2-probabilities differ in shape")
-        if record.parent == -1:
-            if count or record.kv is not None or record.namespace in self._roots:
-                raise ValueError(f"node {index}: a root must be empty and alone in its namespace")
-            return self._root(record.namespace)
-        if not 0 <= record.parent < index:
-            raise ValueError(f"node {index}: its parent {record.parent} does not come before it")
-        parent = built[record.parent]
-        if count == 0 or record.namespace != parent.namespace:
-            raise ValueError(f"node {index}: an empty edge, or a namespace unlike its parent's")
-        if int(record.tokens[0]) in parent.children:
-            raise ValueError(f"node {index}: two children of one node start with one token")
-        if record.kv is not None:
-            if self._geometry is None:
-                raise ValueError(f"node {index}: KV in a snapshot without a KV geometry")
-            try:
-                check_kv(record.kv, count, self._geometry)
-            except InvalidKVError as error:
-                raise ValueError(f"node {index}: {error}") from error
-        tokens = record.tokens.astype(np.int64)
-        depth = parent.depth + count
-        path_tokens = np.concatenate([_concat_tokens(self._path_to(parent)), tokens])
-        node = self._new_node(
-            parent, tokens, record.log2_probs.astype(np.float64), record.kv, depth,
-            prefix_hash_of_array(record.namespace, path_tokens),
-        )
-        node.hit_count, node.last_access, node.created = (
-            record.hit_count, record.last_access, record.created)
-        node.kv_bytes = record.kv_bytes if record.kv is not None else None
-        return node
-
     def _root(self, namespace: Namespace) -> TrieNode:
         root = self._roots.get(namespace)
         if root is None:
@@ -827,7 +726,6 @@ class PrefixTrie:
         child.tokens = child.tokens[at:].copy()
         child.log2_probs = child.log2_probs[at:].copy()
         child.kv = lower_kv
-        child.kv_bytes = None  # its loaded bytes were of the whole span
         child.nbytes -= upper.nbytes
         child.parent = upper
         upper.children[int(child.tokens[0])] = child

@@ -1,0 +1,79 @@
+"""A ``SessionStore`` as the prefix source of ``.skv`` files (``seqkv.store.pins``): a file
+compressed against a stored session's pinned prefix decompresses with the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import seqkv
+import seqkv.store.pins as pins
+from seqkv.models import CausalLM
+from seqkv.store import SessionStore
+from seqkv.store.pins import pin_name
+from seqkv.trie import PrefixHashMismatchError, PrefixNotFoundError, prefix_hash
+from seqkv.trie.keys import Namespace
+
+SYSTEM = [1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56]
+FIRST = [*SYSTEM, 7, 8, 9, 10]
+SECOND = [*SYSTEM, 300, 301, 302, 303, 304, 305]
+
+
+def test_a_file_coded_against_a_pinned_prefix_decompresses_with_the_store(
+        tiny_model: CausalLM, tmp_path: Path) -> None:
+    store = SessionStore.directory(tmp_path / "s", tiny_model)
+    store.put("first", FIRST, tiny_model.prefill(FIRST), namespace="n")
+    prefix = store.pin_prefix("first", len(SYSTEM), namespace="n")
+    assert prefix.prefix_hash == prefix_hash(Namespace("n"), SYSTEM)
+    assert store.pin_prefix("first", len(SYSTEM), namespace="n").prefix_hash == prefix.prefix_hash
+    result = seqkv.compress(tiny_model, SECOND, kv=tiny_model.prefill(SECOND), prefix=prefix)
+    assert result.stats.prefix_tokens == len(SYSTEM)
+    store.delete("first", namespace="n")  # the pin holds its own reference to the chain
+    fresh = SessionStore.directory(tmp_path / "s", tiny_model)  # another process: a cold trie
+    decoded = seqkv.decompress(tiny_model, result.data,
+                               prefixes=fresh.prefix_source(namespace="n"))
+    assert decoded.tokens == SECOND
+
+
+def test_an_unknown_hash_is_the_named_error(tiny_model: CausalLM, tmp_path: Path) -> None:
+    store = SessionStore.directory(tmp_path / "s", tiny_model)
+    store.put("first", FIRST, tiny_model.prefill(FIRST), namespace="n")
+    prefix = store.pin_prefix("first", len(SYSTEM), namespace="n")
+    data = seqkv.compress(tiny_model, SECOND, kv=tiny_model.prefill(SECOND), prefix=prefix).data
+    with pytest.raises(PrefixNotFoundError, match="pins no prefix"):
+        seqkv.decompress(tiny_model, data, prefixes=store.prefix_source(namespace="other"))
+
+
+def _forged(tiny_model: CausalLM, tmp_path: Path) -> SessionStore:
+    """A store whose pin row for the hash of ``SYSTEM`` holds other tokens."""
+    store = SessionStore.directory(tmp_path / "s", tiny_model)
+    wrong = [2, *SYSTEM[1:]]
+    store.put(pin_name(prefix_hash(Namespace("n"), SYSTEM)), wrong, tiny_model.prefill(wrong),
+              namespace="n")
+    return store
+
+
+def test_a_pin_row_with_other_tokens_is_refused(tiny_model: CausalLM, tmp_path: Path) -> None:
+    source = _forged(tiny_model, tmp_path).prefix_source(namespace="n")
+    with pytest.raises(PrefixHashMismatchError, match="hash to something else"):
+        source.resolve(prefix_hash(Namespace("n"), SYSTEM))
+
+
+def test_the_refusal_test_catches_a_source_that_does_not_rehash(
+        tiny_model: CausalLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wanted = prefix_hash(Namespace("n"), SYSTEM)
+    monkeypatch.setattr(pins, "content_hash", lambda namespace, tokens: wanted)
+    resolved = _forged(tiny_model, tmp_path).prefix_source(namespace="n").resolve(wanted)
+    assert resolved.tokens[0] == 2  # the wrong tokens came back
+
+
+@pytest.mark.parametrize("length", [0, len(FIRST) + 1])
+def test_a_pin_outside_the_session_is_refused(tiny_model: CausalLM, tmp_path: Path,
+                                              length: int) -> None:
+    from seqkv.errors import InvalidTokensError
+
+    store = SessionStore.directory(tmp_path / "s", tiny_model)
+    store.put("first", FIRST, tiny_model.prefill(FIRST), namespace="n")
+    with pytest.raises(InvalidTokensError):
+        store.pin_prefix("first", length, namespace="n")
