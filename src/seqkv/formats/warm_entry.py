@@ -24,7 +24,14 @@ Layout (magic ``\\x89SKW``, version 2, two sections, CRC-32 over everything befo
              geometry         varints   layers, kv_heads, head_dim
              tokens           varint    positions in the entry
     payload  bytes                      lossy: WarmCodec's stored fields, their length fixed by
-                                        the above; exact: ExactCodec's digest and byte planes
+                                        the above; exact: an exact payload (below)
+
+An exact payload (``ExactPayload``; what each plane holds is ``seqkv.warm.exact``'s)::
+
+    digest       8 bytes   seqkv.digests.digest of the segment's values
+    top length   varint    bytes of the zlib stream that follows
+    top plane    zlib      the top byte of every value
+    low planes   bytes     the other bytes of every value, their length fixed by the header
 
 Version 1 had no exact coding (its coding byte was 0 or 1); its entries are read as before, and
 an older seqkv refuses a version-2 entry by its version (``UnsupportedVersionError``).
@@ -202,3 +209,32 @@ def check_entry(header: EntryHeader, model: Digest, geometry: KVGeometry,
             f"{WHAT} has {got}, not {hex_digest(tag)}: it stands for other tokens (a misfiled "
             "or stale entry); recompute the KV"
         )
+
+
+@dataclass(frozen=True)
+class ExactPayload:
+    """The fields of an exact entry's payload (one segment)."""
+
+    digest: Digest
+    top: bytes
+    """The zlib stream of the top plane."""
+    low: bytes
+    """The low planes, one after the other."""
+
+
+def write_exact_payload(payload: ExactPayload) -> bytes:
+    return b"".join([bytes(payload.digest), encode_varint(len(payload.top)), payload.top,
+                     payload.low])
+
+
+def read_exact_payload(data: bytes, low_bytes: int, what: str) -> ExactPayload:
+    """An exact payload whose low planes hold ``low_bytes`` (the geometry and dtype fix them),
+    every length checked against ``data`` before anything is copied (``CorruptFileError``
+    naming ``what``)."""
+    reader = SectionReader(data, what, CorruptFileError)
+    stored = Digest(reader.take(DIGEST_BYTES, "digest"))
+    length = reader.varint("top plane length", 0, reader.remaining)
+    top = reader.take(length, "top plane")
+    low = reader.take(low_bytes, "low planes")
+    reader.finish()
+    return ExactPayload(stored, top, low)
