@@ -161,7 +161,7 @@ def test_a_byte_lru_with_its_own_copy_of_the_budget_fails(monkeypatch: pytest.Mo
 
 def test_the_exact_payload_layout() -> None:
     fields = layout.ExactPayload(TAG, b"\x78\x01zz", bytes(6))
-    data = layout.write_exact_payload(fields)
+    data = layout.write_exact_payload(TAG, b"\x78\x01zz", [bytes(2), bytes(4)])
     assert data.hex() == "08090a0b0c0d0e0f04" + "7801" + "7a7a" + "00" * 6
     assert layout.read_exact_payload(data, 6, "p") == fields
     with pytest.raises(CorruptFileError, match="p ends inside its low planes"):
@@ -175,5 +175,5 @@ def test_the_exact_codec_writes_the_layouts_payload() -> None:
     kv = torch.randn(2, 2, 2, 2, 5, 16, generator=torch.Generator().manual_seed(3)).half()
     for payload in codec.encode(kv)[0]:
         fields = layout.read_exact_payload(payload, codec.low_bytes, "p")
-        assert layout.write_exact_payload(fields) == payload
+        assert layout.write_exact_payload(fields.digest, fields.top, [fields.low]) == payload
         assert len(fields.low) == kv[0].numel()  # one low byte a float16 value

@@ -54,6 +54,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from seqkv.digests import DIGEST_BYTES, Digest, hex_digest
@@ -222,9 +223,9 @@ class ExactPayload:
     """The low planes, one after the other."""
 
 
-def write_exact_payload(payload: ExactPayload) -> bytes:
-    return b"".join([bytes(payload.digest), encode_varint(len(payload.top)), payload.top,
-                     payload.low])
+def write_exact_payload(digest: Digest, top: bytes, low_planes: Sequence[bytes]) -> bytes:
+    """The payload of these fields (``low_planes`` joined as they are, copied once)."""
+    return b"".join([bytes(digest), encode_varint(len(top)), top, *low_planes])
 
 
 def read_exact_payload(data: bytes, low_bytes: int, what: str) -> ExactPayload:

@@ -53,7 +53,7 @@ import torch
 from seqkv.digests import Digest, digest
 from seqkv.errors import CorruptFileError, DecodeVerificationError, InvalidKVError
 from seqkv.formats.framing import inflate
-from seqkv.formats.warm_entry import ExactPayload, read_exact_payload, write_exact_payload
+from seqkv.formats.warm_entry import read_exact_payload, write_exact_payload
 from seqkv.types import KVGeometry
 from seqkv.warm.config import ExactConfig
 
@@ -130,18 +130,18 @@ class ExactCodec:
             low = [(segment >> (8 * k)).astype(np.uint8).tobytes()
                    for k in range(self.width - 1)]
             little = segment.astype(f"<u{self.width}", copy=False)
-            payloads.append(write_exact_payload(ExactPayload(
-                digest(little.reshape(-1).data), coded, b"".join(low))))
+            payloads.append(write_exact_payload(digest(little.reshape(-1).data), coded, low))
         return payloads, kv
 
-    def _split(self, index: int, payload: bytes) -> ExactPayload:
+    def _split(self, index: int, payload: bytes) -> tuple[Digest, bytes, bytes]:
         """A payload's digest, zlib stream and low planes, their lengths checked."""
-        return read_exact_payload(payload, self.low_bytes, f"{_WHAT} {index}")
+        fields = read_exact_payload(payload, self.low_bytes, f"{_WHAT} {index}")
+        return fields.digest, fields.top, fields.low
 
     def side_bytes(self, payload: bytes) -> int:
         """The digest's and the length's bytes of a payload (the rest are coded planes)."""
-        fields = self._split(0, payload)
-        return len(payload) - len(fields.top) - len(fields.low)
+        _, coded, low = self._split(0, payload)
+        return len(payload) - len(coded) - len(low)
 
     def decode(self, payloads: Sequence[bytes]) -> torch.Tensor:
         """``[segments, layers, 2, kv_heads, T, head_dim]`` in ``config.dtype``."""
@@ -152,8 +152,7 @@ class ExactCodec:
         top = 8 * (self.width - 1)
         layers, _, heads, tokens, dim = self.shape
         out = np.empty((len(payloads), *self.shape), dtype=unsigned)
-        for index, part in enumerate(parts):
-            stored, coded, low = part.digest, part.top, part.low
+        for index, (stored, coded, low) in enumerate(parts):
             plane = inflate(coded, self.values, f"{_WHAT} {index}'s top plane",
                             CorruptFileError)
             channels = np.frombuffer(plane, dtype=np.uint8).reshape(
