@@ -23,6 +23,8 @@ MODULES = (
     "seqkv.warm.codec",
     "seqkv.warm.config",
     "seqkv.warm.exact",
+    "seqkv.delta.closed_loop",
+    "seqkv.formats.warm_entry",
     *(f"seqkv.integrations.vllm.{name}" for name in (
         "keys", "paged", "scheduler", "settings", "worker")),
 )

@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 from seqkv.digests import Digest
 from seqkv.errors import ConnectorConfigError, InvalidKVError, SeqKVError
 from seqkv.formats.framing import frame, unframe
+from seqkv.formats.warm_entry import ERRORS as _ERRORS
+from seqkv.formats.warm_entry import MAGIC, VERSION
 from seqkv.integrations.vllm import (
     ColdTier,
     ConnectorSettings,
@@ -35,7 +37,6 @@ from seqkv.store import SessionExistsError, SessionStore
 from seqkv.types import KVGeometry
 from seqkv.warm import ExactCodec, ExactConfig, WarmConfig, WarmModel, decompress_warm
 from seqkv.warm import exact as exact_module
-from seqkv.warm.entry import _ERRORS, MAGIC, VERSION
 from vllm_driver import Engine, Request, recompute_logits
 
 SPACE = KeySpace(b"m" * 8, "bfloat16", 4, "cpu", b"config")

@@ -22,10 +22,11 @@ from seqkv.errors import (
     WarmTagMismatchError,
 )
 from seqkv.formats.framing import frame, unframe
+from seqkv.formats.warm_entry import ERRORS as _ERRORS
+from seqkv.formats.warm_entry import MAGIC, VERSION
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.types import KVGeometry
 from seqkv.warm import WarmCodec, WarmConfig, WarmModel, compress_warm, decompress_warm
-from seqkv.warm.entry import _ERRORS, MAGIC, VERSION
 
 TOKENS = [5, 17, 17, 3, 9, 44, 2, 8, 100, 7, 7, 31, 12]
 

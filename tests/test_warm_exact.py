@@ -25,6 +25,8 @@ from seqkv.errors import (
     UnsupportedVersionError,
 )
 from seqkv.formats.framing import SectionReader, encode_varint, frame, unframe
+from seqkv.formats.warm_entry import ERRORS as _ERRORS
+from seqkv.formats.warm_entry import MAGIC, VERSION
 from seqkv.models import CausalLM
 from seqkv.types import KVGeometry
 from seqkv.warm import (
@@ -37,7 +39,6 @@ from seqkv.warm import (
     segment_codec,
 )
 from seqkv.warm import exact as exact_module
-from seqkv.warm.entry import _ERRORS, MAGIC, VERSION
 
 TOKENS = [5, 17, 17, 3, 9, 44, 2, 8, 100, 7, 7, 31, 12]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -356,7 +356,6 @@ class ByteLRU(Generic[K, V]):
     """
 
     def __init__(self, capacity_bytes: int, size: Callable[[V], int]) -> None:
-        self._capacity = capacity_bytes
         self._size = size
         self._values: dict[K, V] = {}
         self._ledger: EvictionLedger[K] = EvictionLedger(budget_bytes=capacity_bytes)
@@ -366,6 +365,13 @@ class ByteLRU(Generic[K, V]):
     @property
     def nbytes(self) -> int:
         return self._ledger.total_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The ledger's budget: the one place it is kept."""
+        budget = self._ledger.budget_bytes
+        assert budget is not None  # the ledger is made with an int and never changed here
+        return budget
 
     def __len__(self) -> int:
         return len(self._values)
@@ -386,7 +392,7 @@ class ByteLRU(Generic[K, V]):
 
     def put(self, key: K, value: V) -> None:
         size = self._size(value)
-        if size > self._capacity:
+        if size > self.capacity_bytes:
             return
         self.discard(key)
         self._values[key] = value

@@ -70,7 +70,7 @@ LEGACY_SKV_HEADER_DEPTH = 4
 LEGACY_SKV_STRING = 256
 LEGACY_SKV_THREADS = 4096
 
-# A warm entry's header (``seqkv.warm.entry``): its geometry fields (layers, KV heads, head
+# A warm entry's header (``seqkv.formats.warm_entry``): its geometry fields (layers, KV heads, head
 # dimension) and its token count and group size.
 MAX_WARM_GEOMETRY = 1 << 20
 MAX_WARM_TOKENS = 1 << 24

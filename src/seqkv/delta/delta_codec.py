@@ -6,11 +6,12 @@ plus a quantized residual, with the residual's bits allocated by surprisal. This
 sequential encoder and decoder for that scheme with any predictor of ``seqkv.delta.predictors``
 and any quantizer of ``seqkv.quantizers``, and counts every stored bit.
 
-Encode, for ``i = 0 .. T-1``: ``pred_i = predictor(decoded_<i)``; ``r_i = KV_i - pred_i``;
-quantize ``r_i`` at width ``b_i``; ``decoded_i = pred_i + dequantize(codes_i)``. The codes of
-all positions are then entropy-coded (``seqkv.delta.residual_coder``). Decode runs the same loop
-with the stored codes. Predictors that need the tokens (top-k, exact) get them from a token code
-made by seqkv's token codec (``seqkv.compress`` without KV), stored with the delta code.
+Encode, for ``i = 0 .. T-1`` (``seqkv.delta.closed_loop``, one step per position):
+``pred_i = predictor(decoded_<i)``; ``r_i = KV_i - pred_i``; quantize ``r_i`` at width ``b_i``;
+``decoded_i = pred_i + dequantize(codes_i)``. The codes of all positions are then entropy-coded
+(``seqkv.delta.residual_coder``). Decode runs the same loop with the stored codes. Predictors
+that need the tokens (top-k, exact) get them from a token code made by seqkv's token codec
+(``seqkv.compress`` without KV), stored with the delta code.
 
 What is stored and counted (``DeltaCode.num_bits``): the range-coded codes, the fitted tables
 and their flags, the quantizer's side information (norms, scales, zero-points, QJL signs) at
@@ -20,9 +21,9 @@ model identity), as ``seqkv.codec`` reports its container apart.
 
 Invariants:
 1. ``decode_delta(model, encode_delta(...).code).kv`` equals the encoder's ``decoded`` bit for
-   bit on the same machine and schedule (enforced: both run the same loop on the same inputs
-   inside ``pinned_threads``; checked by ``tests/test_delta_codec.py`` for every predictor and
-   quantizer).
+   bit on the same machine and schedule (enforced: both run ``seqkv.delta.closed_loop`` on the
+   same inputs inside ``pinned_threads``; checked by ``tests/test_delta_codec.py`` for every
+   predictor and quantizer).
 2. ``KV - decoded == r - dequantize(quantize(r))`` up to one float32 rounding: closed-loop
    prediction means quantization error never accumulates (checked by the same tests, with each
    quantizer's error bound).
@@ -45,6 +46,7 @@ from transformers import DynamicCache
 
 from seqkv.codec import compress, decompress
 from seqkv.delta.bit_allocation import AllocationMode, allocate_bits, width_bits
+from seqkv.delta.closed_loop import decode_loop, encode_loop
 from seqkv.delta.predictors.base import ForwardCost, Predictor, PredictorContext
 from seqkv.delta.residual_coder import (
     FIXED_WIDTHS,
@@ -233,6 +235,21 @@ class DeltaDecodeResult:
     seconds: float
 
 
+class _BankSteps:
+    """The closed loop's quantizer of a position-by-position code: position ``p``'s residual at
+    its width ``widths[p]``."""
+
+    def __init__(self, bank: ResidualQuantizerBank, widths: Sequence[int]) -> None:
+        self.bank = bank
+        self.widths = widths
+
+    def quantize(self, step: int, residual: torch.Tensor) -> QuantizedTensor:
+        return self.bank.quantize(residual, self.widths[step])
+
+    def dequantize(self, step: int, code: QuantizedTensor) -> torch.Tensor:
+        return self.bank.dequantize(code, self.widths[step])
+
+
 def _as_tensor(kv: DynamicCache | torch.Tensor) -> torch.Tensor:
     tensor = tensor_from_cache(kv) if isinstance(kv, DynamicCache) else kv
     return tensor.detach().to("cpu", torch.float32)
@@ -314,20 +331,18 @@ def encode_delta(
     context = PredictorContext(
         model, tuple(token_list) if config.predictor.needs_tokens else None, num_tokens
     )
+    step_widths = [int(w) for w in widths]
     with pinned_threads():
         session = config.predictor.start(context)
-        for position in range(num_tokens):
-            bits = int(widths[position])
-            predicted = session.predict(position)  # [L, 2, H, D]
-            q = bank.quantize(target[:, :, :, position, :] - predicted, bits)
-            value = predicted + bank.dequantize(q, bits)
-            session.observe(position, value)
-            prediction[:, :, :, position, :] = predicted
-            decoded[:, :, :, position, :] = value
+        for step in encode_loop(num_tokens, lambda position: target[:, :, :, position, :],
+                                session, _BankSteps(bank, step_widths)):  # each [L, 2, H, D]
+            q = step.code
+            prediction[:, :, :, step.step, :] = step.prediction
+            decoded[:, :, :, step.step, :] = step.decoded
             stripped, stream = split_codes(q)
             sides.append(stripped)
             codes.append(stream)
-            code_bits.append(bank.code_bits(bits))
+            code_bits.append(bank.code_bits(step_widths[step.step]))
             packed += 0 if q.codes is None else q.codes.num_bits
         cost += session.cost
     symbols = encode_symbols(codes, code_bits)
@@ -389,12 +404,12 @@ def decode_delta(
     )
     with pinned_threads():
         session = predictor.start(context)
-        for position in range(num_tokens):
-            bits = code.widths[position]
-            predicted = session.predict(position)  # [L, 2, H, D]
-            q = join_codes(code.sides[position], streams[position], code_bits[position])
-            value = predicted + bank.dequantize(q, bits)
-            session.observe(position, value)
-            kv[:, :, :, position, :] = value
+        stored = decode_loop(
+            num_tokens,
+            lambda position: join_codes(code.sides[position], streams[position],
+                                        code_bits[position]),
+            session, _BankSteps(bank, code.widths))
+        for position, value in enumerate(stored):
+            kv[:, :, :, position, :] = value  # [L, 2, H, D]
         cost += session.cost
     return DeltaDecodeResult(kv, token_list, cost, time.perf_counter() - started)

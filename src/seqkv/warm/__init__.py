@@ -103,8 +103,10 @@ class SegmentCodec(Protocol):
         ...
 
 
-def segment_codec(config: EntryConfig, geometry: KVGeometry, num_tokens: int) -> SegmentCodec:
-    """The codec of ``config``'s entries: ``ExactCodec`` or ``WarmCodec``."""
+def segment_codec(config: EntryConfig, geometry: KVGeometry, num_tokens: int
+                  ) -> WarmCodec | ExactCodec:
+    """The codec of ``config``'s entries: ``ExactCodec`` or ``WarmCodec`` (every entry this
+    package or the connector writes or reads is coded by the one this returns)."""
     if isinstance(config, ExactConfig):
         return ExactCodec(config, geometry, num_tokens)
     return WarmCodec(config, geometry, num_tokens)
@@ -218,7 +220,7 @@ def compress_warm(
     warm = _warm_model(model)
     config = WarmConfig(predictor, quantizer, bits, seed)
     tensor, tag = _checked(warm, kv, tokens, tag)
-    return _entry(warm, tag, WarmCodec(config, warm.geometry, int(tensor.shape[3])), tensor)
+    return _entry(warm, tag, segment_codec(config, warm.geometry, int(tensor.shape[3])), tensor)
 
 
 def compress_exact(
@@ -236,7 +238,7 @@ def compress_exact(
         raise InvalidKVError(f"the exact coding takes KV of {', '.join(EXACT_DTYPES)}, not "
                              f"{tensor.dtype}")
     config = ExactConfig.of(tensor.dtype)
-    return _entry(warm, tag, ExactCodec(config, warm.geometry, int(tensor.shape[3])), tensor)
+    return _entry(warm, tag, segment_codec(config, warm.geometry, int(tensor.shape[3])), tensor)
 
 
 def decompress_warm(
@@ -251,9 +253,6 @@ def decompress_warm(
     warm = _warm_model(model)
     expected = tokens_digest(tokens) if tokens is not None else tag
     header, payload = read_entry(data, warm, expected)
-    config = header.config
-    codec: WarmCodec | ExactCodec = (
-        ExactCodec(config, header.geometry, header.num_tokens) if isinstance(config, ExactConfig)
-        else WarmCodec(config, header.geometry, header.num_tokens))
+    codec = segment_codec(header.config, header.geometry, header.num_tokens)
     kv = codec.decode([payload])[0]  # [L, 2, H, T, D]
-    return WarmDecoded(kv, config, _stats(codec, header_bytes(header), payload, data))
+    return WarmDecoded(kv, header.config, _stats(codec, header_bytes(header), payload, data))

@@ -12,20 +12,21 @@ positions the steps are:
 - ``PreviousToken(G, "anchor")``: two steps; the anchors against zero, then every other
   position against its group's decoded anchor.
 
-This is the same closed loop as ``encode_delta`` (each prediction is a decoded value, so
-quantization error does not accumulate), reordered so positions that do not depend on each other
-share one quantizer call. The stored form of a segment is, for each step in order, each stored
-field of the quantizer's output (packed codes, then fp16 side tensors, in
-``QuantizedTensor`` field order) as raw bytes: nothing else, so its length is fixed by the config
-and the geometry.
+This is the same closed loop as ``encode_delta`` (``seqkv.delta.closed_loop``, one loop step per
+step here: each prediction is a decoded value, so quantization error does not accumulate),
+reordered so positions that do not depend on each other share one quantizer call. The stored
+form of a segment is, for each step in order, each stored field of the quantizer's output
+(packed codes, then fp16 side tensors, in ``QuantizedTensor`` field order) as raw bytes: nothing
+else, so its length is fixed by the config and the geometry.
 
 Invariants:
 1. Segment ``i`` of a batch stores exactly what coding it alone would store, up to float
    rounding of the batched products (enforced: a batch is cut along its leading dimension only
    where every packed stream ends on a byte; otherwise segments are coded one at a time).
 2. ``decode`` rebuilds from the stored bytes only, with the encoder's step order, and returns
-   what ``encode`` returned as decoded when called with the same batch (checked:
-   ``tests/test_warm.py``).
+   what ``encode`` returned as decoded when called with the same batch, bit for bit, signed
+   zeros included (enforced: both run ``seqkv.delta.closed_loop``; checked:
+   ``tests/test_warm.py``, ``tests/test_delta_closed_loop.py``).
 3. A payload whose length is not the one the config and geometry fix, or whose values dequantize
    to NaN or infinity, is refused (enforced: ``CorruptFileError``); the caller never gets KV
    from it.
@@ -39,6 +40,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from seqkv.delta.closed_loop import decode_loop, encode_loop
 from seqkv.delta.predictors import PreviousToken
 from seqkv.delta.residual_coder import make_residual_quantizer
 from seqkv.errors import CorruptFileError, InvalidKVError
@@ -107,6 +109,37 @@ def _stored(q: QuantizedTensor) -> list[tuple[str, PackedCodes | torch.Tensor]]:
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     """The tensor's bytes in row-major order (little-endian, as torch holds them here)."""
     return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+class _StepPredictor:
+    """The closed loop's predictor of a step order: a step's references' decoded values (zero
+    for a step without references), each step's decoded values written into ``decoded``."""
+
+    def __init__(self, codec: WarmCodec, decoded: torch.Tensor) -> None:
+        self.codec = codec
+        self.decoded = decoded  # [n, L, 2, H, T, D]
+
+    def predict(self, index: int) -> torch.Tensor:
+        step = self.codec.steps[index]
+        if step.references is None:
+            return torch.zeros(self.codec._step_shape(self.decoded.shape[0], step))
+        return self.decoded[..., step.references, :]  # [n, L, 2, H, P, D]
+
+    def observe(self, index: int, decoded: torch.Tensor) -> None:
+        self.decoded[..., self.codec.steps[index].positions, :] = decoded
+
+
+class _SameQuantizer:
+    """The closed loop's quantizer when every step is coded at one width."""
+
+    def __init__(self, quantizer: Quantizer) -> None:
+        self.quantizer = quantizer
+
+    def quantize(self, step: int, residual: torch.Tensor) -> QuantizedTensor:
+        return self.quantizer.quantize(residual)
+
+    def dequantize(self, step: int, code: QuantizedTensor) -> torch.Tensor:
+        return self.quantizer.dequantize(code)
 
 
 class WarmCodec:
@@ -190,22 +223,16 @@ class WarmCodec:
         segments = kv.shape[0]
         decoded = torch.empty_like(kv)  # [n, L, 2, H, T, D]
         chunks: list[list[bytes]] = [[] for _ in range(segments)]
-        for step, layout in zip(self.steps, self._layouts, strict=True):
-            target = kv[..., step.positions, :]  # [n, L, 2, H, P, D]
-            predicted = self._prediction(decoded, step)
-            q = self.quantizer.quantize(target - predicted)
-            decoded[..., step.positions, :] = predicted + self.quantizer.dequantize(q)
-            for (name, value), f in zip(_stored(q), layout, strict=True):
+        loop = encode_loop(len(self.steps), lambda s: kv[..., self.steps[s].positions, :],
+                           _StepPredictor(self, decoded), _SameQuantizer(self.quantizer))
+        for coded in loop:  # each [n, L, 2, H, P, D]
+            for (name, value), f in zip(_stored(coded.code), self._layouts[coded.step],
+                                        strict=True):
                 assert name == f.name
                 data = _tensor_bytes(value.data if isinstance(value, PackedCodes) else value)
                 for i in range(segments):
                     chunks[i].append(data[i * f.nbytes : (i + 1) * f.nbytes])
         return [b"".join(c) for c in chunks], decoded
-
-    def _prediction(self, decoded: torch.Tensor, step: Step) -> torch.Tensor:
-        if step.references is None:
-            return torch.zeros(self._step_shape(decoded.shape[0], step))
-        return decoded[..., step.references, :]  # [n, L, 2, H, P, D]
 
     def decode(self, payloads: Sequence[bytes]) -> torch.Tensor:
         """``[segments, layers, 2, kv_heads, T, head_dim]`` float32 from stored payloads."""
@@ -222,11 +249,15 @@ class WarmCodec:
         segments = len(payloads)
         g = self.geometry
         out = torch.empty(segments, g.layers, 2, g.kv_heads, self.num_tokens, g.head_dim)
-        offset = 0
-        for step, layout, template in zip(self.steps, self._layouts, self._templates,
-                                          strict=True):
+        starts = [0]
+        for layout in self._layouts:
+            starts.append(starts[-1] + sum(f.nbytes for f in layout))
+
+        def code(index: int) -> QuantizedTensor:
+            """Step ``index``'s quantizer output, read from every payload."""
             values: dict[str, PackedCodes | torch.Tensor] = {}
-            for f in layout:
+            offset = starts[index]
+            for f in self._layouts[index]:
                 joined = b"".join(p[offset : offset + f.nbytes] for p in payloads)
                 offset += f.nbytes
                 raw = (torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined
@@ -240,12 +271,13 @@ class WarmCodec:
                     raise CorruptFileError(
                         "a warm payload holds a NaN or infinite scale: it is damaged, recompute "
                         "the KV")
-            shape = self._step_shape(segments, step)
-            q = replace(template, shape=shape, **values)  # type: ignore[arg-type]
-            restored = self.quantizer.dequantize(q)  # [n, L, 2, H, P, D]
-            if step.references is not None:
-                restored += out[..., step.references, :]
-            out[..., step.positions, :] = restored
+            shape = self._step_shape(segments, self.steps[index])
+            return replace(self._templates[index], shape=shape,
+                           **values)  # type: ignore[arg-type]
+
+        for _ in decode_loop(len(self.steps), code, _StepPredictor(self, out),
+                             _SameQuantizer(self.quantizer)):
+            pass  # the predictor writes each step's positions into ``out``
         # NOTE: codes index finite codebooks and the scales were checked above; only fp8 codes
         # can name NaN themselves (e4m3's 0x7f and 0xff).
         if self.config.quantizer == "fp8" and not bool(torch.isfinite(out).all()):

@@ -32,9 +32,18 @@ from seqkv.delta.predictors.previous_token import DeltaReference
 from seqkv.delta.residual_coder import supported_bits
 from seqkv.digests import Digest, model_digest
 from seqkv.errors import DeltaConfigError
-from seqkv.formats.framing import encode_varint
+from seqkv.formats.warm_entry import (
+    NO_PREDICTION,
+    PREVIOUS_TOKEN,
+    Coding,
+    ExactCoding,
+    LossyCoding,
+    coding_bytes,
+    header_error,
+)
 from seqkv.models.adapter import CausalLM
 from seqkv.quantizers import QuantizerName
+from seqkv.quantizers.bitpack import MAX_BITS
 from seqkv.types import KVGeometry
 
 QUANTIZER_IDS: tuple[QuantizerName, ...] = get_args(QuantizerName)
@@ -49,8 +58,6 @@ WARM_MODES: tuple[WarmMode, ...] = get_args(WarmMode)
 ExactDtype = Literal["float32", "bfloat16", "float16"]
 EXACT_DTYPES: tuple[ExactDtype, ...] = get_args(ExactDtype)
 """Stored dtype ids: the position in this tuple (append only)."""
-EXACT_CODING = 2
-"""The first byte of an exact config (0 and 1 are the lossy predictors' ids)."""
 
 
 @dataclass(frozen=True)
@@ -95,15 +102,19 @@ class WarmConfig:
     def label(self) -> str:
         return f"{self.predictor.label} + {self.quantizer}-{self.bits}"
 
+    def coding(self) -> LossyCoding:
+        """The stored fields (``seqkv.formats.warm_entry``): ids for the predictor, reference
+        and quantizer."""
+        quantizer = QUANTIZER_IDS.index(self.quantizer)
+        if isinstance(self.predictor, PreviousToken):
+            return LossyCoding(PREVIOUS_TOKEN, self.predictor.group_size,
+                               _REFERENCE_IDS.index(self.predictor.reference), quantizer,
+                               self.bits, self.seed)
+        return LossyCoding(NO_PREDICTION, 1, 0, quantizer, self.bits, self.seed)
+
     def config_bytes(self) -> bytes:
         """The stored form: predictor id, group size, reference, quantizer id, bits, seed."""
-        if isinstance(self.predictor, PreviousToken):
-            predictor = bytes([1]) + encode_varint(self.predictor.group_size) + bytes(
-                [_REFERENCE_IDS.index(self.predictor.reference)])
-        else:
-            predictor = bytes([0])
-        return predictor + bytes([QUANTIZER_IDS.index(self.quantizer), self.bits]) + (
-            encode_varint(self.seed))
+        return coding_bytes(self.coding())
 
 
 @dataclass(frozen=True)
@@ -140,20 +151,38 @@ class ExactConfig:
     def label(self) -> str:
         return f"exact {self.dtype}"
 
+    def coding(self) -> ExactCoding:
+        """The stored field (``seqkv.formats.warm_entry``): the dtype's id."""
+        return ExactCoding(EXACT_DTYPES.index(self.dtype))
+
     def config_bytes(self) -> bytes:
         """The stored form: the exact coding's id, then the dtype's id."""
-        return bytes([EXACT_CODING, EXACT_DTYPES.index(self.dtype)])
+        return coding_bytes(self.coding())
 
 
 EntryConfig = WarmConfig | ExactConfig
 """What a warm entry can be coded with."""
 
 
-def predictor_from_ids(kind: int, group_size: int, reference: int) -> WarmPredictor:
-    """The predictor a header names (ids as ``config_bytes`` writes them)."""
-    if kind == 0:
-        return NoPrediction()
-    return PreviousToken(group_size, _REFERENCE_IDS[reference])
+def config_of(coding: Coding) -> EntryConfig:
+    """The config an entry's stored coding fields name; ``CorruptFileError`` for an id this
+    seqkv does not know or a config it cannot code."""
+    if isinstance(coding, ExactCoding):
+        if coding.dtype >= len(EXACT_DTYPES):
+            raise header_error(f"names unknown dtype {coding.dtype}")
+        return ExactConfig(EXACT_DTYPES[coding.dtype])
+    if coding.quantizer >= len(QUANTIZER_IDS):
+        raise header_error(f"names unknown quantizer {coding.quantizer}")
+    quantizer = QUANTIZER_IDS[coding.quantizer]
+    if coding.bits > MAX_BITS and quantizer not in ("int8", "fp8"):
+        raise header_error(f"has bits {coding.bits} beyond {MAX_BITS}")
+    predictor: WarmPredictor = NoPrediction()
+    try:
+        if coding.predictor == PREVIOUS_TOKEN:
+            predictor = PreviousToken(coding.group_size, _REFERENCE_IDS[coding.reference])
+        return WarmConfig(predictor, quantizer, coding.bits, coding.seed)
+    except ValueError as error:
+        raise header_error(f"names a config this seqkv cannot code: {error}") from None
 
 
 @dataclass(frozen=True)

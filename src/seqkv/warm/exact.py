@@ -17,7 +17,8 @@ dimension adjacent, as their exponents are alike) and deflated with zlib's run-l
 whose per-block Huffman tables adapt to each layer's range. The decoder depends on neither
 choice: any valid zlib stream of the plane decodes.
 
-Stored form of one segment (its length fixed by the top plane's and the geometry)::
+Stored form of one segment (its length fixed by the top plane's and the geometry; the layout
+is ``seqkv.formats.warm_entry.ExactPayload``'s)::
 
     digest       8 bytes   seqkv.digests.digest of the segment's values: little-endian,
                            [L, 2, H, T, D] order
@@ -49,9 +50,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqkv.digests import DIGEST_BYTES, Digest, digest
+from seqkv.digests import Digest, digest
 from seqkv.errors import CorruptFileError, DecodeVerificationError, InvalidKVError
-from seqkv.formats.framing import SectionReader, encode_varint, inflate
+from seqkv.formats.framing import inflate
+from seqkv.formats.warm_entry import read_exact_payload, write_exact_payload
 from seqkv.types import KVGeometry
 from seqkv.warm.config import ExactConfig
 
@@ -128,19 +130,13 @@ class ExactCodec:
             low = [(segment >> (8 * k)).astype(np.uint8).tobytes()
                    for k in range(self.width - 1)]
             little = segment.astype(f"<u{self.width}", copy=False)
-            payloads.append(b"".join([digest(little.reshape(-1).data),
-                                      encode_varint(len(coded)), coded, *low]))
+            payloads.append(write_exact_payload(digest(little.reshape(-1).data), coded, low))
         return payloads, kv
 
     def _split(self, index: int, payload: bytes) -> tuple[Digest, bytes, bytes]:
         """A payload's digest, zlib stream and low planes, their lengths checked."""
-        reader = SectionReader(payload, f"{_WHAT} {index}", CorruptFileError)
-        stored = Digest(reader.take(DIGEST_BYTES, "digest"))
-        length = reader.varint("top plane length", 0, reader.remaining)
-        coded = reader.take(length, "top plane")
-        low = reader.take(self.low_bytes, "low planes")
-        reader.finish()
-        return stored, coded, low
+        fields = read_exact_payload(payload, self.low_bytes, f"{_WHAT} {index}")
+        return fields.digest, fields.top, fields.low
 
     def side_bytes(self, payload: bytes) -> int:
         """The digest's and the length's bytes of a payload (the rest are coded planes)."""

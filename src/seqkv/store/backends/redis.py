@@ -58,7 +58,7 @@ from typing import Any
 import redis
 
 from seqkv.formats.span import READABLE_SPAN_VERSIONS, SpanFrame, read_frame
-from seqkv.limits import MAX_CHAIN_SPANS
+from seqkv.limits import MAX_CHAIN_SPANS, MAX_POSITIONS, MAX_VARINT_BYTES
 from seqkv.store.backends.base import (
     AuditReport,
     ByteCounts,
@@ -88,33 +88,55 @@ from seqkv.store.errors import (
 )
 from seqkv.store.ids import NamespaceKey, SessionName, SpanId
 
-# NOTE: a record is at least 8 bytes (head, three one-byte varints, CRC); ``parent_of`` reads
-# at most 8 bytes per varint (``seqkv.formats.framing``) and answers nil, false for a record too
-# short or malformed to name its parent, or of a version ``read_frame`` does not read (the
-# parent's place is the same in every version it reads: ``seqkv.formats.span`` invariant 3).
+# NOTE: a record's parent is read by ``parent_of`` as ``seqkv.formats.span.read_frame`` reads
+# it, less the CRC (Python checks it on every record it reads): the length (at least 8 bytes:
+# head, three one-byte varints, CRC), a version it reads with its flags, then ``codec``,
+# ``parent`` and ``start`` as minimal varints of at most 8 bytes below 2**53 inside the body
+# (``seqkv.formats.framing``), ``start`` below 2**31 and zero exactly when ``parent`` is. It
+# answers nil, false for a record ``read_frame`` would refuse for any of these. The three sit at
+# the same place in every version (``seqkv.formats.span`` invariant 3), within a record's first
+# ``HEAD_BYTES`` bytes: ``parent_at`` reads only those and the record's length, for the scripts
+# that need the parent alone (the delete cascade, the audit); ``chain`` returns whole records.
+# ``tests/test_redis_span_lua.py`` checks both against ``read_frame``.
+HEAD_BYTES = 1 + 3 * MAX_VARINT_BYTES
 _LIB = """
 local span_versions = SPANVERSIONS
-local function varint(s, pos)
+local function varint(s, pos, last)
   local v, mul = 0, 1
-  for _ = 1, 8 do
+  for i = 1, 8 do
+    if pos > last then return nil, pos end
     local b = string.byte(s, pos)
-    if not b then return nil, pos end
     pos = pos + 1
     v = v + (b % 128) * mul
-    if b < 128 then return v, pos end
+    if b < 128 then
+      if (b == 0 and i > 1) or v >= 2 ^ 53 then return nil, pos end
+      return v, pos
+    end
     mul = mul * 128
   end
   return nil, pos
 end
-local function parent_of(rec)
-  if type(rec) ~= 'string' or #rec < 8 then return nil, false end
-  if not span_versions[math.floor(string.byte(rec, 1) / 16)] then return nil, false end
-  local codec, pos = varint(rec, 2)
+local function parent_of(head, size)
+  if type(head) ~= 'string' or type(size) ~= 'number' or size < 8 then return nil, false end
+  local last = math.min(#head, size - 4)
+  local version, flags = math.floor(string.byte(head, 1) / 16), string.byte(head, 1) % 16
+  if not span_versions[version] or (version == 1 and flags > 1) then return nil, false end
+  local codec, pos = varint(head, 2, last)
   if not codec then return nil, false end
-  local parent = varint(rec, pos)
-  if not parent or parent >= 2 ^ 53 then return nil, false end
+  local parent, start
+  parent, pos = varint(head, pos, last)
+  if not parent then return nil, false end
+  start = varint(head, pos, last)
+  if not start or start > MAXPOSITIONS or (parent == 0) ~= (start == 0) then
+    return nil, false
+  end
   if parent == 0 then return nil, true end
   return string.format('%d', parent), true
+end
+local function parent_at(key)
+  local size = redis.pcall('STRLEN', key)
+  if type(size) ~= 'number' then return nil, false end
+  return parent_of(redis.pcall('GETRANGE', key, 0, HEADBYTES - 1), size)
 end
 local function release(p, span)
   local ckey = p .. ':c'
@@ -123,11 +145,11 @@ local function release(p, span)
     local n = redis.call('HINCRBY', ckey, span, -1)
     if n > 0 then return end
     local skey = p .. ':s:' .. span
-    local rec = redis.pcall('GET', skey)
+    local parent = parent_at(skey)
     redis.call('DEL', skey)
     redis.call('HDEL', ckey, span)
     redis.call('HDEL', p .. ':sd', span)
-    if rec then span = parent_of(rec) else span = nil end
+    span = parent
   end
 end
 local function chain(p, span, out, seen, limit)
@@ -140,7 +162,7 @@ local function chain(p, span, out, seen, limit)
     local rec = redis.pcall('GET', p .. ':s:' .. span)
     if not rec then return 'it names span ' .. span .. ', which the store lacks' end
     if type(rec) ~= 'string' then return 'span ' .. span .. "'s record is not a string" end
-    local parent, ok = parent_of(rec)
+    local parent, ok = parent_of(rec, #rec)
     if not ok then return 'span ' .. span .. "'s record is too short or malformed" end
     path[span] = true
     seen[span] = true
@@ -150,7 +172,8 @@ local function chain(p, span, out, seen, limit)
   end
   return nil
 end
-""".replace("MAXSPANS", str(MAX_CHAIN_SPANS)).replace(
+""".replace("MAXSPANS", str(MAX_CHAIN_SPANS)).replace("HEADBYTES", str(HEAD_BYTES)).replace(
+    "MAXPOSITIONS", str(MAX_POSITIONS)).replace(
     "SPANVERSIONS", "{" + ", ".join(f"[{v}] = true" for v in READABLE_SPAN_VERSIONS) + "}")
 
 _COMMIT = _LIB + """
@@ -245,7 +268,7 @@ repeat
   cursor = r[1]
   for _, key in ipairs(r[2]) do
     local span = string.sub(key, #p + 4)
-    local parent, ok = parent_of(redis.pcall('GET', key))
+    local parent, ok = parent_at(key)
     if not ok or not string.match(span, '^%d+$') then malformed = malformed + 1 end
     records[span] = parent or ''
   end
