@@ -21,28 +21,32 @@ if TYPE_CHECKING:
     from seqkv.codec import (
         DEFAULT_TOLERANCE,
         CodingTrace,
-        CompressResult,
-        CompressStats,
         DecompressResult,
         DecompressStats,
+    )
+    from seqkv.levels import CodingLevel, LevelSpec, parse_level
+    from seqkv.skv import (
+        CompressResult,
+        CompressStats,
         compress,
         decompress,
         decompress_batch,
         decompress_tokens,
+        upgrade,
     )
-    from seqkv.levels import CodingLevel, LevelSpec, parse_level
 
 _LAZY = {
     "DEFAULT_TOLERANCE": "seqkv.codec",
     "CodingTrace": "seqkv.codec",
-    "CompressResult": "seqkv.codec",
-    "CompressStats": "seqkv.codec",
+    "CompressResult": "seqkv.skv",
+    "CompressStats": "seqkv.skv",
     "DecompressResult": "seqkv.codec",
     "DecompressStats": "seqkv.codec",
-    "compress": "seqkv.codec",
-    "decompress": "seqkv.codec",
-    "decompress_batch": "seqkv.codec",
-    "decompress_tokens": "seqkv.codec",
+    "compress": "seqkv.skv",
+    "decompress": "seqkv.skv",
+    "decompress_batch": "seqkv.skv",
+    "decompress_tokens": "seqkv.skv",
+    "upgrade": "seqkv.skv",
     "CodingLevel": "seqkv.levels",
     "LevelSpec": "seqkv.levels",
     "parse_level": "seqkv.levels",
@@ -72,4 +76,5 @@ __all__ = [
     "decompress_batch",
     "decompress_tokens",
     "parse_level",
+    "upgrade",
 ]
