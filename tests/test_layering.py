@@ -286,6 +286,7 @@ def test_only_the_checker_reads_the_proofs() -> None:
 @pytest.mark.parametrize("module", ["seqkv.types", "seqkv.digests", "seqkv.limits",
                                     "seqkv.eviction", "seqkv.session", "seqkv.formats.framing",
                                     "seqkv.formats.skv", "seqkv.formats.span",
+                                    "seqkv.formats.hf_cache",
                                     "seqkv.descriptions", "seqkv.namespaces"])
 def test_shared_modules_import_neither_torch_nor_transformers(module: str) -> None:
     code = (f"import sys, {module}; print(sorted(m for m in sys.modules "

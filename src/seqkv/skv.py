@@ -13,9 +13,11 @@ Invariants:
    2), or raises (enforced).
 2. ``compress`` commits nothing when a bound fails: the codec's bounds and the file's own
    (``seqkv.bounds.file_bytes_accounted``: the file's sections add up to its bytes) (enforced).
-3. A file is read, then checked against this machine (model, execution profile; ``seqkv.codec``
-   ``check_decodable``), then its prefix and dictionary resolved, then its sizes checked against
-   the caller's limits, all before any forward (enforced; ``seqkv.codec`` invariant 6).
+3. A file decoded with its model is read, then checked against this machine (model, execution
+   profile; ``seqkv.codec.check_decodable``), then its prefix and dictionary resolved, then its
+   sizes checked against the caller's limits, all before any forward (enforced; ``seqkv.codec``
+   invariant 6). A model-free file's tokens (``decompress_tokens`` without a model) have no
+   machine to be checked against: the rest holds for them.
 4. ``upgrade`` re-codes nothing: a format-1 or 2 file's session is written as format 4 and
    decodes to the same tokens and KV (enforced; ``tests/test_container.py``).
 """

@@ -38,7 +38,7 @@ Invariants:
 3. The session has no prefix and no mixing dictionary, its KV digest covers the whole KV
    (``kv_scope`` "all"), and its token code is floored (enforced by the writer; a version-1 file
    whose ``.skv`` names a prefix or a dictionary is ``CorruptFileError``).
-4. This module imports neither torch nor transformers.
+4. This module imports neither torch nor transformers (enforced by ``tests/test_layering.py``).
 """
 
 from __future__ import annotations
