@@ -1,9 +1,10 @@
 """seqkv: a KV cache stored as its token stream coded under the model, plus a coded residual.
 
 Implements and measures arXiv 2604.15356 ("Sequential KV Cache Compression via Probabilistic
-Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``; ``level=`` picks the
+Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress`` (the ``.skv`` file API,
+``seqkv.skv``, over the codec of coded sessions, ``seqkv.codec``); ``level=`` picks the
 rate-compute dial (``seqkv.levels``, ``seqkv.parse_level``), ``seqkv.decompress_batch`` decodes
-many files together.
+many files together, ``seqkv.upgrade`` rewrites an old file without re-coding it.
 
 The names below are imported on first use, so that ``import seqkv.formats.skv`` (reading,
 inspecting or upgrading a file) does not load torch or transformers.
