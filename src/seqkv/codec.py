@@ -28,31 +28,30 @@ Invariants:
    file's sections) and commits nothing when one fails (enforced).
 6. Every decode entry point (``decode_many``, and ``decode_prepared`` and
    ``decode_prepared_tokens`` through ``prepare_decode``; so the file API's ``decompress``,
-   ``decompress_tokens`` and ``decompress_batch``) refuses, before any forward or table, a
-   session of no tokens, a vocabulary below 2, more positions than the model's context, more
-   tokens than the caller's ``max_tokens`` (default ``token_limit``) or an estimated peak above
-   ``max_memory_bytes``,
-   and at a model-free level more tokens than a floored code carries or (without a model) more
-   work than ``seqkv.limits.MAX_MODEL_FREE_WORK`` (``seqkv.levels.model_free`` invariant 3)
-   (``CorruptFileError`` for what no honest file states, ``DecodeLimitError`` for the caller's
-   limits; enforced, ``tests/test_decode_limits.py``, ``tests/test_work_bounds.py``). A
-   model-free level's tokens are verified before its KV prefill. A floored token code (a
-   fresh encode, ``.skv`` format 5) is decoded under the information guard and checked canonical
-   after verification, its residual too; a trimmed one (formats 3 and 4) is checked canonical
-   (``seqkv.session`` invariant 4).
-7. A verified compress (``seqkv.skv.compress``, then its decode) runs no float forward whose
-   result another already gave (enforced; counted in ``tests/test_codec_forwards.py``). With
+   ``decompress_tokens`` and ``decompress_batch``) refuses, before any forward or table, a session
+   of no tokens, a vocabulary below 2, more positions than the model's context, more tokens than
+   the caller's ``max_tokens`` (default ``token_limit``) or an estimated peak above
+   ``max_memory_bytes``, and at a model-free level more tokens than a floored code carries or
+   (without a model) more work than ``seqkv.limits.MAX_MODEL_FREE_WORK``
+   (``seqkv.levels.model_free`` invariant 3) (``CorruptFileError`` for what no honest file states,
+   ``DecodeLimitError`` for the caller's limits; enforced, ``tests/test_decode_limits.py``,
+   ``tests/test_work_bounds.py``). A model-free level's tokens are verified before its KV prefill.
+   A floored token code (a fresh encode, ``.skv`` format 5) is decoded under the information guard
+   and checked canonical after verification, its residual too; a trimmed one (formats 3 and 4) is
+   checked canonical (``seqkv.session`` invariant 4).
+7. A verified compress (``seqkv.skv.compress``, then its decode) runs no float forward whose result
+   another already gave (enforced; counted in ``tests/test_codec_forwards.py``). With
    ``kv="prefill"`` the encoder runs the caller's prefill itself, once
-   (``seqkv.bounds.shared_prefill``): its KV is the residual's target and, with no prefix, the
-   KV of a level that rebuilds on the ``prefill`` schedule (the same forward, so bit for bit:
-   the file is the one ``kv=model.prefill(tokens)`` gives); its rows are the reference bound's
-   for the first segment. The start token is forwarded once for
-   every segment. So a verified compress at ``portable`` (``seqkv compress``) runs 3 float
-   forwards: that prefill, the start token alone (the reference's first row; none for a model
-   without one) and the verifying decode's own prefill, which stays its own: verification
-   rebuilds the KV from the decoded tokens, independent of the encoder. Without the caller's
-   KV (``--kv none``) also 3, the reference's prefill in place of the shared one. The integer
-   predictor runs twice: the encoder's pass and the verifying decode's.
+   (``seqkv.bounds.shared_prefill``): its KV is the residual's target and, with no prefix, the KV
+   of a level that rebuilds on the ``prefill`` schedule (the same forward, so bit for bit: the file
+   is the one ``kv=model.prefill(tokens)`` gives); its rows are the reference bound's for the first
+   segment. The start token is forwarded once for every segment. So a verified compress at
+   ``portable`` (``seqkv compress``) runs 3 float forwards: that prefill, the start token alone
+   (the reference's first row; none for a model without one) and the verifying decode's own
+   prefill, which stays its own: verification rebuilds the KV from the decoded tokens, independent
+   of the encoder. Without the caller's KV (``--kv none``) also 3, the reference's prefill in place
+   of the shared one. The integer predictor runs twice: the encoder's pass and the verifying
+   decode's.
 """
 
 from __future__ import annotations
