@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 
 from seqkv.bench.texts import TEXT_FILES, shipped_text
-from seqkv.codec import compress, decompress, decompress_tokens
 from seqkv.errors import DecodeVerificationError
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.integer.threads import THREADS_ENV
 from seqkv.schedule import cpu_model
+from seqkv.skv import compress, decompress, decompress_tokens
 
 POLICIES = ("2", "1", "adaptive")
 CONDITIONS = ("quiet", "loaded")

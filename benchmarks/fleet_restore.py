@@ -33,9 +33,9 @@ from pathlib import Path
 from machine import describe_machine, load_average
 
 from seqkv.bench.texts import TEXT_FILES, shipped_text
-from seqkv.codec import compress, decompress_batch
 from seqkv.errors import DecodeVerificationError
 from seqkv.models import CausalLM, load_default_model
+from seqkv.skv import compress, decompress_batch
 from seqkv.store import SessionStore
 
 HELD_OUT = Path(__file__).resolve().parent / "texts" / "heldout"

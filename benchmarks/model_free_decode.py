@@ -42,7 +42,6 @@ from pathlib import Path
 
 import numpy as np
 
-from seqkv.codec import decompress_tokens
 from seqkv.coding import ngram
 from seqkv.coding.arithmetic import ArithmeticEncoder, BitStream
 from seqkv.coding.ngram import AdaptiveNgram
@@ -56,6 +55,7 @@ from seqkv.levels.model_free import ModelFreeLevel, code_tokens
 from seqkv.limits import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_TOKENS
 from seqkv.schedule import cpu_model
 from seqkv.session import CodedSession
+from seqkv.skv import decompress_tokens
 from seqkv.store.codec import SpanItem
 from seqkv.store.codecs import TokensCodec
 

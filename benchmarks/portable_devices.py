@@ -40,13 +40,13 @@ import torch
 
 from research.bench.decode import kind_tokens
 from seqkv.bench.texts import TEXT_FILES
-from seqkv.codec import compress, decompress, decompress_batch
 from seqkv.levels.portable import IntegerPredictors
 from seqkv.models.adapter import CausalLM
 from seqkv.models.integer.forward import IntegerForward
 from seqkv.models.integer.weights import integer_weights
 from seqkv.models.loading import load_default_model
 from seqkv.schedule import pinned_threads
+from seqkv.skv import compress, decompress, decompress_batch
 
 
 @dataclass(frozen=True)

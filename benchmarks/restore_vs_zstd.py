@@ -37,11 +37,11 @@ from fleet_restore import kind_stream
 from machine import describe_machine, load_average
 
 from seqkv.bench.texts import TEXT_FILES
-from seqkv.codec import compress, decompress
 from seqkv.errors import DecodeVerificationError
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.integer import IntegerForward, integer_weights
 from seqkv.models.integer.blocks import block_weights
+from seqkv.skv import compress, decompress
 
 TARGETS = {"fastest": 4.0, "portable": 6.0}
 # The integer weights each model-coded level decodes with (its floor's forward).

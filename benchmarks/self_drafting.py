@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seqkv.codec import compress
 from seqkv.coding.arithmetic import ArithmeticDecoder
 from seqkv.errors import DecodeVerificationError
 from seqkv.formats.skv import read_skv
@@ -49,6 +48,7 @@ from seqkv.levels.portable import PortableLevel, default_drafter
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.integer import IntegerForward
 from seqkv.schedule import cpu_model
+from seqkv.skv import compress
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",

@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from seqkv import decompress
-from seqkv.codec import level_of, reader_side, reproduces_profile
+from seqkv.codec import level_of, reproduces_profile
 from seqkv.descriptions import DescriptionSource
 from seqkv.errors import EnvironmentMismatchError
 from seqkv.formats.skv import read_skv
 from seqkv.models import CausalLM
+from seqkv.skv import reader_side
 
 LEGACY = Path(__file__).parent / "data" / "legacy"
 # What every file decodes to (tiny_random_llama(seed=0))

@@ -14,7 +14,6 @@ from transformers import DynamicCache
 
 from seqkv import bounds, compress, decompress
 from seqkv.bounds import reference_surprisal
-from seqkv.codec import CompressResult
 from seqkv.descriptions import Descriptions
 from seqkv.digests import profile_digest
 from seqkv.errors import (
@@ -28,6 +27,7 @@ from seqkv.errors import (
 from seqkv.formats.skv import read_skv, write_skv
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.models import CausalLM, tiny_random_llama
+from seqkv.skv import CompressResult
 
 VOCAB = 512
 

@@ -19,11 +19,12 @@ import seqkv.codec as codec
 import seqkv.levels.portable as portable
 from seqkv.bounds import reference_surprisal, shared_prefill
 from seqkv.cli.sessions import _compress_and_verify
-from seqkv.codec import compress, encode
+from seqkv.codec import encode
 from seqkv.errors import InvalidArgumentTypeError
 from seqkv.levels import parse_level
 from seqkv.models import CausalLM
 from seqkv.session import Prefix
+from seqkv.skv import compress
 
 TOKENS = [5, 17, 17, 3, 99, 100, 7, 8, 9, 10, 11, 12, 400, 401, 402, 7, 8, 9]
 

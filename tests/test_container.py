@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from legacy_files import LEGACY, LEGACY_TOKENS, assert_refused, must_decode_here
 from seqkv import compress, decompress
-from seqkv.codec import decompress_tokens, upgrade
 from seqkv.descriptions import Descriptions
 from seqkv.errors import (
     CorruptFileError,
@@ -35,6 +34,7 @@ from seqkv.formats.skv import (
 )
 from seqkv.levels import LEVELS
 from seqkv.models import CausalLM
+from seqkv.skv import decompress_tokens, upgrade
 
 # Format-3 files written by the last release that wrote format 3 (tiny_random_llama(seed=0),
 # LEGACY_TOKENS, level portable, with and without the KV given)

@@ -14,15 +14,7 @@ from pathlib import Path
 import pytest
 
 from seqkv import cli
-from seqkv.codec import (
-    DecodeItem,
-    compress,
-    decode_many,
-    decode_memory_bytes,
-    decompress,
-    decompress_batch,
-    decompress_tokens,
-)
+from seqkv.codec import DecodeItem, decode_many, decode_memory_bytes
 from seqkv.coding.arithmetic import ArithmeticDecoder
 from seqkv.errors import (
     CodeExhaustedError,
@@ -34,6 +26,7 @@ from seqkv.formats.framing import frame, unframe
 from seqkv.formats.skv import _ERRORS, MAGIC, read_skv, write_skv
 from seqkv.limits import MODEL_FREE_MAX_TOKENS
 from seqkv.models import CausalLM
+from seqkv.skv import compress, decompress, decompress_batch, decompress_tokens
 
 TOKENS = [5, 17, 17, 3, 9, 10, 11, 12]
 LEVELS = ("tokens", "rows", "segments:2", "ngram", "plain", "portable")

@@ -9,6 +9,7 @@ import pytest
 
 MODULES = (
     "seqkv.codec",
+    "seqkv.skv",
     "seqkv.digests",
     "seqkv.formats.framing",
     "seqkv.kvcache",

@@ -54,7 +54,7 @@ def test_a_namespace_with_a_lone_surrogate() -> None:
 def test_a_legacy_first_token_context_at_the_vocabulary_size(tiny_model: CausalLM) -> None:
     """Before its range check, a context equal to the vocabulary indexed past the model's
     embedding (IndexError); it is a malformed header, or another model's start token."""
-    from seqkv.codec import decompress
+    from seqkv.skv import decompress
 
     data = (LEGACY / "v2-tokens.skv").read_bytes()
     layout = struct.Struct("<8sHHIQQQ")

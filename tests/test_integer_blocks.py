@@ -13,7 +13,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from seqkv.codec import compress, decompress, decompress_batch
 from seqkv.coding.arithmetic import ArithmeticDecoder
 from seqkv.errors import InvalidLevelError, UnsupportedModelError
 from seqkv.formats.skv import read_skv
@@ -34,6 +33,7 @@ from seqkv.models.integer.blocks import (
 )
 from seqkv.models.integer.weights import IntLinear
 from seqkv.schedule import pinned_threads
+from seqkv.skv import compress, decompress, decompress_batch
 
 TOKENS = [int(t) for t in np.random.default_rng(11).integers(0, 512, 40)]
 

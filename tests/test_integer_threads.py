@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from seqkv.codec import compress, decompress_tokens
 from seqkv.errors import InvalidConfigError
 from seqkv.models import CausalLM
 from seqkv.models.integer.threads import (
@@ -18,6 +17,7 @@ from seqkv.models.integer.threads import (
     decode_policy,
     others_running,
 )
+from seqkv.skv import compress, decompress_tokens
 
 
 def _run(policy: ThreadPolicy, step_seconds: dict[int, float], steps: int) -> list[int]:

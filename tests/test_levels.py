@@ -15,7 +15,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seqkv.codec import compress, decompress, decompress_batch, decompress_tokens
 from seqkv.coding.frequencies import TOTAL_FREQUENCY, cumulative_from_counts
 from seqkv.coding.ngram import AdaptiveNgram
 from seqkv.descriptions import Descriptions
@@ -41,6 +40,7 @@ from seqkv.levels import (
 )
 from seqkv.models import CausalLM
 from seqkv.schedule import pinned_threads, schedule_threads
+from seqkv.skv import compress, decompress, decompress_batch, decompress_tokens
 
 LEGACY = Path(__file__).parent / "data" / "legacy"
 

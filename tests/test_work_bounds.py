@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from seqkv.codec import compress, decompress, decompress_tokens
 from seqkv.coding import ngram
 from seqkv.coding.arithmetic import ArithmeticDecoder, BitStream
 from seqkv.digests import Digest
@@ -31,6 +30,7 @@ from seqkv.formats.span import SpanRecord, read_frame, read_span, write_span
 from seqkv.levels import NgramLevel, PlainLevel, model_free
 from seqkv.limits import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_TOKENS
 from seqkv.models import CausalLM
+from seqkv.skv import compress, decompress, decompress_tokens
 from seqkv.store import CorruptRecordError, SessionStore, TokensCodec, model_codecs
 from seqkv.store.backends import redis as redis_backend
 from seqkv.store.backends.directory import DirectoryBackend

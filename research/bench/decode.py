@@ -32,13 +32,14 @@ from transformers import DynamicCache
 
 from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.bench.timing import time_token_by_token
-from seqkv.codec import DEFAULT_TOLERANCE, compress, decompress, decompress_batch
+from seqkv.codec import DEFAULT_TOLERANCE
 from seqkv.errors import UsageError
 from seqkv.formats.skv import read_skv
 from seqkv.kvcache import tensor_from_cache
 from seqkv.models.adapter import CausalLM, Stepper
 from seqkv.models.rows import row_forward
 from seqkv.schedule import pinned_threads, schedule_threads
+from seqkv.skv import compress, decompress, decompress_batch
 
 DEFAULT_LEVELS = ("tokens", "rows", "segments:4", "segments:8", "segments:16", "ngram", "plain",
                   "portable")

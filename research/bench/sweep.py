@@ -40,7 +40,6 @@ from typing import Literal, TypedDict
 
 import torch
 
-from seqkv.codec import compress, decompress
 from seqkv.delta.bit_allocation import AllocationMode
 from seqkv.delta.delta_codec import (
     DeltaConfig,
@@ -64,6 +63,7 @@ from seqkv.delta.residual_coder import FIXED_WIDTHS
 from seqkv.errors import DecodeVerificationError, InsufficientSamplesError
 from seqkv.models.adapter import CausalLM
 from seqkv.quantizers import QuantizerName
+from seqkv.skv import compress, decompress
 
 PointKind = Literal["delta", "token_codec", "fp16"]
 

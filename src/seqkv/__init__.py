@@ -1,9 +1,10 @@
 """seqkv: a KV cache stored as its token stream coded under the model, plus a coded residual.
 
 Implements and measures arXiv 2604.15356 ("Sequential KV Cache Compression via Probabilistic
-Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress``; ``level=`` picks the
+Language Tries"). Start with ``seqkv.compress`` / ``seqkv.decompress`` (the ``.skv`` file API,
+``seqkv.skv``, over the codec of coded sessions, ``seqkv.codec``); ``level=`` picks the
 rate-compute dial (``seqkv.levels``, ``seqkv.parse_level``), ``seqkv.decompress_batch`` decodes
-many files together.
+many files together, ``seqkv.upgrade`` rewrites an old file without re-coding it.
 
 The names below are imported on first use, so that ``import seqkv.formats.skv`` (reading,
 inspecting or upgrading a file) does not load torch or transformers.
@@ -21,28 +22,32 @@ if TYPE_CHECKING:
     from seqkv.codec import (
         DEFAULT_TOLERANCE,
         CodingTrace,
-        CompressResult,
-        CompressStats,
         DecompressResult,
         DecompressStats,
+    )
+    from seqkv.levels import CodingLevel, LevelSpec, parse_level
+    from seqkv.skv import (
+        CompressResult,
+        CompressStats,
         compress,
         decompress,
         decompress_batch,
         decompress_tokens,
+        upgrade,
     )
-    from seqkv.levels import CodingLevel, LevelSpec, parse_level
 
 _LAZY = {
     "DEFAULT_TOLERANCE": "seqkv.codec",
     "CodingTrace": "seqkv.codec",
-    "CompressResult": "seqkv.codec",
-    "CompressStats": "seqkv.codec",
+    "CompressResult": "seqkv.skv",
+    "CompressStats": "seqkv.skv",
     "DecompressResult": "seqkv.codec",
     "DecompressStats": "seqkv.codec",
-    "compress": "seqkv.codec",
-    "decompress": "seqkv.codec",
-    "decompress_batch": "seqkv.codec",
-    "decompress_tokens": "seqkv.codec",
+    "compress": "seqkv.skv",
+    "decompress": "seqkv.skv",
+    "decompress_batch": "seqkv.skv",
+    "decompress_tokens": "seqkv.skv",
+    "upgrade": "seqkv.skv",
     "CodingLevel": "seqkv.levels",
     "LevelSpec": "seqkv.levels",
     "parse_level": "seqkv.levels",
@@ -72,4 +77,5 @@ __all__ = [
     "decompress_batch",
     "decompress_tokens",
     "parse_level",
+    "upgrade",
 ]

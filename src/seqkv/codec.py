@@ -7,9 +7,10 @@ recomputation, quantized at a stated tolerance and entropy-coded (``seqkv.coding
 This is layer 2 of arXiv 2604.15356 with the exact recompute as the predictor.
 
 The codec's product is one value, ``seqkv.session.CodedSession``: ``encode`` makes it and
-``decode_many`` turns many of them back into verified tokens and KV. ``compress`` and
-``decompress`` are those two plus the ``.skv`` format (``seqkv.formats.skv``); the store writes
-the same value in its own span format (``seqkv.formats.span``), without a ``.skv`` in between.
+``decode_many`` (or ``prepare_decode`` then ``decode_prepared``) turns many of them back into
+verified tokens and KV. The codec writes no bytes: the ``.skv`` file API (``seqkv.skv``:
+``compress``, ``decompress``, ``upgrade``) writes the value as a file, the store in its own span
+format (``seqkv.formats.span``), each without the other in between.
 
 Invariants:
 1. The encoder computes every probability along the decoder's schedule (the level's;
@@ -23,32 +24,34 @@ Invariants:
 4. The token code is at most the model's cross-entropy on the same tokens (the same
    probabilities) plus 2 bits plus 1.7e-5 bits per token (checked by the tests).
 5. Every ``encode`` evaluates the bounds of ``seqkv.bounds`` on what it coded; a caller that
-   writes bytes adds the bound that its bytes add up (``compress``: the ``.skv`` file's
-   sections) and commits nothing when one fails (enforced).
-6. Every decode entry point (``decompress``, ``decompress_tokens``, ``decompress_batch``,
-   ``decode_many``) refuses, before any forward or table, a session of no tokens, a vocabulary
-   below 2, more positions than the model's context, more tokens than the caller's
-   ``max_tokens`` (default ``token_limit``) or an estimated peak above ``max_memory_bytes``,
-   and at a model-free level more tokens than a floored code carries or (without a model) more
-   work than ``seqkv.limits.MAX_MODEL_FREE_WORK`` (``seqkv.levels.model_free`` invariant 3)
-   (``CorruptFileError`` for what no honest file states, ``DecodeLimitError`` for the caller's
-   limits; enforced, ``tests/test_decode_limits.py``, ``tests/test_work_bounds.py``). A
-   model-free level's tokens are verified before its KV prefill. A floored token code (a
-   fresh encode, ``.skv`` format 5) is decoded under the information guard and checked canonical
-   after verification, its residual too; a trimmed one (formats 3 and 4) is checked canonical
-   (``seqkv.session`` invariant 4).
-7. A verified compress runs no float forward whose result another already gave (enforced;
-   counted in ``tests/test_codec_forwards.py``). With ``kv="prefill"`` the encoder runs the
-   caller's prefill itself, once (``seqkv.bounds.shared_prefill``): its KV is the residual's
-   target and, with no prefix, the KV of a level that rebuilds on the ``prefill`` schedule (the
-   same forward, so bit for bit: the file is the one ``kv=model.prefill(tokens)`` gives); its
-   rows are the reference bound's for the first segment. The start token is forwarded once for
-   every segment. So a verified compress at ``portable`` (``seqkv compress``) runs 3 float
-   forwards: that prefill, the start token alone (the reference's first row; none for a model
-   without one) and the verifying decode's own prefill, which stays its own: verification
-   rebuilds the KV from the decoded tokens, independent of the encoder. Without the caller's
-   KV (``--kv none``) also 3, the reference's prefill in place of the shared one. The integer
-   predictor runs twice: the encoder's pass and the verifying decode's.
+   writes bytes adds the bound that its bytes add up (``seqkv.skv.compress``: the ``.skv``
+   file's sections) and commits nothing when one fails (enforced).
+6. Every decode entry point (``decode_many``, and ``decode_prepared`` and
+   ``decode_prepared_tokens`` through ``prepare_decode``; so the file API's ``decompress``,
+   ``decompress_tokens`` and ``decompress_batch``) refuses, before any forward or table, a session
+   of no tokens, a vocabulary below 2, more positions than the model's context, more tokens than
+   the caller's ``max_tokens`` (default ``token_limit``) or an estimated peak above
+   ``max_memory_bytes``, and at a model-free level more tokens than a floored code carries or
+   (without a model) more work than ``seqkv.limits.MAX_MODEL_FREE_WORK``
+   (``seqkv.levels.model_free`` invariant 3) (``CorruptFileError`` for what no honest file states,
+   ``DecodeLimitError`` for the caller's limits; enforced, ``tests/test_decode_limits.py``,
+   ``tests/test_work_bounds.py``). A model-free level's tokens are verified before its KV prefill.
+   A floored token code (a fresh encode, ``.skv`` format 5) is decoded under the information guard
+   and checked canonical after verification, its residual too; a trimmed one (formats 3 and 4) is
+   checked canonical (``seqkv.session`` invariant 4).
+7. A verified compress (``seqkv.skv.compress``, then its decode) runs no float forward whose result
+   another already gave (enforced; counted in ``tests/test_codec_forwards.py``). With
+   ``kv="prefill"`` the encoder runs the caller's prefill itself, once
+   (``seqkv.bounds.shared_prefill``): its KV is the residual's target and, with no prefix, the KV
+   of a level that rebuilds on the ``prefill`` schedule (the same forward, so bit for bit: the file
+   is the one ``kv=model.prefill(tokens)`` gives); its rows are the reference bound's for the first
+   segment. The start token is forwarded once for every segment. So a verified compress at
+   ``portable`` (``seqkv compress``) runs 3 float forwards: that prefill, the start token alone
+   (the reference's first row; none for a model without one) and the verifying decode's own
+   prefill, which stays its own: verification rebuilds the KV from the decoded tokens, independent
+   of the encoder. Without the caller's KV (``--kv none``) also 3, the reference's prefill in place
+   of the shared one. The integer predictor runs twice: the encoder's pass and the verifying
+   decode's.
 """
 
 from __future__ import annotations
@@ -70,8 +73,6 @@ from seqkv.bounds import (
     code_within_reference_cross_entropy,
     code_within_table_cost,
     code_within_uniform,
-    file_bytes_accounted,
-    raise_unless_all_hold,
     reference_surprisal,
     residual_within_tolerance,
     shared_prefill,
@@ -79,8 +80,8 @@ from seqkv.bounds import (
 from seqkv.coding.arithmetic import OVERRUN_BITS, ArithmeticDecoder, ArithmeticEncoder
 from seqkv.coding.residual import decode_residual, encode_residual
 from seqkv.coding.residual_code import ResidualCode
-from seqkv.descriptions import Descriptions, DescriptionSource
-from seqkv.digests import NO_PROFILE, Digest, model_digest, profile_digest, tokens_digest
+from seqkv.descriptions import DescriptionSource
+from seqkv.digests import NO_PROFILE, model_digest, profile_digest, tokens_digest
 from seqkv.errors import (
     CorruptFileError,
     DecodeLimitError,
@@ -92,13 +93,9 @@ from seqkv.errors import (
     InvalidTokensError,
     KVNotRecordedError,
     ModelMismatchError,
-    PrefixMismatchError,
-    PrefixUnavailableError,
     UnsupportedVersionError,
     UsageError,
 )
-from seqkv.formats.skv import SkvRead, read_skv, write_skv
-from seqkv.formats.skv_legacy import ReaderModel, ReaderSide
 from seqkv.kvcache import cache_from_tensor, kv_digest, tensor_from_cache
 from seqkv.levels import (
     DEFAULT_LEVEL,
@@ -118,9 +115,8 @@ from seqkv.models.adapter import CausalLM
 from seqkv.models.collisions import collision_classes
 from seqkv.models.profiles import execution_profile
 from seqkv.progress import ProgressSink
-from seqkv.schedule import current_profile
-from seqkv.session import CodedSession, KVScope, Prefix, PrefixHash
-from seqkv.types import ExecutionProfile, ModelIdentity, Schedule
+from seqkv.session import CodedSession, KVScope, Prefix
+from seqkv.types import ExecutionProfile, Schedule
 
 # NOTE: 1e-4 is below fp16's resolution for any KV component above 0.2 in magnitude, and above
 # every drift measured between one prefill and the decoder's schedules on SmolLM2-135M (CPU):
@@ -198,7 +194,8 @@ class Encoded:
 
     session: CodedSession
     trace: CodingTrace
-    bounds: tuple[Bound, ...]  # the codec's own; a format adds its bytes' (``compress``)
+    # The codec's own; a format adds its bytes' (``seqkv.skv.compress``).
+    bounds: tuple[Bound, ...]
     # The KV a decode rebuilds, bit for bit; None for a portable session coded without its KV.
     kv: torch.Tensor | None
     max_abs_kv_error: float | None  # against the caller's KV, when one was given
@@ -211,72 +208,6 @@ class Encoded:
     @property
     def residual_bits(self) -> int:
         return 0 if self.session.residual is None else self.session.residual.num_bits
-
-
-@dataclass(frozen=True)
-class CompressStats:
-    """Measured figures of one compression; bits are exact counts, not estimates."""
-
-    tokens: int  # coded positions (after the shared prefix, if any)
-    prefix_tokens: int
-    code_bits: int
-    ideal_code_bits: float
-    cross_entropy_bits: float
-    residual_bits: int
-    residual_escapes: int
-    file_bytes: int
-    kv_components_per_token: int
-    encode_seconds: float
-    max_abs_kv_error: float | None
-    tolerance: float | None  # the residual's, when a KV was given
-    # Model forwards the encoder ran (a cached start row counts as one): deterministic per level.
-    forwards: int = 0
-    # SHA-256 of the integer predictor's keys and values after coding, over the positions a
-    # decoder's also holds (``seqkv.levels.portable.compared_positions``): portable levels only.
-    # A decode's equals it where Lemma 1 holds for the integer path (``seqkv.checker.lemma1``).
-    predictor_digest: str | None = None
-
-    @property
-    def bits_per_token(self) -> float:
-        return self.code_bits / self.tokens
-
-    @property
-    def cross_entropy_bits_per_token(self) -> float:
-        return self.cross_entropy_bits / self.tokens
-
-    @property
-    def payload_bits_per_token(self) -> float:
-        """Token code plus residual code per token position: the payload, framing excluded."""
-        return (self.code_bits + self.residual_bits) / self.tokens
-
-    @property
-    def file_bits_per_token(self) -> float:
-        """Every byte of the file, per coded token position: the headline figure."""
-        return 8 * self.file_bytes / self.tokens
-
-    @property
-    def fp16_bits_per_token(self) -> int:
-        return 16 * self.kv_components_per_token
-
-    @property
-    def ratio_vs_fp16(self) -> float:
-        """fp16 KV over the whole file, per token position."""
-        return self.fp16_bits_per_token / self.file_bits_per_token
-
-
-@dataclass(frozen=True)
-class CompressResult:
-    data: bytes
-    session: CodedSession
-    stats: CompressStats
-    trace: CodingTrace
-    bounds: tuple[Bound, ...]  # all hold unless compress was told to return violations
-    sections: dict[str, int]  # the file's bytes, section by section
-    # The full descriptions the file names by digest (keep them: ``seqkv.descriptions``).
-    model_identity: ModelIdentity
-    profile: ExecutionProfile
-    # The KV a decode rebuilds, bit for bit; None for a portable file coded without its KV.
-    kv: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -326,12 +257,6 @@ class DictionarySource(Protocol):
     a store, or a mapping)."""
 
     def get(self, digest: str) -> Dictionary | None: ...
-
-
-class PrefixSource(Protocol):
-    """Where a decoder finds shared prefixes by content hash: a ``seqkv.trie.PrefixTrie``."""
-
-    def resolve(self, prefix_hash: PrefixHash, *, with_kv: bool = True) -> Prefix: ...
 
 
 def _check_prefix(model: CausalLM, tokens: list[int], prefix: Prefix) -> None:
@@ -389,13 +314,20 @@ def encode(
 ) -> Encoded:
     """Code ``tokens`` (and the residual of ``kv``) into a ``CodedSession``, with its bounds.
 
-    See ``compress`` for the arguments. ``kv_scope="tail"`` makes the KV digest cover only the
-    positions after ``prefix`` (a store span, whose prefix its parent span vouches for). The
-    bounds are returned, not raised: the caller that writes bytes adds its own and raises.
+    See ``seqkv.skv.compress`` for the arguments. ``kv_scope="tail"`` makes the KV digest cover
+    only the positions after ``prefix`` (a store span, whose prefix its parent span vouches
+    for). The bounds are returned, not raised: the caller that writes bytes adds its own and
+    raises.
     ``reference`` is the tail's ``-log2 p`` under one prefill of the model that a caller
     computed already (``seqkv check`` shares one prefill): the reference bound reads it instead
     of running its own (it must be what ``seqkv.bounds.reference_surprisal`` computes).
     ``kv="prefill"`` runs the caller's prefill here, shared (module invariant 7).
+
+    >>> from seqkv.models import tiny_random_llama
+    >>> model = tiny_random_llama()
+    >>> encoded = encode(model, [5, 17, 17, 3])
+    >>> decode_many(model, [DecodeItem(encoded.session)])[0].tokens
+    [5, 17, 17, 3]
     """
     token_list = [int(t) for t in tokens]
     model.check_tokens(token_list)
@@ -460,81 +392,6 @@ def encode(
                    encoded.forwards, profile, encoded.predictor_digest)
 
 
-def compress(
-    model: CausalLM,
-    tokens: Sequence[int],
-    kv: DynamicCache | torch.Tensor | PrefillKV | None = None,
-    tolerance: float = DEFAULT_TOLERANCE,
-    progress: ProgressSink | None = None,
-    prefix: Prefix | None = None,
-    level: CodingLevel | str = DEFAULT_LEVEL,
-    *,
-    on_violation: Literal["raise", "return"] = "raise",
-    dictionary: Dictionary | None = None,
-    record_kv: bool = False,
-    reference: npt.NDArray[np.float64] | None = None,
-) -> CompressResult:
-    """Code ``tokens`` (and the residual of ``kv``, a cache those tokens produced) into .skv bytes.
-
-    With ``prefix`` (a shared prefix resolved from a ``seqkv.trie.PrefixTrie``), the file
-    references it by hash and codes only the tokens after it; ``kv`` still covers all tokens.
-    ``level`` sets the rate-compute dial (``seqkv.levels``): ``portable`` (default: the
-    integer predictor, whose tokens decode on any machine), ``tokens``, ``rows``,
-    ``segments:N``, ``ngram``, ``plain``, ``portable+mix`` (with a mixing ``dictionary``,
-    ``seqkv.mixing``), or a ``CodingLevel``.
-
-    Without ``kv``, a portable level codes the tokens alone: its coding runs no float model (the
-    bounds below still run the float reference) and the file records no KV (its decoder
-    recomputes one and reports it unverified, ``kv_exact`` False); ``record_kv=True`` records
-    the KV of the ``prefill`` schedule anyway (one float prefill). Every other level records
-    the KV it computes while coding. ``kv="prefill"`` stands for the KV of this machine's prefill
-    of ``tokens`` (``CausalLM.prefill``) and runs it here, once: the residual's target, the
-    level's KV where the level's is that same prefill (no ``prefix``), and the reference bound's
-    rows (module invariant 7). The file is the one ``kv=model.prefill(tokens)`` gives.
-
-    Every run evaluates the bounds of ``seqkv.bounds`` on what it coded and raises
-    ``BoundViolationError`` when one fails; ``on_violation="return"`` returns the result with its
-    failed bounds instead (``seqkv check`` reports them, and passes the ``reference`` it shares
-    with the rest of its measurements: see ``encode``).
-
-    >>> from seqkv.models import tiny_random_llama
-    >>> model = tiny_random_llama()
-    >>> result = compress(model, [5, 17, 17, 3])
-    >>> decompress(model, result.data).tokens
-    [5, 17, 17, 3]
-    """
-    if prefix is not None and prefix.prefix_hash is None:
-        raise InvalidKVError("a .skv file names its prefix by content hash: resolve the prefix "
-                             "from a PrefixTrie")
-    encoded = encode(model, tokens, kv, tolerance=tolerance, prefix=prefix, level=level,
-                     dictionary=dictionary, record_kv=record_kv, progress=progress,
-                     reference=reference)
-    written = write_skv(encoded.session)
-    bounds = (*encoded.bounds, file_bytes_accounted(len(written.data), written.sections))
-    if on_violation == "raise":
-        raise_unless_all_hold(bounds)
-    session = encoded.session
-    residual = session.residual
-    stats = CompressStats(
-        tokens=session.count,
-        prefix_tokens=0 if prefix is None else len(prefix.tokens),
-        code_bits=session.token_code.num_bits,
-        ideal_code_bits=float(encoded.trace.code_cost_bits.sum()),
-        cross_entropy_bits=float(encoded.trace.surprisal_bits.sum()),
-        residual_bits=encoded.residual_bits,
-        residual_escapes=residual.num_escapes if residual is not None else 0,
-        file_bytes=len(written.data),
-        kv_components_per_token=model.kv_components_per_token,
-        encode_seconds=encoded.encode_seconds,
-        max_abs_kv_error=encoded.max_abs_kv_error,
-        tolerance=encoded.tolerance,
-        forwards=encoded.forwards,
-        predictor_digest=encoded.predictor_digest,
-    )
-    return CompressResult(written.data, session, stats, encoded.trace, bounds,
-                          written.sections, model.identity, encoded.profile, encoded.kv)
-
-
 def _bounds(model: CausalLM, level: CodingLevel, tail: list[int], lengths: list[int],
             context: int | None, prefix: Prefix | None, code_bits: int,
             trace: CodingTrace, residual: ResidualCode | None, max_error: float | None,
@@ -572,38 +429,6 @@ def level_of(session: CodedSession) -> CodingLevel:
             f"the file was coded at level {session.level!r}, which this seqkv does not know: "
             "use the seqkv release that wrote it"
         ) from None
-
-
-def reader_side(model: CausalLM | None) -> ReaderSide:
-    """What reading an old .skv file on this machine knows of the reader: the model (if any)
-    and this machine's profile for a file's schedule and dtype."""
-    if model is None:
-        return ReaderSide(None, lambda recorded: current_profile(
-            _dtype_of(recorded.dtype), torch.device("cpu"), recorded.schedule))
-    return ReaderSide(ReaderModel(model.identity, model.start_token_id, model.geometry),
-                      lambda recorded: execution_profile(model, recorded.schedule))
-
-
-class _FileDescriptions:
-    """The descriptions an old file carried, then a registry's (a ``DescriptionSource``)."""
-
-    def __init__(self, read: SkvRead, registry: DescriptionSource | None) -> None:
-        self._read = read
-        self._registry = registry
-
-    @property
-    def root(self) -> object:
-        return getattr(self._registry, "root", None)
-
-    def model(self, digest: Digest) -> ModelIdentity | None:
-        if self._read.model is not None and model_digest(self._read.model) == digest:
-            return self._read.model
-        return None if self._registry is None else self._registry.model(digest)
-
-    def profile(self, digest: Digest) -> ExecutionProfile | None:
-        if self._read.profile is not None and profile_digest(self._read.profile) == digest:
-            return self._read.profile
-        return None if self._registry is None else self._registry.profile(digest)
 
 
 def kv_schedule(model: CausalLM, session: CodedSession) -> Schedule:
@@ -700,28 +525,6 @@ def check_decodable(model: CausalLM, session: CodedSession, allow_environment_mi
     return True
 
 
-def resolve_prefix(session: CodedSession, prefixes: PrefixSource | None,
-                   with_kv: bool = True) -> Prefix | None:
-    """The prefix a .skv session names, from ``prefixes``, checked against the reference;
-    without ``with_kv`` its tokens only (the tokens digest then vouches for them)."""
-    ref = session.prefix
-    if ref is None:
-        return None
-    if prefixes is None:
-        raise PrefixUnavailableError(
-            f"the file codes only the tokens after a shared prefix of {ref.tokens} tokens "
-            f"(hash {ref.prefix_hash[:16]}): pass the PrefixTrie that holds it"
-        )
-    prefix = prefixes.resolve(PrefixHash(ref.prefix_hash), with_kv=with_kv)
-    kv_differs = with_kv and (prefix.kv is None or prefix.kv_digest != ref.kv_digest)
-    if len(prefix.tokens) != ref.tokens or kv_differs:
-        raise PrefixMismatchError(
-            f"the trie's prefix {ref.prefix_hash[:16]} is not the one the file was coded "
-            "against: its tokens or KV differ"
-        )
-    return prefix
-
-
 def resolve_dictionary(session: CodedSession,
                        dictionaries: DictionarySource | None) -> Dictionary | None:
     """The mixing dictionary a session was coded with, from ``dictionaries``, checked."""
@@ -760,7 +563,7 @@ class DecodeItem:
 
 
 @dataclass
-class _Pending:
+class PendingDecode:
     """A session between checking and verification."""
 
     item: DecodeItem
@@ -789,7 +592,7 @@ class _Pending:
                              self.item.dictionary, self.classes, self.kv_schedule,
                              check_tokens=lambda tail: verify(session, before + list(tail),
                                                               None, 0, kv_checkable=False),
-                             # a tokens-only decode (``decompress_tokens``) returns no trace
+                             # a tokens-only decode (``decode_prepared_tokens``) has no trace
                              with_figures=with_kv)
 
     def check_code(self) -> None:
@@ -809,7 +612,7 @@ class _Pending:
 
 
 def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
-             with_kv: bool = True) -> _Pending:
+             with_kv: bool = True) -> PendingDecode:
     session = item.session
     level = level_of(session)
     context = model.start_token_id if model is not None else None
@@ -825,7 +628,7 @@ def _pending(item: DecodeItem, model: CausalLM | None, limits: DecodeLimits,
                                       "decode it without one")
     _check_sizes(session, level, model, vocab, item.prefix, limits, with_kv)
     schedule = kv_schedule(model, session) if model is not None and with_kv else None
-    return _Pending(item, level, time.perf_counter(), context, vocab,
+    return PendingDecode(item, level, time.perf_counter(), context, vocab,
                     classes=_classes(model, level), kv_schedule=schedule)
 
 
@@ -930,11 +733,11 @@ def _check_sizes(session: CodedSession, level: CodingLevel, model: CausalLM | No
                                 guarded=session.code_form == "floored", capped=model is None)
 
 
-def _decode_levels(model: CausalLM | None, pendings: Sequence[_Pending], with_kv: bool,
+def _decode_levels(model: CausalLM | None, pendings: Sequence[PendingDecode], with_kv: bool,
                    progress: ProgressSink | None = None) -> None:
     """Decode every pending session at its level; sessions whose levels share a batch group
     decode in one call, sharing its forwards."""
-    groups: dict[object, list[_Pending]] = {}
+    groups: dict[object, list[PendingDecode]] = {}
     for index, pending in enumerate(pendings):
         key = pending.level.spec.batch_group or ("alone", index)
         groups.setdefault(key, []).append(pending)
@@ -962,7 +765,7 @@ def verify(session: CodedSession, tokens: Sequence[int], kv: torch.Tensor | None
             )
 
 
-def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
+def _finish(model: CausalLM, pending: PendingDecode) -> DecompressResult:
     """Rebuild the KV, then verify tokens and KV."""
     session = pending.item.session
     prefix = pending.item.prefix
@@ -995,17 +798,34 @@ def _finish(model: CausalLM, pending: _Pending) -> DecompressResult:
                             pending.kv_checkable)
 
 
-def _prepared(model: CausalLM, item: DecodeItem, kv_checkable: bool,
-              limits: DecodeLimits, with_kv: bool = True) -> _Pending:
+def prepare_decode(model: CausalLM | None, item: DecodeItem, limits: DecodeLimits, *,
+                   kv_checkable: bool = True, with_kv: bool = True) -> PendingDecode:
+    """One session checked for its sizes and dictionary (``_check_sizes``), before any forward
+    or table; ``kv_checkable`` is what ``check_decodable`` returned for it (a caller runs that
+    first). Without ``model``, a model-free level's tokens only."""
     pending = _pending(item, model, limits, with_kv)
     pending.kv_checkable = kv_checkable
     return pending
 
 
-def _run(model: CausalLM, pendings: Sequence[_Pending],
-         progress: ProgressSink | None = None) -> list[DecompressResult]:
+def decode_prepared(model: CausalLM, pendings: Sequence[PendingDecode],
+                    progress: ProgressSink | None = None) -> list[DecompressResult]:
+    """Decode prepared sessions (``prepare_decode``) into verified tokens and KV, sharing
+    forwards as ``decode_many`` does."""
     _decode_levels(model, pendings, with_kv=True, progress=progress)
     return [_finish(model, pending) for pending in pendings]
+
+
+def decode_prepared_tokens(model: CausalLM | None, pending: PendingDecode) -> list[int]:
+    """The tokens (prefix included) of a session prepared with ``with_kv=False``, verified
+    against its tokens digest and its token code checked canonical; no KV is rebuilt."""
+    _decode_levels(model, [pending], with_kv=False)
+    prefix = pending.item.prefix
+    assert pending.output is not None
+    tokens = ([] if prefix is None else list(prefix.tokens)) + pending.output.tail
+    verify(pending.item.session, tokens, None, 0, kv_checkable=False)
+    pending.check_code()
+    return tokens
 
 
 def decode_many(
@@ -1032,153 +852,8 @@ def decode_many(
     decodes, and verified after (module invariant 2); the first failure raises.
     """
     limits = DecodeLimits(max_tokens, max_memory_bytes)
-    pendings = [_prepared(model, item, check_decodable(
-        model, item.session, allow_environment_mismatch, descriptions, require_exact_kv),
-        limits) for item in items]
-    return _run(model, pendings, progress)
+    pendings = [prepare_decode(model, item, limits, kv_checkable=check_decodable(
+        model, item.session, allow_environment_mismatch, descriptions, require_exact_kv))
+        for item in items]
+    return decode_prepared(model, pendings, progress)
 
-
-def _read_pending(model: CausalLM, data: bytes, prefixes: PrefixSource | None,
-                  dictionaries: DictionarySource | None, allow_environment_mismatch: bool,
-                  descriptions: DescriptionSource | None, require_exact_kv: bool,
-                  limits: DecodeLimits, with_kv: bool = True) -> _Pending:
-    """A file read, checked against this machine, then its prefix and dictionary resolved."""
-    return _checked_pending(model, read_skv(data, reader_side(model)), prefixes, dictionaries,
-                            allow_environment_mismatch, descriptions, require_exact_kv, limits,
-                            with_kv)
-
-
-def _checked_pending(model: CausalLM, read: SkvRead, prefixes: PrefixSource | None,
-                     dictionaries: DictionarySource | None, allow_environment_mismatch: bool,
-                     descriptions: DescriptionSource | None, require_exact_kv: bool,
-                     limits: DecodeLimits, with_kv: bool) -> _Pending:
-    """``_read_pending`` of a file already read (its header parsed once)."""
-    session = read.session
-    checkable = check_decodable(model, session, allow_environment_mismatch,
-                                _FileDescriptions(read, descriptions), require_exact_kv)
-    item = DecodeItem(session, resolve_prefix(session, prefixes),
-                      resolve_dictionary(session, dictionaries))
-    return _prepared(model, item, checkable, limits, with_kv)
-
-
-def decompress(
-    model: CausalLM,
-    data: bytes,
-    allow_environment_mismatch: bool = False,
-    progress: ProgressSink | None = None,
-    prefixes: PrefixSource | None = None,
-    descriptions: DescriptionSource | None = None,
-    require_exact_kv: bool = False,
-    dictionaries: DictionarySource | None = None,
-    max_tokens: int | None = None,
-    max_memory_bytes: int | None = None,
-) -> DecompressResult:
-    """Decode .skv bytes into the exact tokens and KV cache, or raise.
-
-    A file coded after a shared prefix needs ``prefixes``, the trie that holds that prefix.
-    ``descriptions`` (a ``seqkv.descriptions.Descriptions`` registry) lets a refusal say which
-    fields of the execution profile differ. A file of a portable level decodes on any machine;
-    under another execution profile its KV is recomputed and reported with ``kv_exact`` False,
-    or refused with ``require_exact_kv``. A file coded with a mixing dictionary needs it from
-    ``dictionaries``. A file of more than ``max_tokens`` tokens (default: the model's context),
-    or whose decode would hold more than ``max_memory_bytes`` (``decode_memory_bytes``), is
-    refused before any forward (``DecodeLimitError``).
-    """
-    limits = DecodeLimits(max_tokens, max_memory_bytes)
-    pending = _read_pending(model, data, prefixes, dictionaries, allow_environment_mismatch,
-                            descriptions, require_exact_kv, limits)
-    return _run(model, [pending], progress)[0]
-
-
-def decompress_batch(
-    model: CausalLM,
-    files: Sequence[bytes],
-    allow_environment_mismatch: bool = False,
-    prefixes: PrefixSource | None = None,
-    descriptions: DescriptionSource | None = None,
-    dictionaries: DictionarySource | None = None,
-    max_tokens: int | None = None,
-    max_memory_bytes: int | None = None,
-) -> list[DecompressResult]:
-    """Decode many .skv files together (as ``decode_many``): every file is read and checked
-    before any decodes (``max_tokens`` and ``max_memory_bytes`` bound each file as in
-    ``decompress``); each result is verified as by ``decompress``; the first failure raises."""
-    limits = DecodeLimits(max_tokens, max_memory_bytes)
-    pendings = [_read_pending(model, data, prefixes, dictionaries, allow_environment_mismatch,
-                              descriptions, False, limits) for data in files]
-    return _run(model, pendings)
-
-
-def decompress_tokens(
-    data: bytes,
-    model: CausalLM | None = None,
-    prefixes: PrefixSource | None = None,
-    max_tokens: int | None = None,
-    max_memory_bytes: int | None = None,
-) -> list[int]:
-    """Decode only the tokens (prefix included), verified against the file's checksum.
-
-    Files at the ``ngram`` and ``plain`` levels need no model and decode on any machine; the
-    others need ``model`` and a machine that reproduces the encoder's probabilities. A file of
-    more than ``max_tokens`` tokens is refused before decoding (default: the model's context;
-    without a model, ``MODEL_FREE_MAX_TOKENS``), as is one whose decode would hold more than
-    ``max_memory_bytes``.
-    """
-    limits = DecodeLimits(max_tokens, max_memory_bytes)
-    read = read_skv(data, reader_side(model))
-    session = read.session
-    level = level_of(session)
-    if level.spec.model_coded:
-        if model is None:
-            raise EnvironmentMismatchError(
-                f"the file's tokens are coded under the model (level {session.level!r}): pass "
-                "the model that coded it"
-            )
-        # NOTE: the model's checks as ``decompress`` (environment, prefix with its KV, which
-        # the float levels step from), but no KV rebuilt: at portable the float prefill that
-        # rebuilds it was a third of a 200-token tokens decode, and it runs on the prefill
-        # schedule's 2 threads, which stall beside a competing process
-        # (benchmarks/decode_under_load.py)
-        pending = _checked_pending(model, read, prefixes, None, False, None, False, limits,
-                                   with_kv=False)
-        _decode_levels(model, [pending], with_kv=False)
-    else:
-        pending = _pending(DecodeItem(session, resolve_prefix(session, prefixes, with_kv=False)),
-                           None, DecodeLimits(token_limit(model, limits.max_tokens),
-                                              limits.max_memory_bytes), with_kv=False)
-        _decode_levels(None, [pending], with_kv=False)
-    prefix = pending.item.prefix
-    assert pending.output is not None
-    tokens = ([] if prefix is None else list(prefix.tokens)) + pending.output.tail
-    verify(session, tokens, None, 0, kv_checkable=False)
-    pending.check_code()
-    return tokens
-
-
-def upgrade(data: bytes, descriptions: Descriptions | None = None,
-            model: CausalLM | None = None) -> bytes:
-    """A format-1 or 2 file rewritten in format 4, without re-coding anything (format 5 holds
-    only a token code written with its floor, which an old writer did not write).
-
-    The token code and the residual are carried over as they are; the digests of the tokens and
-    KV are the old checksums truncated, so the rewritten file decodes to the same tokens and KV.
-    The old JSON header's model identity and execution profile go to ``descriptions``. Formats 1
-    and 2 predate the CPU model and the row block in the profile: when the rest of the old
-    profile is this machine's, they are taken as this machine's (the row block needs ``model``
-    for a file of the ``rows`` schedule; the checksums still catch a wrong guess); otherwise they
-    stay unknown and the decoder will see another profile. A file of format 3, 4 or 5 is returned
-    unchanged.
-    """
-    read = read_skv(data, reader_side(model))
-    if read.version not in (1, 2):
-        return data
-    if descriptions is not None and read.model is not None:
-        descriptions.remember(read.model, read.profile)
-    return write_skv(read.session).data
-
-
-def _dtype_of(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise CorruptFileError(f"the file's profile names an unknown dtype {name!r}")
-    return dtype

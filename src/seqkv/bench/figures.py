@@ -49,12 +49,13 @@ from typing import Literal
 import numpy as np
 
 from seqkv.bench.texts import TEXT_FILES, shipped_text
-from seqkv.codec import DEFAULT_TOLERANCE, PrefillKV, compress, decompress
+from seqkv.codec import DEFAULT_TOLERANCE, PrefillKV
 from seqkv.errors import CorruptFileError, DecodeVerificationError, SeqKVError
 from seqkv.levels import DEFAULT_LEVEL, parse_level
 from seqkv.models.adapter import CausalLM
 from seqkv.models.rows import row_forward
 from seqkv.schedule import cpu_vendor
+from seqkv.skv import compress, decompress
 
 # NOTE: 96 tokens of each kind keep the whole gate (every level coded and decoded) near three
 # minutes on a 2-core CPU, long enough for every level to reach its steady state (the rows

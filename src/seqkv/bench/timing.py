@@ -48,10 +48,10 @@ import torch
 from seqkv import environment
 from seqkv.bench.figures import baselines_root
 from seqkv.bench.texts import shipped_text
-from seqkv.codec import compress, decompress
 from seqkv.errors import SeqKVError
 from seqkv.models.adapter import CausalLM
 from seqkv.schedule import cpu_model
+from seqkv.skv import compress, decompress
 
 RATIOS = ("encode[portable]", "decode[portable]", "encode[ngram]", "decode[ngram]")
 # NOTE: 96 tokens of prose, the figures gate's first case: long enough that timer resolution and

@@ -47,14 +47,7 @@ from seqkv.checker.sampling import (
     context_ends,
     estimate_entropy_rate_from_data,
 )
-from seqkv.codec import (
-    DEFAULT_TOLERANCE,
-    CodingTrace,
-    DecompressResult,
-    Theorem1,
-    compress,
-    decompress,
-)
+from seqkv.codec import DEFAULT_TOLERANCE, CodingTrace, DecompressResult, Theorem1
 from seqkv.errors import DecodeVerificationError, InsufficientSamplesError
 from seqkv.levels import DEFAULT_LEVEL, parse_level
 from seqkv.models.adapter import CausalLM
@@ -63,6 +56,7 @@ from seqkv.progress import ProgressSink
 from seqkv.proofs.claims import Claim, Measurements, paper_claims
 from seqkv.proofs.ratios import per_vector_bits_per_token, per_vector_over_sequential
 from seqkv.schedule import pinned_threads, schedule_threads
+from seqkv.skv import compress, decompress
 from seqkv.types import ExecutionProfile, KVGeometry, ModelIdentity
 
 

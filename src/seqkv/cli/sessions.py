@@ -20,18 +20,7 @@ from safetensors.torch import save
 from seqkv.bench.timing import time_token_by_token
 from seqkv.cli import common
 from seqkv.cli.dict import DictionaryFile
-from seqkv.codec import (
-    DEFAULT_TOLERANCE,
-    CompressResult,
-    DecompressResult,
-    PrefillKV,
-    Theorem1,
-    compress,
-    decompress,
-    decompress_tokens,
-    level_of,
-    upgrade,
-)
+from seqkv.codec import DEFAULT_TOLERANCE, DecompressResult, PrefillKV, Theorem1, level_of
 from seqkv.descriptions import Descriptions
 from seqkv.errors import DecodeVerificationError, SeqKVError
 from seqkv.formats.skv import SkvRead, read_skv
@@ -39,6 +28,7 @@ from seqkv.levels import DEFAULT_LEVEL, CodingLevel, parse_level
 from seqkv.models import CausalLM
 from seqkv.quantizers import TurboQuantMSE
 from seqkv.schedule import pinned_threads
+from seqkv.skv import CompressResult, compress, decompress, decompress_tokens, upgrade
 
 _QUANTIZER_BITS = 3  # the per-vector comparison point: TurboQuant at 3 bits per component
 

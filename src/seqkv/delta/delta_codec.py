@@ -11,13 +11,13 @@ Encode, for ``i = 0 .. T-1`` (``seqkv.delta.closed_loop``, one step per position
 ``decoded_i = pred_i + dequantize(codes_i)``. The codes of all positions are then entropy-coded
 (``seqkv.delta.residual_coder``). Decode runs the same loop with the stored codes. Predictors
 that need the tokens (top-k, exact) get them from a token code made by seqkv's token codec
-(``seqkv.compress`` without KV), stored with the delta code.
+(``seqkv.codec.encode`` without KV: a ``CodedSession``, no file), kept with the delta code.
 
 What is stored and counted (``DeltaCode.num_bits``): the range-coded codes, the fitted tables
 and their flags, the quantizer's side information (norms, scales, zero-points, QJL signs) at
 its stored size, 3 bits per position for the widths, and the token code's bits when the
 predictor needs the tokens. Not counted: a fixed header (predictor, quantizer, seed, shape,
-model identity), as ``seqkv.codec`` reports its container apart.
+model identity), as ``seqkv.skv`` reports its container apart.
 
 Invariants:
 1. ``decode_delta(model, encode_delta(...).code).kv`` equals the encoder's ``decoded`` bit for
@@ -44,7 +44,8 @@ import numpy.typing as npt
 import torch
 from transformers import DynamicCache
 
-from seqkv.codec import compress, decompress
+from seqkv.bounds import raise_unless_all_hold
+from seqkv.codec import DecodeItem, decode_many, encode
 from seqkv.delta.bit_allocation import AllocationMode, allocate_bits, width_bits
 from seqkv.delta.closed_loop import decode_loop, encode_loop
 from seqkv.delta.predictors.base import ForwardCost, Predictor, PredictorContext
@@ -63,6 +64,7 @@ from seqkv.kvcache import tensor_from_cache
 from seqkv.models.adapter import CausalLM
 from seqkv.quantizers import QuantizedTensor, QuantizerName
 from seqkv.schedule import pinned_threads
+from seqkv.session import CodedSession
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,10 @@ class DeltaConfig:
 
 @dataclass(frozen=True)
 class TokenStore:
-    """The tokens as seqkv's token codec stores them (``.skv`` bytes without KV)."""
+    """The tokens as seqkv's token codec codes them: a coded session without KV (a value, not
+    ``.skv`` bytes; the delta code holds no file)."""
 
-    data: bytes
+    session: CodedSession
     code_bits: int
     """The arithmetic code's exact length: what the delta code counts for the tokens."""
     num_tokens: int
@@ -111,12 +114,14 @@ class TokenStore:
 
 
 def store_tokens(model: CausalLM, tokens: Sequence[int]) -> TokenStore:
-    """Code ``tokens`` with ``seqkv.compress`` (one forward per token, plus the start token)."""
+    """Code ``tokens`` with ``seqkv.codec.encode`` at its default level, without KV (one
+    forward per token, plus the start token); a failed bound of the codec raises."""
     token_list = [int(t) for t in tokens]
-    result = compress(model, token_list)
+    encoded = encode(model, token_list)
+    raise_unless_all_hold(encoded.bounds)
     calls = len(token_list) + (model.start_token_id is not None)
-    return TokenStore(result.data, result.stats.code_bits, len(token_list),
-                      ForwardCost(calls, calls), result.stats.encode_seconds)
+    return TokenStore(encoded.session, encoded.session.token_code.num_bits, len(token_list),
+                      ForwardCost(calls, calls), encoded.encode_seconds)
 
 
 @dataclass(frozen=True)
@@ -386,7 +391,7 @@ def decode_delta(
         if tokens is not None:
             token_list = [int(t) for t in tokens]
         elif code.tokens is not None:
-            token_list = decompress(model, code.tokens.data).tokens
+            token_list = decode_many(model, [DecodeItem(code.tokens.session)])[0].tokens
             cost += code.tokens.cost
         else:
             raise InvalidTokensError(

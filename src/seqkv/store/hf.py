@@ -30,7 +30,6 @@ float32 ulps, an escape of 4 bytes each; the tests report the sizes.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +37,16 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from seqkv.codec import compress, decompress
-from seqkv.errors import InvalidKVError, NotASeqKVFileError, UnsupportedVersionError
+from seqkv.bounds import raise_unless_all_hold
+from seqkv.codec import DecodeItem, decode_many, encode
+from seqkv.errors import InvalidKVError
 from seqkv.files import write_atomically
+from seqkv.formats.hf_cache import DTYPE_NAMES, read_cache, write_cache
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.models.adapter import CausalLM
 
-_MAGIC = b"SKVCACHE"
-_VERSION = 1
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_FRAME = struct.Struct("<8sBB")
+# The dtypes a cache file records, in ``seqkv.formats.hf_cache.DTYPE_NAMES``'s order.
+_DTYPES = tuple(getattr(torch, name) for name in DTYPE_NAMES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,24 +81,20 @@ def save_cache(cache: DynamicCache, path: str | os.PathLike[str], *,
         raise InvalidKVError(
             f"the cache holds {kv.shape[3]} positions but {len(ids)} tokens were given: pass the "
             "tokens whose KV the cache holds (after generate: sequences[0, :-1])")
-    result = compress(_adapter(model), ids, kv=kv.detach().to("cpu", torch.float32),
-                      tolerance=0.0, level=level)
-    data = _FRAME.pack(_MAGIC, _VERSION, _DTYPES.index(kv.dtype)) + result.data
+    encoded = encode(_adapter(model), ids, kv.detach().to("cpu", torch.float32), tolerance=0.0,
+                     level=level)
+    raise_unless_all_hold(encoded.bounds)
+    data = write_cache(_DTYPES.index(kv.dtype), encoded.session)
     write_atomically(path, data)
     return SavedCache(Path(path), len(ids), len(data), kv.numel() * kv.element_size())
 
 
 def load_cache(path: str | os.PathLike[str], *,
                model: PreTrainedModel | CausalLM) -> DynamicCache:
-    """The cache ``save_cache`` wrote, on the model's device, at its original dtype."""
-    data = Path(path).read_bytes()
-    if len(data) < _FRAME.size or data[:8] != _MAGIC:
-        raise NotASeqKVFileError(f"{path} is not a file written by seqkv.store.hf.save_cache")
-    _, version, dtype = _FRAME.unpack_from(data)
-    if version != _VERSION or dtype >= len(_DTYPES):
-        raise UnsupportedVersionError(
-            f"{path} has cache-file version {version} (dtype code {dtype}); this seqkv reads "
-            f"version {_VERSION}: use the seqkv release that wrote it")
+    """The cache ``save_cache`` wrote (either version of its file), on the model's device, at
+    its original dtype. A file of another kind is ``NotASeqKVFileError``, of an unknown version
+    ``UnsupportedVersionError``, a damaged one ``CorruptFileError``."""
+    read = read_cache(Path(path).read_bytes())
     adapter = _adapter(model)
-    decoded = decompress(adapter, data[_FRAME.size :])
-    return cache_from_tensor(decoded.kv.to(adapter.device, _DTYPES[dtype]))
+    decoded = decode_many(adapter, [DecodeItem(read.session)])[0]
+    return cache_from_tensor(decoded.kv.to(adapter.device, _DTYPES[read.dtype]))
