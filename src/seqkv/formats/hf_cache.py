@@ -2,7 +2,7 @@
 coded session in a small checksummed frame of its own. A sibling format of ``.skv`` and of the
 store's span record, of the same value (``seqkv.session.CodedSession``), with no ``.skv`` inside.
 
-Version 2 (written since this version), integers as varints (``seqkv.formats.framing``)::
+Version 2 (the version written), integers as varints (``seqkv.formats.framing``)::
 
     magic      8 bytes  ``SKVCACHE``
     version    u8       2
@@ -24,7 +24,7 @@ Version 2 (written since this version), integers as varints (``seqkv.formats.fra
                         (``code_form`` "floored")
     crc32      u32le    of everything before it (zlib.crc32)
 
-Version 1 (written before) framed a whole ``.skv`` file after the dtype byte; it is read into the
+Version 1 framed a whole ``.skv`` file after the dtype byte; it is read into the
 same value through ``seqkv.formats.skv``, and written again only as version 2.
 
 Invariants:

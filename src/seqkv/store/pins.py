@@ -40,7 +40,7 @@ def pin_name(hash_: PrefixHash) -> SessionName:
 
 
 class StorePrefixSource:
-    """The ``seqkv.codec.PrefixSource`` of one namespace of a store: ``resolve`` reads the
+    """The ``seqkv.skv.PrefixSource`` of one namespace of a store: ``resolve`` reads the
     pinned prefix (``SessionStore.pin_prefix``) by its hash."""
 
     def __init__(self, namespace: Namespace,

@@ -317,7 +317,7 @@ class SessionStore:
         return Prefix(tokens, kv, hash_)
 
     def prefix_source(self, *, namespace: str) -> StorePrefixSource:
-        """The ``seqkv.codec.PrefixSource`` of ``namespace``: ``decompress(...,
+        """The ``seqkv.skv.PrefixSource`` of ``namespace``: ``decompress(...,
         prefixes=store.prefix_source(namespace=...))`` finds prefixes ``pin_prefix`` pinned."""
         tenant = Tenant.of(namespace)
 
