@@ -23,11 +23,14 @@ Invariants:
    ``least_symbol_bits`` and ``count`` of them exceed ``num_bits + OVERRUN_BITS + 2``: the
    guard would refuse it later (``plain``: ``log2 V`` bits a token). Where a table can give a
    token a probability near 1 (``ngram`` after a run of one token), that bound is near 0 bits
-   and the count is bounded by the level's caps instead: without the model, ``decode_work``
-   within ``MAX_MODEL_FREE_WORK`` and the count within ``MODEL_FREE_MAX_TOKENS``
-   (``seqkv.limits``, set so that the largest decode they allow fits the fuzz harness's 2 s
-   budget: ``benchmarks/model_free_decode.py``); with it, the model's context (enforced;
-   ``tests/test_work_bounds.py``, ``tests/test_decode_limits.py``).
+   and the count is bounded by the caps instead: without the model, ``decode_work`` within
+   ``MAX_MODEL_FREE_WORK`` (checked here) and the count within the caller's token limit
+   (checked by the caller before this: ``seqkv.codec.token_limit``, ``MODEL_FREE_MAX_TOKENS``
+   unless the caller's ``max_tokens`` says otherwise; the store's tokens-only codec applies
+   ``MODEL_FREE_MAX_TOKENS`` itself; both in ``seqkv.limits``, set so that the largest decode
+   they allow fits the fuzz harness's 2 s budget: ``benchmarks/model_free_decode.py``); with
+   it, the model's context (enforced; ``tests/test_work_bounds.py``,
+   ``tests/test_decode_limits.py``).
 """
 
 from __future__ import annotations
