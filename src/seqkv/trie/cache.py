@@ -6,7 +6,8 @@ costs model forwards; the prefixes a worker decoded or coded are kept here, so t
 finds them in memory, token by token. The shape is SGLang's ``BasePrefixCache``
 (``mem_cache/radix_cache.py``): ``match_prefix`` returns a match result, ``insert``, ``evict``,
 ``lock``/``unlock`` references, evictable and protected sizes; the budget and order are
-``seqkv.eviction``'s.
+``seqkv.eviction``'s, and the radix trie itself (walk, split, leaves, locks, eviction) is
+``seqkv.trie.core``'s, the same one under ``seqkv.trie.radix.PrefixTrie``.
 
 Each node holds one edge of tokens, the KV of that edge, and its *source*: the stored chain
 (opaque here, a ``ChainSource``) whose decode gave those tokens and that KV. Two chains may hold
@@ -23,8 +24,8 @@ Invariants:
    a node is protected while a ``lock`` on it or on a node below it is not released (enforced:
    ``lock`` references the whole path to the root; a split gives the new upper node the
    references of the node it splits).
-3. Only unreferenced leaves are evicted, never a root (enforced: the ledger's ``eligible`` is
-   "a live leaf", and roots are not in the ledger). After every ``insert`` the total is within
+3. Only unreferenced leaves are evicted, never a root (enforced: ``seqkv.trie.core``
+   invariant 3), least recently used first. After every ``insert`` the total is within
    the budget unless everything over it is protected (enforced: ``evict_to_budget``).
 4. A tag names the node that ends exactly at the tagged chain's last token, and only when the
    whole path to it agrees with that chain (enforced at ``insert``; a node keeps its depth and

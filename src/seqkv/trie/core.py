@@ -225,7 +225,11 @@ def _is_live_leaf(node: RadixNode[Any]) -> bool:
 
 
 def common_length(edge: tuple[int, ...], query: Sequence[int], position: int) -> int:
-    """How many of ``edge``'s tokens ``query`` repeats from ``position`` on."""
+    """How many of ``edge``'s tokens ``query`` repeats from ``position`` on.
+
+    >>> common_length((3, 4, 5), (1, 3, 4, 9), 1)
+    2
+    """
     stop = position + len(edge)
     if edge == tuple(query[position:stop]):
         return len(edge)

@@ -1,10 +1,11 @@
 """The nodes of the prefix trie: one edge of tokens, the KV of that span, and its bookkeeping.
 
 Motivation: a serving trie holds many thousands of small nodes, so they are slotted dataclasses
-(no per-instance ``__dict__``; a test checks it), and everything a query needs is a field: the
-edge's tokens and log2-probabilities, the KV of the span, the depth and cumulative
+(no per-instance ``__dict__``; a test checks it), and everything a query needs is a field. The
+edge's tokens, its KV, depth, children and last access are the radix core's
+(``seqkv.trie.core.RadixNode``); this node adds the edge's log2-probabilities, the cumulative
 log2-probability from the namespace root, the content hash of the whole prefix ending here, and
-access statistics.
+hit statistics.
 
 A node is the end of the prefix ``root .. node``; its edge holds the last ``len(tokens)`` tokens of
 that prefix. Roots (one per namespace) hold no tokens.
@@ -19,9 +20,9 @@ Invariants (kept by ``PrefixTrie``, which owns every node; ``PrefixTrie.audit`` 
 4. A parent's ``children`` are keyed by each child's first token; no edge is empty except a
    root's (checked).
 5. Nodes are never merged back after an eviction, so a prefix hash, once a node boundary, stays one
-   until that node is evicted (enforced: no code path merges).
+   until that node is evicted (enforced: ``seqkv.trie.core`` invariant 5).
 6. The trie never writes into a node's ``kv`` tensor; a split replaces it with two new tensors
-   (enforced), so a tensor handed out stays valid.
+   (enforced: ``seqkv.trie.core`` invariant 6), so a tensor handed out stays valid.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ sessions use it, and a session only has to be coded from the point where it leav
 This is layer 1 of arXiv 2604.15356 (a probabilistic language trie: every edge carries the
 model's log2-probabilities of its tokens), built the way SGLang's RadixAttention builds its
 radix tree: reference counts, access statistics, splitting on a match that ends inside an edge,
-eviction of unreferenced leaves, and namespaces so that tenants never share a node.
+eviction of unreferenced leaves, and namespaces so that tenants never share a node. The radix
+trie itself (walk, split, leaves, locks, eviction order) is ``seqkv.trie.core``'s, the same one
+under the store's hot tier (``seqkv.trie.cache``); this module adds the layer-1 payload (log2-
+probabilities, prefix hashes, statistics, sessions) and the policy's order.
 
 What each operation mutates:
 
@@ -34,8 +37,10 @@ Invariants:
    (checked by ``audit``); protected nodes are those with references. Roots are not in the
    ledger: they hold no tokens, no bytes and no references.
 4. Eviction removes only unreferenced leaves; a node on a live session's path and a namespace
-   root are never evicted (enforced: the ledger pops only unreferenced nodes it holds, and its
-   ``eligible`` is ``is_leaf``; checked by the state machine).
+   root are never evicted (enforced: ``seqkv.trie.core`` invariant 3; checked by the state
+   machine). A node's rank is the policy's priority of its fields as they are now (enforced:
+   ``seqkv.trie.core`` invariant 4, since the fields change only on a lookup, which re-ranks
+   its path).
 5. Splits and evictions never merge nodes, so a prefix hash returned by ``match`` or ``insert``
    resolves until its node is evicted (enforced).
 6. When ``budget_bytes`` is set, every ``insert`` and ``release`` ends at or under the budget
@@ -343,7 +348,8 @@ class PrefixTrie(RadixTree[TrieNode]):
                 check_kv(kv, len(query), self._geometry)
             self._clock += 1
             root = self._root(namespace)
-            path, hit = self._walk(root, _as_tuple(query), split=True)
+            key = _as_tuple(query)
+            path, hit = self._walk(root, key, split=True)
             saved = 0
             for node in path:
                 if node.kv is None and kv is not None:
@@ -352,7 +358,7 @@ class PrefixTrie(RadixTree[TrieNode]):
                     saved += node.nbytes
                 node.hit_count += 1
             if hit < len(query):
-                path.append(self._add_leaf(path[-1] if path else root, query, probs, kv))
+                path.append(self._add_leaf(path[-1] if path else root, query, key, probs, kv))
             end = path[-1]
             self._touch(path)
             session = self._lock_session(end) if lock else None
@@ -630,17 +636,19 @@ class PrefixTrie(RadixTree[TrieNode]):
         self,
         parent: TrieNode,
         query: npt.NDArray[np.int64],
+        key: tuple[int, ...],
         probs: npt.NDArray[np.float64],
         kv: torch.Tensor | None,
     ) -> TrieNode:
-        """A new unreferenced leaf under ``parent`` for the rest of ``query``."""
+        """A new unreferenced leaf under ``parent`` for the rest of ``query`` (``key`` is the
+        same tokens as the core's tuple)."""
         start = parent.depth
         span = None if kv is None else self._copy_kv(kv, start, len(query))
         if span is not None and self._geometry is None:
             self._geometry = KVLayout.of(span)
         log2_probs = probs[start:].copy()
         node = TrieNode(
-            parent, _as_tuple(query[start:]), span, len(query), last_access=self._clock,
+            parent, key[start:], span, len(query), last_access=self._clock,
             node_id=self._node_id(), namespace=parent.namespace, log2_probs=log2_probs,
             path_log2_prob=parent.path_log2_prob + float(np.sum(log2_probs)),
             prefix_hash=prefix_hash_of_array(parent.namespace, query),
