@@ -37,6 +37,7 @@ remove leaves. A tree is not thread-safe: its owner serializes calls.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -79,7 +80,7 @@ class RadixNode(Generic[N]):
         return not self.children
 
 
-class RadixTree(Generic[N]):
+class RadixTree(ABC, Generic[N]):
     """Roots per namespace, the ledger, a logical clock, and the operations on them (see the
     module docstring); an owner subclasses it and implements the hooks."""
 
@@ -94,16 +95,16 @@ class RadixTree(Generic[N]):
         """The ledger's budget: the one place it is kept."""
         return self._ledger.budget_bytes
 
+    @abstractmethod
     def _upper(self, child: N, at: int, kv: torch.Tensor | None, query: Sequence[int]) -> N:
         """A new node for ``child``'s first ``at`` tokens and ``kv`` (their KV), with
         ``child``'s parent and the payload of those tokens; trims ``child``'s own payload to
         its remaining edge. ``query`` starts with the tokens of the new node's whole prefix.
         The core relinks the nodes and fixes their sizes afterwards."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _nbytes(self, node: N) -> int:
         """What ``node`` costs in the budget."""
-        raise NotImplementedError
 
     def _priority(self, node: N) -> float:
         """``node``'s eviction rank, lowest first, from its own fields (invariant 4)."""
