@@ -123,7 +123,7 @@ TestCacheMachine = CacheMachine.TestCase
 
 
 def test_nodes_are_slotted() -> None:
-    node: CacheNode[Chain] = CacheNode(None, (), None, None, 0)
+    node: CacheNode[Chain] = CacheNode(None, (), None, 0, source=None)
     assert not hasattr(node, "__dict__")
 
 

@@ -13,6 +13,7 @@ MODULES = (
     "seqkv.trie.radix",
     "seqkv.trie.clusters",
     "seqkv.trie.cache",
+    "seqkv.trie.core",
     "seqkv.store.pins",
 )
 

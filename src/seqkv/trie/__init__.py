@@ -4,9 +4,10 @@ Start with :class:`PrefixTrie` (insert, match, resolve, release, evict), :func:`
 content hash a ``.skv`` file uses to reference a stored prefix), :func:`trie_distance` (the trie
 metric d_T), :func:`cluster_sessions` (the paper's clusters, reduced to what is sound),
 and :class:`RadixCache` (a store worker's prefix index and hot tier: SGLang's prefix-cache
-shape over the chains of stored spans). Eviction is ``seqkv.eviction``'s (its policies are
-re-exported here); the trie's benchmark against vLLM-style hashed blocks lives outside the
-package (``research.bench.trie``). The trie's own snapshot format is retired: the store's chain
+shape over the chains of stored spans). Both are one radix trie, ``seqkv.trie.core``, with
+their own payload per node; eviction is ``seqkv.eviction``'s (its policies are re-exported
+here); the trie's benchmark against vLLM-style hashed blocks lives outside the package
+(``research.bench.trie``). The trie's own snapshot format is retired: the store's chain
 of spans is its persistent form, and :func:`load_trie` refuses a snapshot by name
 (``TrieSnapshotRetiredError``) with how to rebuild it.
 

@@ -6,7 +6,8 @@ costs model forwards; the prefixes a worker decoded or coded are kept here, so t
 finds them in memory, token by token. The shape is SGLang's ``BasePrefixCache``
 (``mem_cache/radix_cache.py``): ``match_prefix`` returns a match result, ``insert``, ``evict``,
 ``lock``/``unlock`` references, evictable and protected sizes; the budget and order are
-``seqkv.eviction``'s.
+``seqkv.eviction``'s, and the radix trie itself (walk, split, leaves, locks, eviction) is
+``seqkv.trie.core``'s, the same one under ``seqkv.trie.radix.PrefixTrie``.
 
 Each node holds one edge of tokens, the KV of that edge, and its *source*: the stored chain
 (opaque here, a ``ChainSource``) whose decode gave those tokens and that KV. Two chains may hold
@@ -23,8 +24,8 @@ Invariants:
    a node is protected while a ``lock`` on it or on a node below it is not released (enforced:
    ``lock`` references the whole path to the root; a split gives the new upper node the
    references of the node it splits).
-3. Only unreferenced leaves are evicted, never a root (enforced: the ledger's ``eligible`` is
-   "a live leaf", and roots are not in the ledger). After every ``insert`` the total is within
+3. Only unreferenced leaves are evicted, never a root (enforced: ``seqkv.trie.core``
+   invariant 3), least recently used first. After every ``insert`` the total is within
    the budget unless everything over it is protected (enforced: ``evict_to_budget``).
 4. A tag names the node that ends exactly at the tagged chain's last token, and only when the
    whole path to it agrees with that chain (enforced at ``insert``; a node keeps its depth and
@@ -45,9 +46,9 @@ from typing import Generic, Protocol, TypeVar
 
 import torch
 
-from seqkv.eviction import EvictionLedger, EvictionSizes
+from seqkv.eviction import EvictionSizes
+from seqkv.trie.core import TOKEN_AXIS, RadixNode, RadixTree, path_to
 
-_TOKEN_AXIS = 3  # [layers, 2, kv_heads, tokens, head_dim]
 _TOKEN_BYTES = 8  # what one token costs in the budget, besides its KV
 
 
@@ -64,22 +65,11 @@ S = TypeVar("S", bound=ChainSource)
 
 
 @dataclass(slots=True, eq=False)
-class CacheNode(Generic[S]):
-    """One edge of tokens, its KV and its source; compares by identity (a dict key)."""
+class CacheNode(RadixNode["CacheNode[S]"], Generic[S]):
+    """One edge of tokens, its KV (``seqkv.trie.core.RadixNode``) and its source."""
 
-    parent: CacheNode[S] | None
-    tokens: tuple[int, ...]  # [edge]
-    kv: torch.Tensor | None  # [layers, 2, kv_heads, edge, head_dim]; None: a tokens-only chain
-    source: S | None  # None only for a root
-    depth: int  # tokens from the root to the end of this edge
-    children: dict[int, CacheNode[S]] = field(default_factory=dict)
-    tags: list[tuple[Hashable, Hashable]] = field(default_factory=list)  # chains ending here
-    last_access: int = 0
-    alive: bool = True
-
-    @property
-    def start(self) -> int:
-        return self.depth - len(self.tokens)
+    source: S | None = field(kw_only=True)  # None only for a root
+    tags: list[tuple[Hashable, Hashable]] = field(default_factory=list, kw_only=True)
 
     @property
     def nbytes(self) -> int:
@@ -97,7 +87,7 @@ class CacheMatch(Generic[S]):
     node: CacheNode[S] | None  # the deepest node of the path: what ``lock`` protects
 
 
-class RadixCache(Generic[S]):
+class RadixCache(RadixTree[CacheNode[S]]):
     """Token sequences, their KV and source chains in a radix trie within a byte budget.
 
     >>> class Chain(str):
@@ -113,15 +103,8 @@ class RadixCache(Generic[S]):
     """
 
     def __init__(self, *, budget_bytes: int | None) -> None:
-        self._ledger: EvictionLedger[CacheNode[S]] = EvictionLedger(
-            budget_bytes=budget_bytes, eligible=_is_live_leaf)
-        self._roots: dict[Hashable, CacheNode[S]] = {}
+        super().__init__(budget_bytes=budget_bytes)
         self._tags: dict[tuple[Hashable, Hashable], CacheNode[S]] = {}
-        self._clock = 0
-
-    @property
-    def budget_bytes(self) -> int | None:
-        return self._ledger.budget_bytes
 
     @property
     def nbytes(self) -> int:
@@ -140,18 +123,7 @@ class RadixCache(Generic[S]):
         root = self._roots.get(namespace)
         if root is None:
             return CacheMatch(0, (), None, None, None)
-        path: list[CacheNode[S]] = []
-        node, position = root, 0
-        while position < len(tokens):
-            child = node.children.get(int(tokens[position]))
-            if child is None:
-                break
-            shared = _common(child.tokens, tokens, position)
-            path.append(child)
-            position += shared
-            if shared < len(child.tokens):
-                break
-            node = child
+        path, position = self._walk(root, _as_tuple(tokens), split=False)
         return self._matched(path, position)
 
     def find(self, namespace: Hashable, tag: Hashable) -> CacheMatch[S] | None:
@@ -159,41 +131,28 @@ class RadixCache(Generic[S]):
         end = self._tags.get((namespace, tag))
         if end is None:
             return None
-        path = _path_to(end)
-        return self._matched(path, end.depth)
+        return self._matched(path_to(end), end.depth)
 
     def insert(self, namespace: Hashable, tokens: Sequence[int], kv: torch.Tensor | None,
                source: S, tag: Hashable | None = None) -> CacheNode[S] | None:
         """Hold ``tokens`` and their KV (``[layers, 2, kv_heads, len(tokens), head_dim]``, or
         None) as coming from ``source``; ``tag`` names the chain for ``find`` (invariant 4).
         The end node, or None once the budget evicted it."""
-        if kv is not None and kv.shape[_TOKEN_AXIS] != len(tokens):
-            raise AssertionError(f"KV of {kv.shape[_TOKEN_AXIS]} tokens for {len(tokens)}")
+        if kv is not None and kv.shape[TOKEN_AXIS] != len(tokens):
+            raise AssertionError(f"KV of {kv.shape[TOKEN_AXIS]} tokens for {len(tokens)}")
+        query = _as_tuple(tokens)
         self._clock += 1
         root = self._roots.get(namespace)
         if root is None:
-            root = CacheNode(None, (), None, None, 0)
+            root = CacheNode(None, (), None, 0, source=None)
             self._roots[namespace] = root
-        path: list[CacheNode[S]] = []
-        agrees = True
-        node, position = root, 0
-        while position < len(tokens):
-            child = node.children.get(int(tokens[position]))
-            if child is None:
-                break
-            shared = _common(child.tokens, tokens, position)
-            if shared < len(child.tokens):
-                child = self._split(child, shared)
-            agrees = agrees and _agree(child, source)
-            path.append(child)
-            node, position = child, position + shared
-        if position < len(tokens):
-            edge = None if kv is None else kv[:, :, :, position:, :].contiguous().clone()
-            leaf = CacheNode(node, tuple(int(t) for t in tokens[position:]), edge, source,
-                             len(tokens))
-            node.children[leaf.tokens[0]] = leaf
-            self._ledger.add(leaf, leaf.nbytes, len(leaf.tokens))
-            path.append(leaf)
+        path, position = self._walk(root, query, split=True)
+        agrees = all(_agree(node, source) for node in path)
+        if position < len(query):
+            edge = None if kv is None else self._copy_kv(kv, position, len(query))
+            parent = path[-1] if path else root
+            path.append(self._attach(CacheNode(parent, query[position:], edge, len(query),
+                                               source=source)))
         end = path[-1] if path else None
         if end is not None and tag is not None and agrees:
             key = (namespace, tag)
@@ -201,24 +160,22 @@ class RadixCache(Generic[S]):
                 self._tags[key] = end
                 end.tags.append(key)
         self._touch(path)
-        self._ledger.evict_to_budget(self._remove)
+        self._evict_to_budget()
         return end if end is not None and end.alive else None
 
     def lock(self, node: CacheNode[S]) -> None:
         """Protect ``node`` and its path from eviction until ``unlock(node)`` (invariant 2)."""
-        for step in _path_to(node):
-            self._ledger.lock(step)
+        self._lock_path(node)
 
     def unlock(self, node: CacheNode[S]) -> None:
         """Release one ``lock(node)``, then evict down to the budget."""
-        for step in _path_to(node):
-            self._ledger.unlock(step)
-        self._ledger.evict_to_budget(self._remove)
+        self._unlock_path(node)
+        self._evict_to_budget()
 
     def evict(self, num_bytes: int) -> int:
         """Evict unreferenced leaves, least recently used first, until ``num_bytes`` are freed
         or none is left: the bytes freed."""
-        return self._ledger.evict(num_bytes, self._remove)[1]
+        return self._evict(num_bytes)[1]
 
     def drop(self, namespace: Hashable, gone: Callable[[S, int], bool]) -> int:
         """Remove every unreferenced node of ``namespace`` for which ``gone(source, depth)``
@@ -247,7 +204,6 @@ class RadixCache(Generic[S]):
         for node in reversed(order):  # leaves first
             if node.children or self._ledger.refs(node):
                 continue  # a locked path stays; its owner is told by the backend's commit
-            self._ledger.remove(node)
             self._remove(node)
             removed += 1
         return removed
@@ -271,49 +227,22 @@ class RadixCache(Generic[S]):
             tokens.extend(node.tokens[:take])
             if node.kv is not None:
                 spans.append(node.kv[:, :, :, :take, :])
-        kv = torch.cat(spans, dim=_TOKEN_AXIS) if len(spans) == len(path) else None
+        kv = torch.cat(spans, dim=TOKEN_AXIS) if len(spans) == len(path) else None
         return CacheMatch(length, tuple(tokens), kv, path[-1].source, path[-1])
 
-    def _split(self, child: CacheNode[S], at: int) -> CacheNode[S]:
-        """Put a node holding ``child``'s first ``at`` tokens between it and its parent;
-        ``child`` keeps its depth, source and tags."""
-        parent = child.parent
-        if parent is None or not 0 < at < len(child.tokens):
-            raise AssertionError(f"split of a root or outside its edge (at={at})")
-        upper_kv = None if child.kv is None else child.kv[:, :, :, :at, :].contiguous().clone()
-        upper = CacheNode(parent, child.tokens[:at], upper_kv, child.source, child.start + at,
-                          last_access=child.last_access)
-        child.tokens = child.tokens[at:]
-        child.kv = None if child.kv is None else child.kv[:, :, :, at:, :].contiguous().clone()
-        child.parent = upper
-        upper.children[child.tokens[0]] = child
-        parent.children[upper.tokens[0]] = upper
-        self._ledger.resize(child, child.nbytes, len(child.tokens))
-        self._ledger.add(upper, upper.nbytes, len(upper.tokens), refs=self._ledger.refs(child))
-        self._ledger.rank(upper, float(upper.last_access))
-        return upper
+    def _upper(self, child: CacheNode[S], at: int, kv: torch.Tensor | None,
+               query: Sequence[int]) -> CacheNode[S]:
+        """``child``'s source covers its first ``at`` tokens too; its tags stay with it."""
+        return CacheNode(child.parent, child.tokens[:at], kv, child.start + at,
+                         last_access=child.last_access, source=child.source)
 
-    def _touch(self, path: list[CacheNode[S]]) -> None:
-        for node in path:
-            node.last_access = self._clock
-            self._ledger.rank(node, float(self._clock))
+    def _nbytes(self, node: CacheNode[S]) -> int:
+        return node.nbytes
 
-    def _remove(self, node: CacheNode[S]) -> None:
-        """Take out a leaf the ledger has just let go (invariant 3)."""
-        parent = node.parent
-        if parent is None or not node.alive or node.children:
-            raise AssertionError("eviction reached a node that is not a live leaf")
-        del parent.children[node.tokens[0]]
+    def _forget(self, node: CacheNode[S]) -> None:
         for key in node.tags:
             del self._tags[key]
         node.tags.clear()
-        node.alive, node.kv, node.parent = False, None, None
-        if parent.parent is not None and not parent.children:
-            self._ledger.rank(parent, float(parent.last_access))
-
-
-def _is_live_leaf(node: CacheNode[S]) -> bool:
-    return node.alive and not node.children
 
 
 def _agree(node: CacheNode[S], source: S, length: int | None = None) -> bool:
@@ -322,21 +251,5 @@ def _agree(node: CacheNode[S], source: S, length: int | None = None) -> bool:
     return node.source is not None and node.source.cut(end) == source.cut(end)
 
 
-def _common(edge: tuple[int, ...], tokens: Sequence[int], position: int) -> int:
-    shared = 0
-    for a, b in zip(edge, tokens[position:position + len(edge)], strict=False):
-        if a != int(b):
-            break
-        shared += 1
-    return shared
-
-
-def _path_to(node: CacheNode[S]) -> list[CacheNode[S]]:
-    """Root excluded, ``node`` last."""
-    path: list[CacheNode[S]] = []
-    current: CacheNode[S] | None = node
-    while current is not None and current.parent is not None:
-        path.append(current)
-        current = current.parent
-    path.reverse()
-    return path
+def _as_tuple(tokens: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(t) for t in tokens)

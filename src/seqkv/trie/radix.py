@@ -6,7 +6,10 @@ sessions use it, and a session only has to be coded from the point where it leav
 This is layer 1 of arXiv 2604.15356 (a probabilistic language trie: every edge carries the
 model's log2-probabilities of its tokens), built the way SGLang's RadixAttention builds its
 radix tree: reference counts, access statistics, splitting on a match that ends inside an edge,
-eviction of unreferenced leaves, and namespaces so that tenants never share a node.
+eviction of unreferenced leaves, and namespaces so that tenants never share a node. The radix
+trie itself (walk, split, leaves, locks, eviction order) is ``seqkv.trie.core``'s, the same one
+under the store's hot tier (``seqkv.trie.cache``); this module adds the layer-1 payload (log2-
+probabilities, prefix hashes, statistics, sessions) and the policy's order.
 
 What each operation mutates:
 
@@ -34,8 +37,10 @@ Invariants:
    (checked by ``audit``); protected nodes are those with references. Roots are not in the
    ledger: they hold no tokens, no bytes and no references.
 4. Eviction removes only unreferenced leaves; a node on a live session's path and a namespace
-   root are never evicted (enforced: the ledger pops only unreferenced nodes it holds, and its
-   ``eligible`` is ``is_leaf``; checked by the state machine).
+   root are never evicted (enforced: ``seqkv.trie.core`` invariant 3; checked by the state
+   machine). A node's rank is the policy's priority of its fields as they are now (enforced:
+   ``seqkv.trie.core`` invariant 4, since the fields change only on a lookup, which re-ranks
+   its path).
 5. Splits and evictions never merge nodes, so a prefix hash returned by ``match`` or ``insert``
    resolves until its node is evicted (enforced).
 6. When ``budget_bytes`` is set, every ``insert`` and ``release`` ends at or under the budget
@@ -63,8 +68,9 @@ import numpy.typing as npt
 import torch
 
 from seqkv.errors import EvictionConfigError
-from seqkv.eviction import EvictionLedger, EvictionPolicy, EvictionPolicyName, make_policy
+from seqkv.eviction import EvictionPolicy, EvictionPolicyName, make_policy
 from seqkv.session import Prefix
+from seqkv.trie.core import TOKEN_AXIS, RadixTree, path_to
 from seqkv.trie.errors import (
     PrefixHashMismatchError,
     PrefixNotFoundError,
@@ -87,13 +93,10 @@ from seqkv.trie.metric import (
     Neighbor,
     QueryPoint,
     TokenInput,
-    common_prefix_length,
     rank_sessions,
 )
 from seqkv.trie.node import TrieNode
 from seqkv.trie.sequence import ScoredSequence
-
-_TOKEN_AXIS = 3  # [layers, 2, kv_heads, tokens, head_dim]
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +249,7 @@ class TrieStats:
         return self.insert_hit_tokens / self.insert_tokens if self.insert_tokens else 0.0
 
 
-class PrefixTrie:
+class PrefixTrie(RadixTree[TrieNode]):
     """A radix trie of token sequences, their log2-probabilities and their KV.
 
     >>> trie = PrefixTrie()
@@ -287,16 +290,12 @@ class PrefixTrie:
             self._policy = make_policy(policy) if isinstance(policy, str) else policy
         except EvictionConfigError as error:
             raise TrieConfigError(str(error)) from error
+        super().__init__(budget_bytes=budget_bytes)
         self._lock = threading.RLock()
-        self._budget = budget_bytes
-        self._ledger: EvictionLedger[TrieNode] = EvictionLedger(budget_bytes=budget_bytes,
-                                                                eligible=_is_leaf)
         self._nominal = nominal_kv_bytes_per_token
         self._geometry: KVLayout | None = None
-        self._roots: dict[Namespace, TrieNode] = {}
         self._index: dict[PrefixHash, TrieNode] = {}
         self._sessions: dict[SessionId, TrieNode] = {}
-        self._clock = 0
         self._next_node = 0
         self._next_session = 0
         self._match_queries = 0
@@ -310,10 +309,7 @@ class PrefixTrie:
         self._evicted_tokens = 0
         self._evicted_bytes = 0
         self._over_budget_inserts = 0
-
-    @property
-    def budget_bytes(self) -> int | None:
-        return self._budget
+        self._evicted_log: list[EvictedNode] = []
 
     @property
     def policy(self) -> EvictionPolicy[TrieNode]:
@@ -352,20 +348,20 @@ class PrefixTrie:
                 check_kv(kv, len(query), self._geometry)
             self._clock += 1
             root = self._root(namespace)
-            path = self._walk_splitting(root, query)
-            hit = path[-1].depth
+            key = _as_tuple(query)
+            path, hit = self._walk(root, key, split=True)
             saved = 0
-            for node in path[1:]:
+            for node in path:
                 if node.kv is None and kv is not None:
                     self._attach_kv(node, kv)
                 else:
                     saved += node.nbytes
                 node.hit_count += 1
             if hit < len(query):
-                path.append(self._add_leaf(path[-1], query, probs, kv))
+                path.append(self._add_leaf(path[-1] if path else root, query, key, probs, kv))
             end = path[-1]
             self._touch(path)
-            session = self._lock_path(end) if lock else None
+            session = self._lock_session(end) if lock else None
             self._insert_sessions += 1
             self._insert_tokens += len(query)
             self._insert_hit_tokens += hit
@@ -403,17 +399,17 @@ class PrefixTrie:
                         prefix_hash=prefix_hash_of_array(namespace, query[:0]),
                         surprisal_bits=0.0, kv=None, session=None, node_id=NodeId(-1),
                     )
-            path = self._walk_splitting(root, query)
-            for node in path[1:]:
+            path, _ = self._walk(root, _as_tuple(query), split=True)
+            for node in path:
                 node.hit_count += 1
             self._touch(path)
-            end = path[-1]
+            end = path[-1] if path else root
             self._match_hit_tokens += end.depth
             return MatchResult(
                 namespace=namespace, length=end.depth, prefix_hash=end.prefix_hash,
                 surprisal_bits=end.surprisal_bits,
                 kv=self._path_kv(path) if with_kv else None,
-                session=self._lock_path(end) if lock else None, node_id=end.node_id,
+                session=self._lock_session(end) if lock else None, node_id=end.node_id,
             )
 
     def resolve(self, prefix_hash: PrefixHash, *, with_kv: bool = True) -> ResolvedPrefix:
@@ -431,7 +427,7 @@ class PrefixTrie:
                     "or it has been evicted; insert the prefix again before decoding a session "
                     "that references it"
                 )
-            path = self._path_to(node)
+            path = path_to(node)
             tokens = _concat_tokens(path)
             if prefix_hash_of_array(node.namespace, tokens) != wanted:
                 raise PrefixHashMismatchError(
@@ -439,7 +435,7 @@ class PrefixTrie:
                     "its memory is damaged"
                 )
             self._clock += 1
-            for step in path[1:]:
+            for step in path:
                 step.hit_count += 1
             self._touch(path)
             log2_probs = np.concatenate([n.log2_probs for n in path]) if path else np.zeros(0)
@@ -463,11 +459,7 @@ class PrefixTrie:
                     f"session {session!r} is not held by this trie: it was never issued here or "
                     "it has already been released"
                 )
-            node: TrieNode | None = end
-            while node is not None and node.parent is not None:
-                if self._ledger.unlock(node):
-                    self._rank(node)
-                node = node.parent
+            self._unlock_path(end)
             return self._enforce_budget()[0]
 
     def evict(self, num_bytes: int) -> EvictionResult:
@@ -479,7 +471,7 @@ class PrefixTrie:
         if isinstance(num_bytes, bool) or num_bytes < 0:
             raise TrieConfigError(f"num_bytes must be >= 0, got {num_bytes!r}")
         with self._lock:
-            evicted, freed = self._evict(num_bytes)
+            evicted, freed = self._evict_bytes(num_bytes)
             return EvictionResult(requested_bytes=num_bytes, freed_bytes=freed, evicted=evicted)
 
     def nearest_sessions(
@@ -507,7 +499,7 @@ class PrefixTrie:
         """
         with self._lock:
             ends = [self._session_end(s) for s in (a, b)]
-            ancestors = set(self._path_to(ends[0]))
+            ancestors = set(path_to(ends[0]))
             node: TrieNode | None = ends[1]
             while node is not None and node not in ancestors:
                 node = node.parent
@@ -535,7 +527,7 @@ class PrefixTrie:
 
     def namespaces(self) -> tuple[Namespace, ...]:
         with self._lock:
-            return tuple(self._roots)
+            return tuple(root.namespace for root in self._roots.values())
 
     def node_info(self, prefix_hash: PrefixHash) -> NodeInfo:
         """The bookkeeping of the node ending at ``prefix_hash``; mutates nothing."""
@@ -567,7 +559,7 @@ class PrefixTrie:
             out: list[ScoredSequence] = []
             for end in self._sessions.values():
                 if end.namespace == namespace:
-                    path = self._path_to(end)
+                    path = path_to(end)
                     out.append(ScoredSequence(
                         tokens=_concat_tokens(path),
                         log2_probs=np.concatenate([n.log2_probs for n in path]),
@@ -587,7 +579,7 @@ class PrefixTrie:
             )
             refs: dict[TrieNode, int] = {}
             for end in self._sessions.values():
-                for node in self._path_to(end)[1:]:
+                for node in path_to(end):
                     refs[node] = refs.get(node, 0) + 1
             for node in self._preorder():
                 held = self._refs(node)
@@ -624,9 +616,9 @@ class PrefixTrie:
         if root is None:
             empty = np.zeros(0, dtype=np.int64)
             root = TrieNode(
-                node_id=self._node_id(), namespace=namespace, parent=None, tokens=empty,
-                log2_probs=np.zeros(0, dtype=np.float64), kv=None, depth=0,
-                path_log2_prob=0.0, prefix_hash=prefix_hash_of_array(namespace, empty), nbytes=0,
+                None, (), None, 0, node_id=self._node_id(), namespace=namespace,
+                log2_probs=np.zeros(0, dtype=np.float64), path_log2_prob=0.0,
+                prefix_hash=prefix_hash_of_array(namespace, empty), nbytes=0,
                 created=self._clock,
             )
             self._roots[namespace] = root
@@ -640,156 +632,102 @@ class PrefixTrie:
     def _span_bytes(self, kv: torch.Tensor | None, count: int) -> int:
         return count * self._nominal if kv is None else kv.numel() * kv.element_size()
 
-    def _new_node(
-        self,
-        parent: TrieNode,
-        tokens: npt.NDArray[np.int64],
-        log2_probs: npt.NDArray[np.float64],
-        kv: torch.Tensor | None,
-        depth: int,
-        prefix_hash: PrefixHash,
-    ) -> TrieNode:
-        """A new unreferenced leaf under ``parent``, counted as evictable."""
-        node = TrieNode(
-            node_id=self._node_id(), namespace=parent.namespace, parent=parent, tokens=tokens,
-            log2_probs=log2_probs, kv=kv, depth=depth,
-            path_log2_prob=parent.path_log2_prob + float(np.sum(log2_probs)),
-            prefix_hash=prefix_hash, nbytes=self._span_bytes(kv, len(tokens)),
-            last_access=self._clock, created=self._clock,
-        )
-        parent.children[int(tokens[0])] = node
-        self._index[prefix_hash] = node
-        self._ledger.add(node, node.nbytes, len(tokens))
-        return node
-
     def _add_leaf(
         self,
         parent: TrieNode,
         query: npt.NDArray[np.int64],
+        key: tuple[int, ...],
         probs: npt.NDArray[np.float64],
         kv: torch.Tensor | None,
     ) -> TrieNode:
+        """A new unreferenced leaf under ``parent`` for the rest of ``query`` (``key`` is the
+        same tokens as the core's tuple)."""
         start = parent.depth
-        span = None if kv is None else _kv_span(kv, start, len(query))
+        span = None if kv is None else self._copy_kv(kv, start, len(query))
         if span is not None and self._geometry is None:
             self._geometry = KVLayout.of(span)
-        return self._new_node(
-            parent, query[start:].copy(), probs[start:].copy(), span, len(query),
-            prefix_hash_of_array(parent.namespace, query),
+        log2_probs = probs[start:].copy()
+        node = TrieNode(
+            parent, key[start:], span, len(query), last_access=self._clock,
+            node_id=self._node_id(), namespace=parent.namespace, log2_probs=log2_probs,
+            path_log2_prob=parent.path_log2_prob + float(np.sum(log2_probs)),
+            prefix_hash=prefix_hash_of_array(parent.namespace, query),
+            nbytes=self._span_bytes(span, len(query) - start), created=self._clock,
         )
+        self._index[node.prefix_hash] = node
+        return self._attach(node)
 
     def _attach_kv(self, node: TrieNode, kv: torch.Tensor) -> None:
-        span = _kv_span(kv, node.start, node.depth)
+        span = self._copy_kv(kv, node.start, node.depth)
         if self._geometry is None:
             self._geometry = KVLayout.of(span)
-        nbytes = self._span_bytes(span, len(node.tokens))
-        self._ledger.resize(node, nbytes, len(node.tokens))
-        node.kv, node.nbytes = span, nbytes
+        node.kv, node.nbytes = span, self._span_bytes(span, len(node.tokens))
+        self._resize(node)
 
-    def _walk_splitting(self, root: TrieNode, query: npt.NDArray[np.int64]) -> list[TrieNode]:
-        """The path of nodes matching ``query``, splitting the edge the match ends inside."""
-        path = [root]
-        node, position = root, 0
-        while position < len(query):
-            child = node.children.get(int(query[position]))
-            if child is None:
-                break
-            edge = len(child.tokens)
-            shared = common_prefix_length(child.tokens, query[position : position + edge])
-            if shared < edge:
-                child = self._split(child, shared, query)
-            path.append(child)
-            node, position = child, position + shared
-        return path
-
-    def _split(self, child: TrieNode, at: int, query: npt.NDArray[np.int64]) -> TrieNode:
-        """Put a new node holding ``child``'s first ``at`` tokens between it and its parent.
-
-        ``child`` keeps its identity, depth and prefix hash (sessions ending at it stay valid);
-        the new node inherits its reference count and statistics, so sizes are unchanged.
-        """
+    def _upper(self, child: TrieNode, at: int, kv: torch.Tensor | None,
+               query: Sequence[int]) -> TrieNode:
+        """The upper half of a split: a new node with its own id and prefix hash, ``child``'s
+        reference count (given by the core) and statistics; ``child`` keeps its identity, depth
+        and prefix hash, so sessions ending at it stay valid and sizes are unchanged."""
         parent = child.parent
-        if parent is None or not 0 < at < len(child.tokens):
-            raise AssertionError(f"split of a root or outside its edge (at={at})")
-        upper_kv = None if child.kv is None else _kv_span(child.kv, 0, at)
-        lower_kv = None if child.kv is None else _kv_span(child.kv, at, len(child.tokens))
+        if parent is None:
+            raise AssertionError("split of a root")
         depth = child.start + at
         upper = TrieNode(
-            node_id=self._node_id(), namespace=child.namespace, parent=parent,
-            tokens=child.tokens[:at].copy(), log2_probs=child.log2_probs[:at].copy(), kv=upper_kv,
-            depth=depth,
+            parent, child.tokens[:at], kv, depth, last_access=child.last_access,
+            node_id=self._node_id(), namespace=child.namespace,
+            log2_probs=child.log2_probs[:at].copy(),
             path_log2_prob=parent.path_log2_prob + float(np.sum(child.log2_probs[:at])),
-            prefix_hash=prefix_hash_of_array(child.namespace, query[:depth]),
-            nbytes=self._span_bytes(upper_kv, at), hit_count=child.hit_count,
-            last_access=child.last_access, created=child.created,
+            prefix_hash=prefix_hash_of_array(child.namespace,
+                                             np.asarray(query[:depth], dtype=np.int64)),
+            nbytes=self._span_bytes(kv, at), hit_count=child.hit_count, created=child.created,
         )
-        child.tokens = child.tokens[at:].copy()
         child.log2_probs = child.log2_probs[at:].copy()
-        child.kv = lower_kv
         child.nbytes -= upper.nbytes
-        child.parent = upper
-        upper.children[int(child.tokens[0])] = child
-        parent.children[int(upper.tokens[0])] = upper
         self._index[upper.prefix_hash] = upper
-        self._ledger.resize(child, child.nbytes, len(child.tokens))
-        self._ledger.add(upper, upper.nbytes, at, refs=self._ledger.refs(child))
         return upper
 
-    def _touch(self, path: list[TrieNode]) -> None:
-        for node in path[1:]:
-            node.last_access = self._clock
-        end = path[-1]
-        if self._evictable(end):
-            self._rank(end)
+    def _nbytes(self, node: TrieNode) -> int:
+        return node.nbytes
 
-    def _lock_path(self, end: TrieNode) -> SessionId:
-        node: TrieNode | None = end
-        while node is not None and node.parent is not None:
-            self._ledger.lock(node)
-            node = node.parent
+    def _priority(self, node: TrieNode) -> float:
+        return self._policy.priority(node)
+
+    def _copy_kv(self, kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """An owned, contiguous host copy of ``kv[:, :, :, start:stop, :]``."""
+        span = kv.detach()[:, :, :, start:stop, :]  # [L, 2, H, stop - start, D]
+        return span.to(device="cpu", memory_format=torch.contiguous_format, copy=True)
+
+    def _forget(self, node: TrieNode) -> None:
+        del self._index[node.prefix_hash]
+        self._evicted_nodes += 1
+        self._evicted_tokens += len(node.tokens)
+        self._evicted_bytes += node.nbytes
+        self._evicted_log.append(EvictedNode(
+            namespace=node.namespace, prefix_hash=node.prefix_hash, start=node.start,
+            end=node.depth, nbytes=node.nbytes))
+
+    def _lock_session(self, end: TrieNode) -> SessionId:
+        self._lock_path(end)
         self._next_session += 1
         session = SessionId(self._next_session)
         self._sessions[session] = end
         return session
 
-    def _refs(self, node: TrieNode) -> int:
-        """The live sessions through ``node`` (a root is never referenced)."""
-        return 0 if node.parent is None else self._ledger.refs(node)
+    def _enforce_budget(self) -> tuple[tuple[EvictedNode, ...], bool]:
+        """Evict down to the budget: what went, and whether the budget now holds."""
+        self._evicted_log.clear()
+        _, within = self._evict_to_budget()
+        return tuple(self._evicted_log), within
+
+    def _evict_bytes(self, num_bytes: int) -> tuple[tuple[EvictedNode, ...], int]:
+        self._evicted_log.clear()
+        _, freed = self._evict(num_bytes)
+        return tuple(self._evicted_log), freed
 
     def _evictable(self, node: TrieNode) -> bool:
         """An unreferenced, live, non-root leaf: the only kind of node eviction removes."""
         return node.alive and node.parent is not None and node.is_leaf and self._refs(node) == 0
-
-    def _rank(self, node: TrieNode) -> None:
-        """(Re-)rank an evictable leaf by the policy, from its fields as they are now."""
-        self._ledger.rank(node, self._policy.priority(node))
-
-    def _enforce_budget(self) -> tuple[tuple[EvictedNode, ...], bool]:
-        """Evict down to the budget: what went, and whether the budget now holds."""
-        evicted: list[EvictedNode] = []
-        _, within = self._ledger.evict_to_budget(lambda node: evicted.append(self._remove(node)))
-        return tuple(evicted), within
-
-    def _evict(self, num_bytes: int) -> tuple[tuple[EvictedNode, ...], int]:
-        evicted: list[EvictedNode] = []
-        _, freed = self._ledger.evict(num_bytes, lambda node: evicted.append(self._remove(node)))
-        return tuple(evicted), freed
-
-    def _remove(self, node: TrieNode) -> EvictedNode:
-        """Take out a leaf the ledger has just evicted (so it held no reference)."""
-        parent = node.parent
-        if parent is None or not node.alive or not node.is_leaf:
-            raise AssertionError("eviction reached a node that is not a live leaf")
-        del parent.children[int(node.tokens[0])]
-        del self._index[node.prefix_hash]
-        self._evicted_nodes += 1
-        self._evicted_tokens += len(node.tokens)
-        self._evicted_bytes += node.nbytes
-        node.alive, node.kv, node.parent = False, None, None
-        if self._evictable(parent):
-            self._rank(parent)
-        return EvictedNode(namespace=node.namespace, prefix_hash=node.prefix_hash,
-                           start=node.start, end=node.depth, nbytes=node.nbytes)
 
     def _info(self, node: TrieNode) -> NodeInfo:
         return NodeInfo(
@@ -799,21 +737,11 @@ class PrefixTrie:
             nbytes=node.nbytes, has_kv=node.kv is not None, surprisal_bits=node.surprisal_bits,
         )
 
-    def _path_to(self, node: TrieNode) -> list[TrieNode]:
-        """Root first, ``node`` last."""
-        path = []
-        current: TrieNode | None = node
-        while current is not None:
-            path.append(current)
-            current = current.parent
-        path.reverse()
-        return path
-
     def _path_kv(self, path: list[TrieNode]) -> torch.Tensor | None:
-        spans = [node.kv for node in path[1:]]
+        spans = [node.kv for node in path]
         if not spans or any(span is None for span in spans):
             return None
-        return torch.cat([span for span in spans if span is not None], dim=_TOKEN_AXIS)
+        return torch.cat([span for span in spans if span is not None], dim=TOKEN_AXIS)
 
     def _session_end(self, session: SessionId) -> TrieNode:
         end = self._sessions.get(session)
@@ -828,22 +756,17 @@ class PrefixTrie:
         if root is None:
             return QueryPoint(namespace=namespace, full=(), partial=None, matched=0,
                               surprisal_bits=0.0)
-        full = [root]
-        node, position = root, 0
-        while position < len(query):
-            child = node.children.get(int(query[position]))
-            if child is None:
-                break
-            edge = len(child.tokens)
-            shared = common_prefix_length(child.tokens, query[position : position + edge])
-            if shared < edge:
-                bits = node.surprisal_bits - float(np.sum(child.log2_probs[:shared]))
-                return QueryPoint(namespace=namespace, full=tuple(full), partial=child,
-                                  matched=position + shared, surprisal_bits=bits)
-            full.append(child)
-            node, position = child, position + edge
-        return QueryPoint(namespace=namespace, full=tuple(full), partial=None, matched=position,
-                          surprisal_bits=node.surprisal_bits)
+        path, matched = self._walk(root, _as_tuple(query), split=False)
+        if path and matched < path[-1].depth:
+            partial = path.pop()
+            parent = path[-1] if path else root
+            bits = parent.surprisal_bits - float(np.sum(partial.log2_probs[:matched
+                                                                           - partial.start]))
+            return QueryPoint(namespace=namespace, full=(root, *path), partial=partial,
+                              matched=matched, surprisal_bits=bits)
+        end = path[-1] if path else root
+        return QueryPoint(namespace=namespace, full=(root, *path), partial=None, matched=matched,
+                          surprisal_bits=end.surprisal_bits)
 
     def _preorder(self) -> Iterator[TrieNode]:
         for root in self._roots.values():
@@ -851,24 +774,19 @@ class PrefixTrie:
             while stack:
                 node = stack.pop()
                 yield node
-                stack.extend(sorted(node.children.values(), key=lambda c: -int(c.tokens[0])))
+                stack.extend(sorted(node.children.values(), key=lambda c: -c.tokens[0]))
 
 
-def _is_leaf(node: TrieNode) -> bool:
-    """The trie's condition for an eviction candidate, besides holding no reference."""
-    return node.is_leaf
-
-
-def _kv_span(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    """An owned, contiguous host copy of ``kv[:, :, :, start:stop, :]``."""
-    span = kv.detach()[:, :, :, start:stop, :]  # [L, 2, H, stop - start, D]
-    return span.to(device="cpu", memory_format=torch.contiguous_format, copy=True)
+def _as_tuple(tokens: npt.NDArray[np.int64]) -> tuple[int, ...]:
+    """The core's token key: a tuple of Python ints."""
+    return tuple(tokens.tolist())
 
 
 def _concat_tokens(path: Sequence[TrieNode]) -> npt.NDArray[np.int64]:
+    """The tokens of a path (root excluded), as the prefix hash reads them."""
     if not path:
         return np.zeros(0, dtype=np.int64)
-    return np.concatenate([node.tokens for node in path])
+    return np.concatenate([np.asarray(node.tokens, dtype=np.int64) for node in path])
 
 
 def _check_node(
@@ -895,7 +813,7 @@ def _check_node(
             problems.append("has a path log2-probability unlike its parent's plus its edge")
         if refs != sessions_through:
             problems.append(f"counts {refs} references, {sessions_through} sessions")
-    if node.kv is not None and node.kv.shape[_TOKEN_AXIS] != len(node.tokens):
+    if node.kv is not None and node.kv.shape[TOKEN_AXIS] != len(node.tokens):
         problems.append("holds KV of another length than its edge")
     span_bytes = (len(node.tokens) * nominal if node.kv is None
                   else node.kv.numel() * node.kv.element_size())
