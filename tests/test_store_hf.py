@@ -26,7 +26,6 @@ from seqkv.errors import (
 from seqkv.formats.framing import encode_varint
 from seqkv.formats.hf_cache import (
     CACHE_VERSION,
-    MAX_LEVEL_BYTES,
     CacheFile,
     read_cache,
     write_cache,

@@ -40,6 +40,7 @@ from typing import Literal, TypedDict
 
 import torch
 
+from seqkv.codec import DecodeItem, decode_many
 from seqkv.delta.bit_allocation import AllocationMode
 from seqkv.delta.delta_codec import (
     DeltaConfig,
@@ -298,7 +299,7 @@ def run_rate_distortion_sweep(
     if any(c.predictor.needs_tokens for c in configs):
         token_store = store_tokens(model, token_list)
         started = time.perf_counter()
-        if decompress(model, token_store.data).tokens != token_list:
+        if decode_many(model, [DecodeItem(token_store.session)])[0].tokens != token_list:
             raise DecodeVerificationError("the token codec did not return the tokens")
         token_decode_seconds = time.perf_counter() - started
         token_decode_cost = token_store.cost

@@ -30,6 +30,10 @@ MAX_POSITIONS = 1 << 31
 # The segments level's N (``seqkv.levels.segments``): a bound keeps a crafted or mistyped level
 # from allocating N sequences' KV, and more segments give the rows nothing more to share.
 MAX_SEGMENTS = 64
+# A level's name where a format stores it as text (``seqkv.formats.hf_cache``): the longest is a
+# family and its parameter ("segments:64", "portable+mix"); 32 bytes holds every one with room,
+# and bounds what a forged length allocates.
+MAX_LEVEL_BYTES = 32
 # Layers a file may name (the portable level's ``portable:N``; a KV's first axis): beyond any
 # model seqkv runs (SmolLM2-135M: 30); the model's own count is checked too.
 MAX_LAYERS = 1024

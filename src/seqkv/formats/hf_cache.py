@@ -53,7 +53,7 @@ from seqkv.errors import CorruptFileError, NotASeqKVFileError, UnsupportedVersio
 from seqkv.formats.framing import SectionReader, encode_varint
 from seqkv.formats.residual import decode_residual_section, encode_residual_section
 from seqkv.formats.skv import read_skv
-from seqkv.limits import MAX_POSITIONS, MAX_SEGMENTS, MAX_VOCAB
+from seqkv.limits import MAX_LEVEL_BYTES, MAX_POSITIONS, MAX_SEGMENTS, MAX_VOCAB
 from seqkv.session import CodedSession
 
 CACHE_MAGIC = b"SKVCACHE"
@@ -61,9 +61,6 @@ CACHE_VERSION = 2
 READABLE_CACHE_VERSIONS = (1, 2)
 # NOTE: append only: a file records its cache's dtype as the index here.
 DTYPE_NAMES: tuple[str, ...] = ("float32", "float16", "bfloat16")
-# NOTE: the longest level name is a family and its parameter ("segments:64", "portable+mix");
-# 32 bytes holds every one with room, and bounds what a forged length allocates.
-MAX_LEVEL_BYTES = 32
 _LEVEL_CHARACTERS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789:+")
 _PREFIX = struct.Struct("<8sBB")
 _CRC = struct.Struct("<I")
