@@ -32,7 +32,7 @@ from seqkv.formats.hf_cache import (
 )
 from seqkv.formats.skv import MAGIC, write_skv
 from seqkv.kvcache import tensor_from_cache
-from seqkv.limits import MAX_SEGMENTS
+from seqkv.limits import MAX_LEVEL_BYTES, MAX_SEGMENTS
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.session import PrefixRef
 from seqkv.skv import compress
