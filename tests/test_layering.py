@@ -33,7 +33,7 @@ LAYERS: dict[str, int] = {
     "levels": 4,
     **dict.fromkeys(("bounds", "codec"), 5),
     **dict.fromkeys(("trie", "store", "delta", "warm", "integrations"), 6),
-    **dict.fromkeys(("bench", "checker", "proofs"), 7),
+    **dict.fromkeys(("bench", "checker", "proofs", "provenance"), 7),
     **dict.fromkeys(("cli", "__main__"), 8),
 }
 
