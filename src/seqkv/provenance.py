@@ -26,9 +26,10 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,17 +56,34 @@ class RunHeader:
     torch_version: str
     model: str
     data: str
-    load_start: LoadAverage | None
+    load_start: LoadAverage | None  # None: the platform has no load average
     load_end: LoadAverage | None = None
+    ended: bool = False  # whether ``load_end`` was read (``finished``)
 
     def finished(self) -> RunHeader:
         """This header with the load average at the end of the run."""
-        return replace(self, load_end=load_average())
+        return replace(self, load_end=load_average(), ended=True)
+
+    def to_json_dict(self) -> dict[str, object]:
+        """The header as JSON values (``from_json_dict`` reads them back), for a measurement
+        that saves its results and is rendered later."""
+        return asdict(self)
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping[str, Any]) -> RunHeader:
+        """The header ``to_json_dict`` wrote (load averages come back as tuples)."""
+
+        def loads(value: Any) -> LoadAverage | None:
+            return None if value is None else (float(value[0]), float(value[1]),
+                                               float(value[2]))
+
+        return cls(**{**data, "load_start": loads(data["load_start"]),
+                      "load_end": loads(data.get("load_end"))})
 
     def load(self) -> str:
         """The load averages at the start and, once finished, at the end."""
         text = f"{_render_load(self.load_start)} at the start"
-        if self.load_end is not None:
+        if self.ended:
             text += f", {_render_load(self.load_end)} at the end"
         return text
 
@@ -177,3 +195,12 @@ def start_run(model: str, data: str, command: str | None = None,
         data=data,
         load_start=load_average(),
     )
+
+
+def headed(markdown: str, header: RunHeader) -> str:
+    """``markdown`` with ``header`` right under its ``# `` title line (at the top where it has
+    none), so the first lines of every report carry its provenance."""
+    title, _, body = markdown.partition("\n")
+    if not title.startswith("# "):
+        return f"{header.markdown()}\n\n{markdown}"
+    return f"{title}\n\n{header.markdown()}\n\n{body.lstrip(chr(10))}"
