@@ -138,6 +138,12 @@ def test_the_cpu_path_is_the_integer_forwards_and_a_bad_setting_is_named(
     monkeypatch.setattr(native, "status", refused)
     assert provenance.cpu_path() == "unknown (SEQKV_INTEGER_ISA='mmx' is not accepted)"
 
+    def unbuilt() -> native.NativeStatus:
+        raise RuntimeError("native.c did not build")
+
+    monkeypatch.setattr(native, "status", unbuilt)
+    assert provenance.cpu_path() == "unknown (native.c did not build)"
+
 
 def test_the_command_line_reads_as_typed(monkeypatch: pytest.MonkeyPatch,
                                          tmp_path: Path) -> None:

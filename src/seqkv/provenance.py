@@ -1,5 +1,5 @@
 """What every report in ``reports/`` states about its run: command, commit, machine, CPU path,
-load, torch, model and data (issue 47: a figure is read with the run that measured it).
+load, torch, model and data, so that a figure is read with the run that measured it.
 
 One function, ``start_run``, gathers the facts when a measurement starts; ``RunHeader.finished``
 adds the load average at its end; ``RunHeader.markdown`` renders the lines a report opens with.
@@ -10,7 +10,9 @@ Invariants:
 1. Gathering the facts never fails and never waits unboundedly: outside a git checkout, without
    git, or when git does not answer within ``GIT_TIMEOUT_S``, the commit reads ``unknown``; where
    the platform has no load average it reads ``None`` and renders as ``unavailable``; where the
-   integer forward's path cannot be chosen, the CPU path names the reason (enforced; tested in
+   integer forward's path cannot be chosen (a bad ``$SEQKV_INTEGER_*``, a forced path that does
+   not build), the CPU path names the reason; the path's first build is bounded by
+   ``seqkv.models.integer.native``'s own timeouts (enforced; tested in
    ``tests/test_provenance.py``).
 2. The commit is ``git rev-parse --short HEAD`` of the checkout that holds the imported seqkv,
    with ``+dirty`` when a tracked file differs from it (untracked files, such as build outputs and
@@ -153,7 +155,9 @@ def cpu_path() -> str:
     """The instruction set of the integer forward here, as ``seqkv doctor`` reports it."""
     try:
         status = native.status()
-    except SeqKVError as error:  # a bad $SEQKV_INTEGER_* value: the header names it
+    # NOTE: ``native.load`` raises RuntimeError where a forced path does not build, and
+    # ``IntegerBackendError`` for a bad variable; the header names either, and goes on.
+    except (SeqKVError, RuntimeError) as error:
         return f"{UNKNOWN} ({error})"
     isa = "the torch statement" if status.isa is None else status.isa
     return f"integer forward on {isa} ({status.reason})"
