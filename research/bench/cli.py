@@ -107,7 +107,7 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     levels = tuple(args.levels) if args.levels else DEFAULT_LEVELS
     if args.levels:
         command += " --levels " + " ".join(levels)
-    header = start_run(model.name, f"{source}, first {args.tokens} tokens each")
+    header = start_run(model.name, f"{source}, first {args.tokens} tokens each", command)
     bench = run_decode_bench(model, args.tokens, args.sessions, levels=levels, log=log,
                              texts=texts_tokens(model, texts, args.tokens), text_source=source)
     return _report(args, render_markdown(bench, command), bench.to_json_dict(), "decode levels",
@@ -133,11 +133,11 @@ def _cmd_mix(args: argparse.Namespace) -> int:
 
     model = common.load_for(args)
     log = None if args.json else print
+    command = f"{PROG} mix --dictionary-sessions {args.dictionary_sessions} --seed {args.seed}"
     header = start_run(model.name, "RAG-style sessions generated from the shipped texts "
-                                   f"(seed {args.seed})")
+                                   f"(seed {args.seed})", command)
     bench = run_mix_bench(model, dictionary_sessions=args.dictionary_sessions, seed=args.seed,
                           log=log)
-    command = f"{PROG} mix --dictionary-sessions {args.dictionary_sessions} --seed {args.seed}"
     return _report(args, render_markdown(bench, command), bench.to_json_dict(), "mixing report",
                    header)
 

@@ -112,9 +112,7 @@ def run_layer1(spec: WorkloadSpec, seed: int, every: int, report: Path,
         out.write(
             "# Layer 1 on the store: token-granular prefixes against hashed blocks\n\n"
             f"{header.markdown()}\n\n"
-            f"Python {platform.python_version()}. No model: "
-            f"`TokensCodec({spec.vocab_size}, 'plain')`, the trie bench's workload "
-            f"(seed {seed}, {spec.sessions:,} sessions), blocks of {spec.block_size} tokens. "
+            f"Python {platform.python_version()}. Blocks of {spec.block_size} tokens. "
             "KV bytes: tokens coded x 23,040 (SmolLM2-135M at fp16). Written by "
             "`research.bench.layer1`.\n\n"
             "| provider | sessions | tokens | hit rate | tokens coded | record bytes | "
