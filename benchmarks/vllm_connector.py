@@ -488,7 +488,23 @@ def render(result: dict[str, Any]) -> str:
               "lowest CPU priority; on 2 cores that thread still competes with the engine.", ""]
     for note in result["notes"]:
         lines.append(f"- {note}")
+    lines += ["", *render_run_headers({**result["runs"], **{
+        f"exact {name}": run for name, run in result["exact_runs"].items()}})]
     return "\n".join(lines) + "\n"
+
+
+def render_run_headers(runs: dict[str, Any]) -> list[str]:
+    """Each vLLM run's own commit and load (``benchmarks/vllm_runs.py`` records its header);
+    a run recorded before it wrote one says so."""
+    lines = ["## The vLLM runs", "", "| run | commit | load average (1, 5, 15 min) |",
+             "|---|---|---|"]
+    for name, run in runs.items():
+        if "header" in run:
+            header = RunHeader.from_json_dict(run["header"])
+            lines.append(f"| {name} | {header.commit} | {header.load()} |")
+        else:
+            lines.append(f"| {name} | not recorded (a run older than its header) | |")
+    return lines
 
 
 def main() -> None:

@@ -257,3 +257,15 @@ def test_a_generators_report_opens_with_the_header(name: str,
     report = EMPTY_RENDERS[name](module, header.finished())
     assert header_gaps(report) == frozenset()
     assert header.commit in report and "at the end" in report
+
+
+def test_the_vllm_report_lists_each_runs_own_commit_and_load(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    module = importlib.import_module("vllm_connector")
+    header = start_run("m", "d", "python benchmarks/vllm_runs.py none").finished()
+    lines = module.render_run_headers({"none": {"header": header.to_json_dict(), "ttft": {}},
+                                       "example": {"ttft": {}}})
+    assert f"| none | {header.commit} | {header.load()} |" in lines
+    # A run recorded before the header says so rather than borrowing the renderer's facts.
+    assert "| example | not recorded (a run older than its header) | |" in lines
