@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -43,6 +41,7 @@ from transformers import DynamicCache
 from seqkv.kvcache import with_cache
 from seqkv.models import load_default_model
 from seqkv.models.adapter import CausalLM
+from seqkv.provenance import RunHeader, start_run
 from seqkv.schedule import pinned_threads, schedule_threads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -124,22 +123,18 @@ def saved_level(folder: Path, level: str) -> LevelCost:
                      None if prefills is None else Prefills(**prefills))
 
 
-def render(costs: list[LevelCost], text_source: str, command: str,
-           notes: tuple[str, ...] = ()) -> str:
+def render(costs: list[LevelCost], header: RunHeader, notes: tuple[str, ...] = ()) -> str:
     lines = [
         "# `seqkv check` against `seqkv compress` plus 8 float prefills",
         "",
-        f"Model: the embedded SmolLM2-135M-Instruct. Text: `{text_source}`, cut at the last line "
-        "break before the token count. Machine: "
-        f"{os.cpu_count()} CPU cores ({platform.machine()}, "
-        f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__} (the 1-minute "
-        "load average at each level's start and end is in its row: other jobs change the wall "
-        "time more than the CPU seconds). "
+        header.markdown(),
+        "",
+        "The text is cut at the last line break before the token count. The 1-minute load "
+        "average at each level's start and end is in its row: other jobs change the wall "
+        "time more than the CPU seconds. "
         "`check` and `compress` are one CLI process each (each loads the model once); "
         "`compress` verifies (a full decode); the prefills run in the measuring process on "
         "the model already loaded. CPU seconds are user + system of the process, all threads.",
-        "",
-        f"Command: `{command}`",
         "",
         "| level | tokens | check CPU (s) | check phases CPU (s) | compress CPU (s) | 8 prefills "
         "CPU (s) | check / (compress + 8 prefills), CPU | target met (CPU) | check wall (s) | "
@@ -196,15 +191,19 @@ def main() -> None:
         level, _, count = item.partition("=")
         limits[level] = int(count)
     command = " ".join(["python benchmarks/check_cost.py", *sys.argv[1:]])
+    model_name = "SmolLM2-135M-Instruct (the embedded model)"
+    data = f"`{_repo_relative(args.text)}`, cut at the level's token count"
     if args.render_only:
-        command = f"python benchmarks/check_cost.py --out {args.out}"
         costs = [saved_level(args.out / level, level) for level in args.levels
                  if (args.out / level / "prefills.json").exists()]
-        Path(args.report).write_text(
-            render(costs, _repo_relative(args.text), command, tuple(args.note)),
-            encoding="utf-8")
+        # NOTE: these facts are the rendering run's, not the measuring run's: the data line
+        # says so, and each row keeps the load its measurement saw.
+        header = start_run(model_name, f"{data}; rendered from the measurements saved under "
+                                       f"`{args.out}`", command).finished()
+        Path(args.report).write_text(render(costs, header, tuple(args.note)), encoding="utf-8")
         return
     model = load_default_model()
+    header = start_run(model.name, data, command)
     source = args.text.read_text(encoding="utf-8")
     costs: list[LevelCost] = []
     for level in args.levels:
@@ -212,8 +211,7 @@ def main() -> None:
                                  lambda piece: len(model.encode_text(piece)))
         costs.append(measure_level(model, text, level, args.out / level))
         print(_row(costs[-1]), flush=True)
-        Path(args.report).write_text(render(costs, _repo_relative(args.text), command),
-                                     encoding="utf-8")
+        Path(args.report).write_text(render(costs, header.finished()), encoding="utf-8")
 
 
 def _repo_relative(path: Path) -> str:

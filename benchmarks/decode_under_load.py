@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,13 +32,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.errors import DecodeVerificationError
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.integer.threads import THREADS_ENV
-from seqkv.schedule import cpu_model
+from seqkv.provenance import RunHeader, start_run
 from seqkv.skv import compress, decompress, decompress_tokens
 
 POLICIES = ("2", "1", "adaptive")
@@ -124,13 +121,14 @@ def measure(model: CausalLM, tokens: int, repeats: int, competitors: int,
     return cells
 
 
-def render(cells: list[Cell], command: str, machine: str, loads: tuple[str, str]) -> str:
+def render(cells: list[Cell], header: RunHeader, setting: str) -> str:
     quiet = {c.policy: c for c in cells if c.condition == "quiet"}
     lines = [
         "## Decoding beside a competing process",
         "",
-        f"Measured by `{command}`: {machine}; load average (1, 5, 15 min) {loads[0]} before "
-        f"and {loads[1]} after. The portable decode of one session per shipped text kind, "
+        header.markdown(),
+        "",
+        f"{setting}. The portable decode of one session per shipped text kind, "
         "quiet and with the competing processes spinning; tokens/s over the four texts (each "
         "text's median), the tokens decode and the whole restore (tokens, then the KV by one "
         "float prefill on its fixed 2 threads). Ratio: the loaded decode time over the quiet "
@@ -176,16 +174,12 @@ def main() -> None:
     parser.add_argument("--levels-report", type=Path, default=Path("reports/decode_levels.md"))
     args = parser.parse_args()
     model = load_default_model()
-    before = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    cells = measure(model, args.tokens, args.repeats, args.competitors, args.level)
-    after = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    machine = (f"model {model.name}, level {args.level}, {args.tokens} tokens per text; "
-               f"{os.cpu_count()} CPU cores ({platform.machine()}, {cpu_model()}, "
-               f"{torch.backends.cpu.get_cpu_capability()}), torch {torch.__version__}; "
-               f"{args.competitors} competing process(es)")
     command = (f"python benchmarks/decode_under_load.py --tokens {args.tokens} --repeats "
                f"{args.repeats} --competitors {args.competitors} --level {args.level}")
-    section = render(cells, command, machine, (before, after))
+    header = start_run(model.name, f"the shipped texts, {args.tokens} tokens per text", command)
+    cells = measure(model, args.tokens, args.repeats, args.competitors, args.level)
+    setting = f"Level {args.level}; {args.competitors} competing process(es)"
+    section = render(cells, header.finished(), setting)
     args.markdown.write_text(section)
     replace_section(args.levels_report, section)
     print(json.dumps([asdict(c) for c in cells], indent=1))

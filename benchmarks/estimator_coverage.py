@@ -30,6 +30,7 @@ from scipy import stats
 from seqkv.checker.estimators import Interval, dirichlet_entropy, mean_interval, trend
 from seqkv.checker.known_sources import MarkovSource, ar1_series, entropy_bits
 from seqkv.checker.sampling import estimate_entropy_rate
+from seqkv.provenance import RunHeader, start_run
 
 
 @dataclass(frozen=True)
@@ -155,11 +156,13 @@ def trend_cells(repeats: int, rng: np.random.Generator) -> list[Cell]:
                  repeats, quiet)]
 
 
-def render(cells: list[Cell], command: str, seconds: float) -> str:
+def render(cells: list[Cell], header: RunHeader, seconds: float) -> str:
     lines = [
         "# Coverage of the checker's estimators",
         "",
-        f"Measured by `{command}` in {seconds:.0f} s (2-core x86_64 CPU). Each row: intervals "
+        header.markdown(),
+        "",
+        f"Measured in {seconds:.0f} s. Each row: intervals "
         "computed on fresh random samples of a source whose answer is known, the fraction "
         "that covered it (with its Monte-Carlo standard error) and the width ratio: mean width "
         "over 2 z RMSE of the estimate against the truth (about 1 for a calibrated interval). "
@@ -192,15 +195,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", default="reports/estimator_coverage.md")
     args = parser.parse_args()
+    command = (f"python benchmarks/estimator_coverage.py --sources {args.sources} "
+               f"--repeats {args.repeats} --seed {args.seed}")
+    header = start_run("none (sources whose answer is known)",
+                       f"random samples drawn with seed {args.seed}", command)
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
     cells = [*entropy_cells(args.sources, args.repeats, rng),
              *mean_cells(args.sources * 10, rng), *rate_cells(args.sources * 2, rng),
              *trend_cells(args.sources * 20, rng)]
     seconds = time.perf_counter() - started
-    command = (f"python benchmarks/estimator_coverage.py --sources {args.sources} "
-               f"--repeats {args.repeats} --seed {args.seed}")
-    Path(args.report).write_text(render(cells, command, seconds))
+    Path(args.report).write_text(render(cells, header.finished(), seconds))
     print(json.dumps([asdict(c) | {"coverage": c.coverage, "coverage_error": c.coverage_error}
                       for c in cells]))
 

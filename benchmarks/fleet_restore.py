@@ -30,11 +30,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from machine import describe_machine, load_average
-
 from seqkv.bench.texts import TEXT_FILES, shipped_text
 from seqkv.errors import DecodeVerificationError
 from seqkv.models import CausalLM, load_default_model
+from seqkv.provenance import RunHeader, start_run
 from seqkv.skv import compress, decompress_batch
 from seqkv.store import SessionStore
 
@@ -118,12 +117,13 @@ def run(model: CausalLM, count: int, tokens: int, level: str, repeats: int,
     return FleetRun(count, count * tokens, rate, get_seconds, batch_seconds)
 
 
-def render(runs: list[FleetRun], command: str, machine: str, loads: tuple[str, str]) -> str:
+def render(runs: list[FleetRun], header: RunHeader, level: str) -> str:
     lines = [
         "# Fleet restore: many sessions at once against one prefill",
         "",
-        f"Measured by `{command}`: {machine}; load average (1, 5, 15 min) {loads[0]} before and "
-        f"{loads[1]} after. Distinct sessions cut from the four text kinds; each restore "
+        header.markdown(),
+        "",
+        f"Level {level}. Distinct sessions cut from the four text kinds; each restore "
         "decodes the tokens and rebuilds the KV (float prefills), verified by its digests. "
         f"Ratio: restored tokens/s over one prefill's tokens/s (target at 64 sessions: at least "
         f"{TARGET_64}x).",
@@ -150,18 +150,17 @@ def main() -> None:
     parser.add_argument("--markdown", type=Path, default=Path("reports/fleet_restore.md"))
     args = parser.parse_args()
     model = load_default_model()
-    before = load_average()
-    machine = f"model {model.name}, level {args.level}; {describe_machine()}"
     command = (f"python benchmarks/fleet_restore.py --sessions "
                f"{' '.join(map(str, args.sessions))} --tokens {args.tokens} --level {args.level}")
+    header = start_run(model.name, f"distinct {args.tokens}-token sessions cut from the four "
+                                   "shipped text kinds", command)
     runs: list[FleetRun] = []
     with tempfile.TemporaryDirectory() as scratch:
         for count in args.sessions:
             runs.append(run(model, count, args.tokens, args.level, args.repeats, Path(scratch)))
             # NOTE: the report after every fleet: a 256-session fleet can take longer than a
             # run is given, and the smaller fleets' rows should survive it
-            after = load_average()
-            args.markdown.write_text(render(runs, command, machine, (before, after)))
+            args.markdown.write_text(render(runs, header.finished(), args.level))
     print(json.dumps([{**asdict(r), "get_many_ratio": r.get_many_ratio,
                        "decompress_batch_ratio": r.decompress_batch_ratio} for r in runs],
                      indent=1))

@@ -29,15 +29,14 @@ import hashlib
 import importlib.resources
 import json
 import shutil
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from long_checks import LONG_TEXTS, Run, cut_at_line_break, run_measured
-from machine import describe_machine
 
+from seqkv import provenance
 from seqkv.bench.texts import TEXT_FILES
 from seqkv.models import load_default_model
 
@@ -139,12 +138,8 @@ def render(operations: list[Operation], header: list[str]) -> str:
 
 
 def _commit() -> str:
-    """The checkout's commit (with ``+`` when it has uncommitted changes), for each row."""
-    def git(*words: str) -> str:
-        return subprocess.run(["git", *words], capture_output=True, text=True,
-                              cwd=LONG_TEXTS.parent).stdout.strip()
-    return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain",
-                                                             "--untracked-files=no") else "")
+    """The checkout's commit (``+dirty`` when tracked files changed), for each row."""
+    return provenance.commit(LONG_TEXTS.parent)
 
 
 def _plan(levels: list[str] | None, skip: list[str]) -> list[tuple[str, str]]:
@@ -182,12 +177,17 @@ def main() -> None:
     dictionary = work / "shipped.dict"
     shipped = [str(importlib.resources.files("seqkv") / "data" / f)
                for f in TEXT_FILES.values()]
+    # NOTE: rows stream into the report, each with its own load and commit; the header's load
+    # is the start's.
+    run = provenance.start_run(
+        f"{model.name} (context 8,192)", f"`{source.relative_to(LONG_TEXTS.parent.parent)}`, "
+        f"{tokens:,} tokens", f"python benchmarks/full_context.py --tokens {args.tokens}")
     header = [
         "# Every operation at the model's full context",
         "",
-        f"Measured by `python benchmarks/full_context.py --tokens {args.tokens}`: the "
-        f"embedded model (SmolLM2-135M-Instruct, context 8,192); {describe_machine()}; the "
-        "1-minute load average at each operation's start and end is in its row. Text: "
+        run.markdown(),
+        "",
+        "The 1-minute load average at each operation's start and end is in its row. Text: "
         f"`{source.relative_to(LONG_TEXTS.parent.parent)}` cut "
         f"at a line break, {tokens:,} tokens, {len(text.encode()):,} bytes, sha256 "
         f"{hashlib.sha256(text.encode()).hexdigest()[:16]}. Each operation is one `seqkv` "

@@ -35,7 +35,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -44,9 +43,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from seqkv.models import load_default_model
+from seqkv.provenance import RunHeader, start_run
 
 HERE = Path(__file__).resolve().parent
 LONG_TEXTS = HERE / "texts" / "long"
@@ -194,16 +192,16 @@ def phase_budget(result: dict[str, Any]) -> PhaseBudget:
                        + cpu.get("decode and verify", 0.0) + 9 * prefill)
 
 
-def render(sections: dict[int, tuple[list[str], list[Row]]], notes: tuple[str, ...] = ()
-           ) -> str:
-    """The report: one section per token count, each with the commands that made it, then
-    ``notes`` (what did not finish, say) as paragraphs."""
+def render(header: RunHeader, sections: dict[int, tuple[list[str], list[Row]]],
+           notes: tuple[str, ...] = ()) -> str:
+    """The report: the run's header, one section per token count, each with the commands that
+    made it, then ``notes`` (what did not finish, say) as paragraphs."""
     lines = [
         "# `seqkv check` on long texts of each kind",
         "",
-        f"Model: the embedded SmolLM2-135M-Instruct. Machine: {os.cpu_count()} CPU cores "
-        f"({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}), torch "
-        f"{torch.__version__}; the load average at each check's start and end is in its row "
+        header.markdown(),
+        "",
+        "The load average at each check's start and end is in its row "
         "(other jobs change the wall time more than the CPU seconds). Check defaults: `--seed "
         "0`, 16 entropy-rate contexts of 2 continuations of 32 tokens; Lemma 1 on the whole "
         "text for the schedules the file meets (the integer predictor's encoder against its "
@@ -274,9 +272,15 @@ def main() -> None:
                         help="with --render-only: a paragraph to add (what did not finish)")
     args = parser.parse_args()
     out = Path(args.out)
+    command = " ".join(["python benchmarks/long_checks.py", *sys.argv[1:]])
+    data = "`benchmarks/texts/long/`, each text cut at its section's token count"
     if args.render_only:
-        Path(args.report).write_text(render(_all_sections(out, KINDS), tuple(args.note)),
-                                     encoding="utf-8")
+        # NOTE: these facts are the rendering run's: the data line says so, and each row keeps
+        # the load its check saw and each section the commands that measured it.
+        header = start_run("SmolLM2-135M-Instruct (the embedded model)",
+                           f"{data}; rendered from the runs saved under `{out}`", command)
+        Path(args.report).write_text(render(header.finished(), _all_sections(out, KINDS),
+                                            tuple(args.note)), encoding="utf-8")
         return
     sources = {kind: LONG_TEXTS / f"{kind}.txt" for kind in KINDS}
     for item in args.text:
@@ -288,8 +292,8 @@ def main() -> None:
                              "text with --text KIND=PATH")
     folder = out / f"tokens-{args.tokens}"
     folder.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python benchmarks/long_checks.py", *sys.argv[1:]])
     model = load_default_model()
+    header = start_run(model.name, data, command)
 
     def count(text: str) -> int:
         return len(model.encode_text(text))
@@ -308,7 +312,8 @@ def main() -> None:
              "run": asdict(run)}), encoding="utf-8")
         print(f"{kind}: {tokens} tokens, exit {run.exit_code}, {run.wall_seconds:.0f} s wall, "
               f"{run.cpu_seconds:.0f} s CPU, {run.max_rss_mib:.0f} MiB", flush=True)
-        Path(args.report).write_text(render(_all_sections(out, KINDS)), encoding="utf-8")
+        Path(args.report).write_text(render(header.finished(), _all_sections(out, KINDS)),
+                                     encoding="utf-8")
 
 
 if __name__ == "__main__":

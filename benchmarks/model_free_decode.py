@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -53,7 +52,7 @@ from seqkv.levels import parse_level
 from seqkv.levels.base import TraceColumns
 from seqkv.levels.model_free import ModelFreeLevel, code_tokens
 from seqkv.limits import MAX_MODEL_FREE_WORK, MODEL_FREE_MAX_TOKENS
-from seqkv.schedule import cpu_model
+from seqkv.provenance import RunHeader, start_run
 from seqkv.session import CodedSession
 from seqkv.skv import decompress_tokens
 from seqkv.store.codec import SpanItem
@@ -192,10 +191,11 @@ def crossover(repeats: int) -> dict[int, tuple[float, float]]:
     return out
 
 
-def markdown(rows: list[Row], cross: dict[int, tuple[float, float]] | None) -> str:
+def markdown(rows: list[Row], cross: dict[int, tuple[float, float]] | None,
+             header: RunHeader) -> str:
     lines = ["# Model-free decodes at the default caps", "",
-             f"`benchmarks/model_free_decode.py` on {cpu_model()} ({platform.machine()}); "
-             f"caps: {MODEL_FREE_MAX_TOKENS:,} tokens, work {MAX_MODEL_FREE_WORK:,} "
+             header.markdown(), "",
+             f"Caps: {MODEL_FREE_MAX_TOKENS:,} tokens, work {MAX_MODEL_FREE_WORK:,} "
              "(`seqkv.limits`). "
              "CPU seconds of one decode (median).", "",
              "| level | vocab | case | count | code bytes | reader | ends in | CPU s |",
@@ -217,6 +217,9 @@ def main() -> None:
     parser.add_argument("--crossover", action="store_true")
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args()
+    header = start_run("none (the model-free levels)",
+                       "generated codes at each level, vocabularies "
+                       + ", ".join(f"{v:,}" for v in args.vocabs))
     rows = []
     for vocab in args.vocabs:
         for level in args.levels:
@@ -224,7 +227,7 @@ def main() -> None:
                 print(json.dumps(dataclasses.asdict(row)), flush=True)
                 rows.append(row)
     cross = crossover(args.repeats) if args.crossover else None
-    text = markdown(rows, cross)
+    text = markdown(rows, cross, header.finished())
     if args.markdown:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)

@@ -28,8 +28,6 @@ import argparse
 import dataclasses
 import importlib.resources
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -43,7 +41,8 @@ from seqkv.coding.frequencies import FREQUENCY_BITS
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.integer import IntegerForward, IntegerWeights, integer_tables, integer_weights
 from seqkv.models.integer.blocks import BlockWeights, block_weights
-from seqkv.schedule import cpu_model, pinned_threads
+from seqkv.provenance import RunHeader, start_run
+from seqkv.schedule import pinned_threads
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = {"prose": "sample.txt", "code": "kinds/code.txt", "legal": "kinds/legal.txt",
@@ -108,15 +107,10 @@ class StepFit:
 
 @dataclass(frozen=True)
 class Report:
-    model: str
-    machine: str
-    cpu_count: int
-    torch_version: str
+    header: RunHeader
     threads: int
     context: int
     repeats: int
-    load_before: tuple[float, float, float]
-    load_after: tuple[float, float, float]
     int8_digest: str
     q4_digest: str
     kv_mb_at_context: float  # integer KV one step reads at the context, both predictors
@@ -234,7 +228,10 @@ def _read_bandwidth(megabytes: float, repeats: int = 9) -> float:
 
 def measure(args: argparse.Namespace) -> Report:
     model = load_default_model()
-    load_before = os.getloadavg()
+    header = start_run(model.name, f"the shipped and held-out texts, {args.tokens} tokens each; "
+                                   f"steps at a {args.context}-token context",
+                       f"python benchmarks/portable4.py --repeats {args.repeats} --threads "
+                       f"{args.threads} --context {args.context}")
     weights: dict[str, IntegerWeights | BlockWeights] = {"int8": integer_weights(model),
                                                           "q4": block_weights(model)}
     engines = {form: IntegerForward(weights[form]) for form in FORMATS}
@@ -277,10 +274,8 @@ def measure(args: argparse.Namespace) -> Report:
           * (2 * geometry.kv_heads * geometry.head_dim + geometry.heads)) / 1e6
     full_step = next(p for p in pairs if p.workload == "step" and p.layers == model.num_layers)
     return Report(
-        model=model.name, machine=f"{platform.machine()}, {cpu_model()}",
-        cpu_count=os.cpu_count() or 0, torch_version=torch.__version__, threads=args.threads,
-        context=args.context, repeats=args.repeats, load_before=load_before,
-        load_after=os.getloadavg(), int8_digest=engines["int8"].digest,
+        header=header.finished(), threads=args.threads,
+        context=args.context, repeats=args.repeats, int8_digest=engines["int8"].digest,
         q4_digest=engines["q4"].digest, kv_mb_at_context=kv, bits=bits, pairs=pairs,
         steps=fit, read_gb_s=_read_bandwidth(full_step.int8_weight_mb),
         held_out_bits_met=all(b.q4_relative <= BITS_TARGET for b in bits
@@ -290,16 +285,13 @@ def measure(args: argparse.Namespace) -> Report:
 
 def render(report: Report) -> str:
     """The markdown report."""
-    load = ", ".join(f"{x:.2f}" for x in report.load_before)
-    after = ", ".join(f"{x:.2f}" for x in report.load_after)
     lines = [
         "# portable4: the 4-bit integer predictor against the int8 one",
         "",
-        f"Measured by `python benchmarks/portable4.py --repeats {report.repeats} --threads "
-        f"{report.threads} --context {report.context}`: model {report.model}; "
-        f"{report.cpu_count} CPU cores ({report.machine}), torch {report.torch_version}; "
-        f"load average (1, 5, 15 min) {load} before and {after} after (every timing is an "
-        "alternation of the two predictors in one loop, so both meet the same load).",
+        report.header.markdown(),
+        "",
+        "Every timing is an alternation of the two predictors in one loop, so both meet the "
+        "same load.",
         "",
         f"Predictor digests: int8 `{report.int8_digest[:16]}`, 4-bit `{report.q4_digest[:16]}`.",
         "",

@@ -37,6 +37,7 @@ from seqkv.codec import DEFAULT_TOLERANCE
 from seqkv.coding.residual import encode_residual
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.rows import row_forward
+from seqkv.provenance import headed, start_run
 from seqkv.schedule import pinned_threads
 
 TOLERANCES = tuple(sorted({3e-5, DEFAULT_TOLERANCE, 1e-4, 3e-4, 1e-3, 3e-3}))
@@ -230,13 +231,20 @@ def main() -> None:
     started = time.perf_counter()
     model = load_default_model()
     if args.from_log:
+        # NOTE: the header's commit, machine and load are the rendering run's; the data line
+        # says that the rows were measured before.
+        header = start_run(model.name, f"rows measured by earlier runs, read from "
+                                       f"`{args.from_log}`; this header is the rendering run's")
         logged = [json.loads(line) for line in Path(args.from_log).read_text().splitlines()
                   if line.startswith('{"text"')]
-        Path(args.report).write_text(render([Drift(**row) for row in logged], model,
-                                            "`python benchmarks/residual_drift.py --from-log "
-                                            f"{args.from_log}` ({len(logged)} rows printed by "
-                                            "the runs listed below)", None))
+        Path(args.report).write_text(headed(
+            render([Drift(**row) for row in logged], model,
+                   f"`python benchmarks/residual_drift.py --from-log {args.from_log}` "
+                   f"({len(logged)} rows printed by the runs listed below)", None),
+            header.finished()))
         return
+    header = start_run(model.name, ", ".join(args.text) if args.text else
+                       f"the shipped kinds ({', '.join(args.kinds)}) repeated to each length")
     sources: dict[str, list[int]] = {}
     for item in args.text:
         kind, _, path = item.partition("=")
@@ -258,7 +266,9 @@ def main() -> None:
         [f"--lengths {' '.join(map(str, args.lengths))}", f"--steps-up-to {args.steps_up_to}",
          *(f"--text {t}" for t in args.text),
          *([] if args.text else [f"--kinds {' '.join(args.kinds)}"])]) + "`"
-    Path(args.report).write_text(render(rows, model, command, time.perf_counter() - started))
+    Path(args.report).write_text(headed(render(rows, model, command,
+                                               time.perf_counter() - started),
+                                        header.finished()))
     worst = max(r.max_abs for r in rows)
     print(json.dumps({"worst_max_abs": worst, "lengths": args.lengths,
                       "p99_99_worst": float(np.max([r.p99_99_abs for r in rows]))}))

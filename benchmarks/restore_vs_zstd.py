@@ -34,13 +34,13 @@ from dataclasses import asdict, dataclass
 
 import zstandard
 from fleet_restore import kind_stream
-from machine import describe_machine, load_average
 
 from seqkv.bench.texts import TEXT_FILES
 from seqkv.errors import DecodeVerificationError
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.integer import IntegerForward, integer_weights
 from seqkv.models.integer.blocks import block_weights
+from seqkv.provenance import RunHeader, start_run
 from seqkv.skv import compress, decompress
 
 TARGETS = {"fastest": 4.0, "portable": 6.0}
@@ -126,8 +126,7 @@ def summary(runs: list[KindRun], levels: list[str]) -> dict[str, float]:
     return {level: statistics.median(r.ratio(level) for r in runs) for level in levels}
 
 
-def render(runs: list[KindRun], levels: list[str], command: str, machine: str,
-           loads: tuple[str, str]) -> str:
+def render(runs: list[KindRun], levels: list[str], header: RunHeader) -> str:
     ratios = summary(runs, levels)
     fastest = min(ratios, key=ratios.__getitem__)
     coded = [level for level in levels if level in INTEGER_FORMS]
@@ -135,8 +134,9 @@ def render(runs: list[KindRun], levels: list[str], command: str, machine: str,
     lines = [
         "# Single-session restore against zstd -d + one prefill",
         "",
-        f"Measured by `{command}`: {machine}; load average (1, 5, 15 min) {loads[0]} before and "
-        f"{loads[1]} after. Per kind, the first tokens of the kind's text as text; the "
+        header.markdown(),
+        "",
+        "Per kind, the first tokens of the kind's text as text; the "
         "reference decompresses its zstd -19 bytes, tokenizes and runs one prefill; a restore "
         "is `seqkv.decompress` of the session's `.skv` (tokens decoded and verified, KV "
         "rebuilt and checked against its digest). Model load and weight preparation excluded "
@@ -182,15 +182,14 @@ def main() -> None:
     parser.add_argument("--markdown", default="reports/restore_vs_zstd.md")
     args = parser.parse_args()
     model = load_default_model()
-    before = load_average()
-    machine = f"model {model.name}; {describe_machine()}"
     command = (f"python benchmarks/restore_vs_zstd.py --tokens {args.tokens} --repeats "
                f"{args.repeats} --levels {' '.join(args.levels)}")
+    header = start_run(model.name, f"the first {args.tokens} tokens of each kind's shipped "
+                                   f"text ({', '.join(args.kinds)})", command)
     runs = [measure_kind(model, kind, args.tokens, args.levels, args.repeats)
             for kind in args.kinds]
-    after = load_average()
     with open(args.markdown, "w", encoding="utf-8") as out:
-        out.write(render(runs, args.levels, command, machine, (before, after)))
+        out.write(render(runs, args.levels, header.finished()))
     print(json.dumps({"runs": [asdict(r) for r in runs],
                       "median_ratio": summary(runs, args.levels)}, indent=1))
 

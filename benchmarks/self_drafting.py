@@ -28,15 +28,12 @@ import argparse
 import dataclasses
 import importlib.resources
 import json
-import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from seqkv.coding.arithmetic import ArithmeticDecoder
 from seqkv.errors import DecodeVerificationError
@@ -47,7 +44,7 @@ from seqkv.levels.layer_drafts import DraftCounts, LayerDrafter, StreamDrafter
 from seqkv.levels.portable import PortableLevel, default_drafter
 from seqkv.models import CausalLM, load_default_model
 from seqkv.models.integer import IntegerForward
-from seqkv.schedule import cpu_model
+from seqkv.provenance import RunHeader, start_run
 from seqkv.skv import compress
 
 HERE = Path(__file__).resolve().parent
@@ -83,13 +80,8 @@ class DrafterRun:
 
 @dataclass(frozen=True)
 class Report:
-    model: str
-    machine: str
-    cpu_count: int
-    torch_version: str
+    header: RunHeader
     repeats: int
-    load_before: tuple[float, float, float]
-    load_after: tuple[float, float, float]
     runs: list[DrafterRun]
 
 
@@ -133,7 +125,12 @@ def _decode(model: CausalLM, level: PortableLevel, data: bytes, drafter: StreamD
 
 def measure(args: argparse.Namespace) -> Report:
     model = load_default_model()
-    load_before = os.getloadavg()
+    command = (f"python benchmarks/self_drafting.py --tokens {args.tokens} --repeats "
+               f"{args.repeats} --layers {' '.join(map(str, args.layers))} --max-draft "
+               f"{args.max_draft} --levels {' '.join(args.levels)}"
+               f"{' --held-out' if args.held_out else ''}")
+    texts_named = "the shipped and held-out texts" if args.held_out else "the shipped texts"
+    header = start_run(model.name, f"{texts_named}, first {args.tokens} tokens each", command)
     texts = _texts(model, args.tokens, args.held_out)
     runs = []
     for level_name in args.levels:
@@ -170,26 +167,18 @@ def measure(args: argparse.Namespace) -> Report:
                     per_token[label], per_token["lookup"] / per_token[label], median,
                     lookup / median, statistics.median(cpu[label])))
                 print(json.dumps(dataclasses.asdict(runs[-1])), flush=True)
-    return Report(model.name, f"{platform.machine()}, {cpu_model()}",
-                  os.cpu_count() or 0, torch.__version__, args.repeats, load_before,
-                  os.getloadavg(), runs)
+    return Report(header.finished(), args.repeats, runs)
 
 
-def render(report: Report, args: argparse.Namespace) -> str:
-    load = ", ".join(f"{x:.2f}" for x in report.load_before)
-    after = ", ".join(f"{x:.2f}" for x in report.load_after)
+def render(report: Report) -> str:
     lines = [
         "# Self-drafting against prompt lookup",
         "",
-        f"Measured by `python benchmarks/self_drafting.py --tokens {args.tokens} --repeats "
-        f"{report.repeats} --layers {' '.join(map(str, args.layers))} --max-draft "
-        f"{args.max_draft} --levels {' '.join(args.levels)}"
-        f"{' --held-out' if args.held_out else ''}`: model {report.model}; "
-        f"{report.cpu_count} CPU cores ({report.machine}), torch {report.torch_version}, the "
-        f"integer forward on its 2 threads; load average (1, 5, 15 min) {load} before and "
-        f"{after} after (a shared machine: the drafters of one text alternate within each "
-        "round). Every decode returned the coded tokens exactly. Decode time: the tokens alone "
-        "(no KV prefill), median.",
+        report.header.markdown(),
+        "",
+        "The integer forward runs on its 2 threads; the machine is shared: the drafters of one "
+        "text alternate within each round. Every decode returned the coded tokens exactly. "
+        "Decode time: the tokens alone (no KV prefill), median.",
         "",
         "Full top-1: positions where the full predictor's most likely token is the text's (what "
         "a drafter guessing exactly the full predictor's first choice would have confirmed). "
@@ -229,7 +218,7 @@ def main() -> None:
     args = parser.parse_args()
     report = measure(args)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(render(report, args))
+    args.markdown.write_text(render(report))
     print(json.dumps(dataclasses.asdict(report), indent=1))
 
 

@@ -151,8 +151,8 @@ def render(before: Measurement, after: Measurement, command: str) -> str:
         f"`{after.level}`, then session B = A + {after.tail_tokens} tokens put with the KV of "
         "one prefill, then got back from a fresh store object (A's span decoded too). Bytes "
         "hashed count every byte through SHA-256; the prefix's KV is "
-        f"{after.prefix_kv_bytes:,} bytes. Machine: the project's shared 2-core x86_64 CPU "
-        "(AMD EPYC, AVX-512); CPU seconds are the process's, both trees in one run.",
+        f"{after.prefix_kv_bytes:,} bytes. CPU seconds are the measuring process's, both "
+        "trees in one run.",
         "",
         "| operation | tree | bytes hashed | / prefix KV bytes | CPU s | wall s |",
         "|---|---|---:|---:|---:|---:|",
@@ -174,6 +174,15 @@ def main() -> None:
     if args.json or not args.compare:
         print(json.dumps(asdict(measure(args.prefix, args.tail, args.level))))
         return
+    # NOTE: imported here, not at the top: a ``--json`` run must install its counter before
+    # any seqkv module binds sha256. This process measures nothing itself.
+    from seqkv.provenance import headed, start_run
+
+    command = (f"python benchmarks/store_hashing.py --compare {args.compare} --prefix "
+               f"{args.prefix} --tail {args.tail} --level {args.level}")
+    header = start_run("SmolLM2-135M-Instruct (the embedded model, float32)",
+                       f"the shipped legal text, a {args.prefix:,}-token prefix and a "
+                       f"{args.tail}-token tail", command)
     with tempfile.TemporaryDirectory() as folder:
         tree = Path(folder) / "before"
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.compare],
@@ -184,10 +193,9 @@ def main() -> None:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
                            check=False, capture_output=True)
     after = _in_subprocess(ROOT, args.prefix, args.tail, args.level)
-    command = (f"python benchmarks/store_hashing.py --compare {args.compare} --prefix "
-               f"{args.prefix} --tail {args.tail} --level {args.level}")
-    Path(args.report).write_text(render(before, after, command))
-    print(render(before, after, command))
+    report = headed(render(before, after, command), header.finished())
+    Path(args.report).write_text(report)
+    print(report)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from research.decoding.forward import LogitRows
 from research.decoding.plan import plan_blocks, table_cost
 from seqkv import compress, decompress
 from seqkv.models import CausalLM, load_default_model
+from seqkv.provenance import headed, start_run
 
 # About 130 tokens of ordinary Python: the code-like text (repeated identifiers and idioms).
 CODE_SAMPLE = '''def parse_config(lines):
@@ -420,16 +421,6 @@ def dial_section(model: CausalLM, tokens: list[int], costs: Costs
 # report ------------------------------------------------------------------------------------
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def _identical(results: list[probes.RowComparison], case: str) -> bool:
     return next(r.bit_identical for r in results if r.case == case)
 
@@ -547,8 +538,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         / "decode_schedules.md")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    load_before = os.getloadavg()
     model = load_default_model()
+    header = start_run(model.name, f"the first {args.tokens} tokens of "
+                                   "`src/seqkv/data/sample.txt` and of this script's Python "
+                                   "snippet")
     _ = model.identity  # NOTE: hashed once here (~1 s), not inside the codec's first timing
     prose_all = model.encode_text(
         (importlib.resources.files("seqkv") / "data" / "sample.txt").read_text("utf-8"))
@@ -584,9 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         f"- Model: {model.name}; {model.num_layers} layers, {model.kv_heads} KV heads, "
         f"vocabulary {model.vocab_size}; float32.",
-        f"- Machine: {_cpu_name()}, {os.cpu_count()} cores (shared with other work; load "
-        f"average {load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end), "
-        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, one intra-op thread "
+        "- Threads: one intra-op thread "
         "(`seqkv.schedule.pinned_threads`), numpy's OpenBLAS on one thread "
         f"(OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}: the codec's `np.dot` "
         "otherwise wakes BLAS threads that halve its decode speed on a loaded machine). "
@@ -644,7 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
     ])
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report, encoding="utf-8")
+    args.output.write_text(headed(report, header.finished()), encoding="utf-8")
     print(f"wrote {args.output} in {time.perf_counter() - started:.0f} s")
     return 0
 

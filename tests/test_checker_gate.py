@@ -355,3 +355,20 @@ def test_the_shared_prefill_gives_the_bounds_reference_and_the_kept_rows(
     for row, kept in shared.rows.items():
         assert torch.allclose(kept, logits[row], atol=1e-5)
     assert _shared_prefill(tiny_model, tokens, [], with_reference=False).reference is None
+
+
+def test_a_report_with_its_run_header_states_command_commit_load_and_cpu_path() -> None:
+    from seqkv.provenance import start_run
+
+    header = start_run("tiny", "synthetic", "seqkv check sample.txt").finished()
+    head = render_markdown(_synthetic_report(), header).splitlines()[:12]
+    for fact in ("- command: `seqkv check sample.txt`", f"- commit: {header.commit}",
+                 f"- load average (1, 5, 15 min): {header.load()}", "- model: ", "- data: ",
+                 f"- machine: {header.machine}; profile "):
+        assert any(line.startswith(fact) for line in head), fact
+    assert f"- CPU path: {header.cpu_path}" in render_markdown(_synthetic_report(), header)
+    # Mutant: the report rendered without its header (the golden file's form) states none of
+    # the run's facts.
+    plain = render_markdown(_synthetic_report())
+    assert "- command: " not in plain and "- commit: " not in plain
+    assert "load average" not in plain

@@ -34,7 +34,7 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(("bounds", "codec"), 5),
     # ``skv`` is the ``.skv`` file API over the codec, beside the other users of its values.
     **dict.fromkeys(("trie", "store", "delta", "warm", "integrations", "skv"), 6),
-    **dict.fromkeys(("bench", "checker", "proofs"), 7),
+    **dict.fromkeys(("bench", "checker", "proofs", "provenance"), 7),
     **dict.fromkeys(("cli", "__main__"), 8),
 }
 

@@ -10,6 +10,7 @@ import pytest
 
 from benchmark_scripts import load_benchmark
 from seqkv.models.adapter import CausalLM
+from seqkv.provenance import start_run
 
 LONG = Path(__file__).resolve().parents[1] / "benchmarks" / "texts" / "long"
 KINDS = ("prose", "code", "legal", "technical")
@@ -56,7 +57,10 @@ def test_report_shows_a_failed_check_as_a_row_not_an_exception() -> None:
     done = long_checks.Run(0, 12.0, 20.0, 900.0, 6.0, 7.0)
     rows = [long_checks.Row("prose", "p.txt", "0" * 64, 2000, run, None),
             long_checks.Row("code", "c.txt", "1" * 64, 2000, done, passed)]
-    report = long_checks.render({2000: (["python benchmarks/long_checks.py"], rows)})
+    header = start_run("SmolLM2-135M-Instruct", "long texts", "python benchmarks/long_checks.py")
+    report = long_checks.render(header.finished(),
+                                {2000: (["python benchmarks/long_checks.py"], rows)})
+    assert report.startswith("# `seqkv check` on long texts of each kind\n\n- command: ")
     assert "| prose | p.txt | 2,000 | FAIL (exit 1, no JSON) |" in report
     assert "| code | c.txt | 2,000 | PASS (exit 0) | 1 of 1 | 1,999 positions" in report
     assert "| compress | 10.0 (5.0) |" in report

@@ -27,6 +27,7 @@ from rich.console import Console
 from seqkv import cli
 from seqkv.cli import common
 from seqkv.errors import UsageError
+from seqkv.provenance import RunHeader, headed, start_run
 
 PROG = "python -m research.bench"
 
@@ -106,17 +107,20 @@ def _cmd_decode(args: argparse.Namespace) -> int:
     levels = tuple(args.levels) if args.levels else DEFAULT_LEVELS
     if args.levels:
         command += " --levels " + " ".join(levels)
+    header = start_run(model.name, f"{source}, first {args.tokens} tokens each", command)
     bench = run_decode_bench(model, args.tokens, args.sessions, levels=levels, log=log,
                              texts=texts_tokens(model, texts, args.tokens), text_source=source)
-    return _report(args, render_markdown(bench, command), bench.to_json_dict(), "decode levels")
+    return _report(args, render_markdown(bench, command), bench.to_json_dict(), "decode levels",
+                   header)
 
 
 def _report(args: argparse.Namespace, markdown: str, figures: dict[str, object],
-            what: str) -> int:
-    """Write a bench's markdown report to ``--report``; print its JSON (``--json``) or where."""
+            what: str, header: RunHeader) -> int:
+    """Write a bench's markdown report, under the run's header, to ``--report``; print its JSON
+    (``--json``) or where."""
     target = Path(args.report)
     common.make_folder(target.parent)
-    common.write_text(str(target), markdown)
+    common.write_text(str(target), headed(markdown, header.finished()))
     if args.json:
         print(json.dumps(figures | {"report": str(target)}, default=str))
     else:
@@ -129,10 +133,13 @@ def _cmd_mix(args: argparse.Namespace) -> int:
 
     model = common.load_for(args)
     log = None if args.json else print
+    command = f"{PROG} mix --dictionary-sessions {args.dictionary_sessions} --seed {args.seed}"
+    header = start_run(model.name, "RAG-style sessions generated from the shipped texts "
+                                   f"(seed {args.seed})", command)
     bench = run_mix_bench(model, dictionary_sessions=args.dictionary_sessions, seed=args.seed,
                           log=log)
-    command = f"{PROG} mix --dictionary-sessions {args.dictionary_sessions} --seed {args.seed}"
-    return _report(args, render_markdown(bench, command), bench.to_json_dict(), "mixing report")
+    return _report(args, render_markdown(bench, command), bench.to_json_dict(), "mixing report",
+                   header)
 
 
 def _cmd_store(args: argparse.Namespace) -> int:

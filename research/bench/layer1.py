@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import platform
-import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from research.bench.trie import (
     WorkloadSpec,
     generate_workload,
 )
+from seqkv.provenance import start_run
 from seqkv.store import SessionStore, TokensCodec
 from seqkv.store.backends.directory import DirectoryBackend
 from seqkv.store.codec import SpanCodec
@@ -96,28 +96,23 @@ def _block_granular(store: SessionStore, block: int) -> None:
     matcher.find = find  # type: ignore[method-assign]
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def run_layer1(spec: WorkloadSpec, seed: int, every: int, report: Path,
                command: str, log: Callable[[str], None] | None = None) -> list[Layer1Row]:
     """Put the workload into both stores; append a row per provider every ``every`` sessions
     (and at the end) to ``report``."""
     sessions = generate_workload(spec, seed)
+    # NOTE: rows stream into the report as they are measured, so the header goes first with
+    # the load at the start; the load at the end closes the report.
+    header = start_run(f"none (`TokensCodec({spec.vocab_size}, 'plain')`)",
+                       f"the trie bench's generated workload, seed {seed}, "
+                       f"{spec.sessions:,} sessions", command)
     rows: list[Layer1Row] = []
     report.parent.mkdir(parents=True, exist_ok=True)
     with report.open("w") as out:
         out.write(
             "# Layer 1 on the store: token-granular prefixes against hashed blocks\n\n"
-            f"Command: `{command}`. Commit {_commit()}, {platform.machine()} "
-            f"{platform.system()}, Python {platform.python_version()}. No model: "
-            f"`TokensCodec({spec.vocab_size}, 'plain')`, the trie bench's workload "
-            f"(seed {seed}, {spec.sessions:,} sessions), blocks of {spec.block_size} tokens. "
+            f"{header.markdown()}\n\n"
+            f"Python {platform.python_version()}. Blocks of {spec.block_size} tokens. "
             "KV bytes: tokens coded x 23,040 (SmolLM2-135M at fp16). Written by "
             "`research.bench.layer1`.\n\n"
             "| provider | sessions | tokens | hit rate | tokens coded | record bytes | "
@@ -152,4 +147,5 @@ def run_layer1(spec: WorkloadSpec, seed: int, every: int, report: Path,
                 if store.get(last, namespace="bench").tokens != [
                         int(t) for t in sessions[-1].tokens]:
                     raise AssertionError("a store read back other tokens than it was given")
+        out.write(f"\nLoad average (1, 5, 15 min): {header.finished().load()}.\n")
     return rows

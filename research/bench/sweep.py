@@ -63,6 +63,7 @@ from seqkv.delta.predictors import (
 from seqkv.delta.residual_coder import FIXED_WIDTHS
 from seqkv.errors import DecodeVerificationError, InsufficientSamplesError
 from seqkv.models.adapter import CausalLM
+from seqkv.provenance import RunHeader, headed, start_run
 from seqkv.quantizers import QuantizerName
 from seqkv.skv import compress, decompress
 
@@ -486,11 +487,13 @@ class ReportPaths:
 
 
 def write_reports(points: Sequence[RatePoint], directory: Path,
-                  setting: SweepSetting) -> ReportPaths:
-    """Write ``rate_distortion.md`` and ``rate_distortion.png`` into ``directory``."""
+                  setting: SweepSetting, header: RunHeader) -> ReportPaths:
+    """Write ``rate_distortion.md`` (under the run's ``header``) and ``rate_distortion.png``
+    into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = ReportPaths(directory / "rate_distortion.md", directory / "rate_distortion.png")
-    paths.markdown.write_text(render_markdown(points, setting), encoding="utf-8")
+    paths.markdown.write_text(headed(render_markdown(points, setting), header.finished()),
+                              encoding="utf-8")
     render_plot(points, paths.plot, setting)
     return paths
 
@@ -522,11 +525,13 @@ def run_default_sweep(
 ) -> tuple[list[RatePoint], SweepSetting]:
     """The sweep on the shipped sample text; writes the reports when ``directory`` is given."""
     tokens, continuation = sample_inputs(model, prefix_tokens, continuation_tokens)
+    header = start_run(model.name, f"src/seqkv/data/sample.txt: {len(tokens)} cached tokens, "
+                                   f"{len(continuation)} held out")
     started = time.perf_counter()
     points = run_rate_distortion_sweep(model, tokens, continuation, grid, log=log)
     setting = SweepSetting(model.name, len(tokens), len(continuation),
                            model.kv_components_per_token, "src/seqkv/data/sample.txt",
                            time.perf_counter() - started)
     if directory is not None:
-        write_reports(points, directory, setting)
+        write_reports(points, directory, setting, header)
     return points, setting

@@ -14,6 +14,7 @@ from research.bench.quant import run_quant_bench
 from research.bench.sweep import SweepGrid, SweepSetting, run_rate_distortion_sweep, write_reports
 from seqkv.delta import AllocationMode, ExactRecompute, NoPrediction, TopKExpectation
 from seqkv.models import CausalLM
+from seqkv.provenance import start_run
 
 PREFIX = [5, 17, 17, 3, 9, 44, 300, 12, 12, 12, 7, 101]
 CONTINUATION = [40, 41, 42, 43, 44]
@@ -47,7 +48,7 @@ def test_sweep_rows_reports_and_json(tiny_model: CausalLM, tmp_path: Path) -> No
 
     setting = SweepSetting(tiny_model.name, len(PREFIX), len(CONTINUATION), components,
                            "a test sequence", 1.0)
-    paths = write_reports(points, tmp_path, setting)
+    paths = write_reports(points, tmp_path, setting, start_run("tiny", "generated"))
     markdown = paths.markdown.read_text()
     table = [line for line in markdown.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + len(points)  # header + one row each

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from seqkv.checker.checks import Check
 from seqkv.checker.run import CheckReport
+from seqkv.provenance import RunHeader
 
 
 def _number(value: float | None) -> str:
@@ -97,7 +98,28 @@ def _phase_rows(report: CheckReport) -> list[str]:
     return lines
 
 
-def render_markdown(report: CheckReport) -> str:
+def _run_lines(report: CheckReport, header: RunHeader | None) -> list[str]:
+    """The ``## Run`` facts: the run header's command, commit and load first (a report's first
+    lines carry its provenance), then the model, the data and the execution profile."""
+    model = (f"- model: {report.model.name}; config sha256 `{report.model.config_sha256[:16]}`, "
+             f"weights sha256 `{report.model.weights_sha256[:16]}`, tokenizer sha256 "
+             f"`{(report.model.tokenizer_sha256 or 'none')[:16]}`")
+    data = (f"- data: `{report.data.source}` ({report.data.kind}), {report.data.tokens} tokens, "
+            f"sha256 `{report.data.sha256[:16]}`")
+    profile = (f"{report.profile.device_class} ({report.profile.cpu_capability}, "
+               f"{report.profile.cpu_model}), {report.profile.dtype}; torch "
+               f"{report.profile.torch_version}, transformers "
+               f"{report.profile.transformers_version}")
+    if header is None:
+        return [model, data, f"- machine: {profile}"]
+    return [f"- command: `{header.command}`", f"- commit: {header.commit}",
+            f"- load average (1, 5, 15 min): {header.load()}", model, data,
+            f"- machine: {header.machine}; profile {profile}", f"- CPU path: {header.cpu_path}"]
+
+
+def render_markdown(report: CheckReport, header: RunHeader | None = None) -> str:
+    """The report as markdown; ``header`` (``seqkv.provenance.start_run``) adds the run's
+    command, commit, load and CPU path to its ``## Run`` section."""
     bounds = [c for c in report.checks if c.kind == "bound"]
     premises = [c for c in report.checks if c.kind == "premise"]
     claims = [c for c in report.checks if c.kind == "claim"]
@@ -113,14 +135,7 @@ def render_markdown(report: CheckReport) -> str:
         "",
         "## Run",
         "",
-        f"- model: {report.model.name}; config sha256 `{report.model.config_sha256[:16]}`, "
-        f"weights sha256 `{report.model.weights_sha256[:16]}`, tokenizer sha256 "
-        f"`{(report.model.tokenizer_sha256 or 'none')[:16]}`",
-        f"- data: `{report.data.source}` ({report.data.kind}), {report.data.tokens} tokens, "
-        f"sha256 `{report.data.sha256[:16]}`",
-        f"- machine: {report.profile.device_class} ({report.profile.cpu_capability}, "
-        f"{report.profile.cpu_model}), {report.profile.dtype}; torch "
-        f"{report.profile.torch_version}, transformers {report.profile.transformers_version}",
+        *_run_lines(report, header),
         f"- level: {report.level}; options: {report.options}",
         "",
         "## Coded size against the ideal",

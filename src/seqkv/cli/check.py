@@ -12,6 +12,7 @@ from seqkv.cli import common
 from seqkv.codec import DEFAULT_TOLERANCE
 from seqkv.formats.skv import MAGIC
 from seqkv.levels import DEFAULT_LEVEL
+from seqkv.provenance import start_run
 
 
 def default_report(source: str) -> str:
@@ -25,6 +26,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     model = common.load_for(args)
     baselines = None if args.baselines is None else Path(args.baselines)
     reporter.phase("check")
+    # NOTE: model and data are stated by the report's own lines (with their digests).
+    header = start_run(model=model.name, data=args.input)
     data = common.read_bytes(args.input)
     if data.startswith(MAGIC):  # formats 1 and 2 start with these bytes too
         report = check_skv(model, data, args.input, options, progress=reporter.sink,
@@ -38,7 +41,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                                    level=args.level)
     target = Path(args.report)
     common.make_folder(target.parent)
-    common.write_text(str(target), render_markdown(report))
+    common.write_text(str(target), render_markdown(report, header.finished()))
     if args.json:
         print(json.dumps(report.to_json_dict() | {"report": str(target)}, default=str))
     else:
