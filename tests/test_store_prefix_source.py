@@ -9,8 +9,10 @@ import pytest
 
 import seqkv
 import seqkv.store.pins as pins
+import seqkv.store.store as store_module
 from seqkv.models import CausalLM
 from seqkv.store import SessionStore
+from seqkv.store.errors import InvalidSessionIdError
 from seqkv.store.pins import pin_name
 from seqkv.trie import PrefixHashMismatchError, PrefixNotFoundError, prefix_hash
 from seqkv.trie.keys import Namespace
@@ -45,13 +47,30 @@ def test_an_unknown_hash_is_the_named_error(tiny_model: CausalLM, tmp_path: Path
         seqkv.decompress(tiny_model, data, prefixes=store.prefix_source(namespace="other"))
 
 
+WRONG = [2, *SYSTEM[1:]]
+
+
 def _forged(tiny_model: CausalLM, tmp_path: Path) -> SessionStore:
-    """A store whose pin row for the hash of ``SYSTEM`` holds other tokens."""
+    """A store whose pin row for the hash of ``SYSTEM`` holds other tokens (written past the
+    put's name check, as a damaged or hand-edited row would be)."""
     store = SessionStore.directory(tmp_path / "s", tiny_model)
-    wrong = [2, *SYSTEM[1:]]
-    store.put(pin_name(prefix_hash(Namespace("n"), SYSTEM)), wrong, tiny_model.prefill(wrong),
-              namespace="n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_module, "_check_pin_name", lambda name, tenant, tokens: None)
+        store.put(pin_name(prefix_hash(Namespace("n"), SYSTEM)), WRONG,
+                  tiny_model.prefill(WRONG), namespace="n")
     return store
+
+
+def test_a_put_under_a_pin_name_holds_only_the_tokens_it_names(
+        tiny_model: CausalLM, tmp_path: Path) -> None:
+    store = SessionStore.directory(tmp_path / "s", tiny_model)
+    name = pin_name(prefix_hash(Namespace("n"), SYSTEM))
+    with pytest.raises(InvalidSessionIdError, match="not these tokens' hash"):
+        store.put(name, WRONG, tiny_model.prefill(WRONG), namespace="n")
+    store.put(name, SYSTEM, tiny_model.prefill(SYSTEM), namespace="n")  # its own tokens: kept
+    with pytest.raises(InvalidSessionIdError, match="pinned prefix"):
+        store.append(name, [7, 8], namespace="n")
+    assert store.get(name, namespace="n").tokens == SYSTEM
 
 
 def test_a_pin_row_with_other_tokens_is_refused(tiny_model: CausalLM, tmp_path: Path) -> None:

@@ -102,6 +102,7 @@ from seqkv.store.dictionaries import NamespaceDictionaries, StoredDictionary
 from seqkv.store.errors import (
     ConcurrentUpdateError,
     CorruptRecordError,
+    InvalidSessionIdError,
     SessionExistsError,
     SessionNotFoundError,
     SessionTooLongError,
@@ -109,7 +110,7 @@ from seqkv.store.errors import (
 from seqkv.store.hot import ChainState, HotTier
 from seqkv.store.ids import SessionName, SpanId, StoreNamespace, Tenant, check_session_id
 from seqkv.store.index import IndexSpacing
-from seqkv.store.pins import StorePrefixSource, pin_name
+from seqkv.store.pins import PIN_PREFIX, StorePrefixSource, pin_name
 from seqkv.store.prefixes import Match, PrefixMatcher
 from seqkv.store.registry import CodecFactory, CodecRegistry, model_codecs
 from seqkv.trie.keys import Namespace, prefix_hash
@@ -348,6 +349,7 @@ class SessionStore:
         token_list = [int(t) for t in tokens]
         if not token_list:
             raise EmptyInputError("a session needs at least one token")
+        _check_pin_name(name, tenant, token_list)
         target = _kv_tensor(kv)
         if target is not None and target.shape[3] != len(token_list):
             raise InvalidKVError(f"the KV holds {target.shape[3]} tokens, the session "
@@ -448,6 +450,10 @@ class SessionStore:
         """
         name = check_session_id(session_id)
         tenant = Tenant.of(namespace)
+        if name.startswith(PIN_PREFIX):
+            raise InvalidSessionIdError(
+                f"session {name!r} is a pinned prefix (SessionStore.pin_prefix): its tokens are "
+                "fixed by its name; append to a session of another id")
         added = [int(t) for t in new_tokens]
         if not added:
             raise EmptyInputError("append needs at least one new token")
@@ -694,3 +700,14 @@ def _check_binding(tenant: Tenant, name: SessionName, entry: SessionEntry, token
             f"session {name!r} in namespace {tenant.name!r} fails its binding: its row "
             "(span, length) or the records of its chain were damaged, moved or copied from "
             "another session")
+
+
+def _check_pin_name(name: SessionName, tenant: Tenant, tokens: Sequence[int]) -> None:
+    """A session id starting ``prefix:`` names a pinned prefix (``seqkv.store.pins``): it may
+    hold only the tokens whose content hash it spells, so a pin row never holds other tokens."""
+    if name.startswith(PIN_PREFIX) and name != pin_name(
+            prefix_hash(Namespace(tenant.name), tokens)):
+        raise InvalidSessionIdError(
+            f"session ids starting {PIN_PREFIX!r} name pinned prefixes by the content hash of "
+            f"their tokens, and {name[:24]!r}... is not these tokens' hash: use "
+            "SessionStore.pin_prefix, or another id")
