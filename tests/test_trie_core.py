@@ -5,6 +5,7 @@ ledger. Each guard has a mutant beside it that the test catches."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from seqkv.trie import PrefixTrie, RadixCache
 from seqkv.trie.cache import CacheNode
@@ -125,3 +126,43 @@ def test_the_budget_test_catches_a_copied_budget(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(PrefixTrie, "__init__", init_copying)
     monkeypatch.setattr(PrefixTrie, "budget_bytes", property(lambda self: copies[id(self)]))
     assert _budget_seen_after_the_ledger_changes(PrefixTrie(budget_bytes=100)) == 100
+
+
+def _node_storage(owner: type[RadixTree]) -> list[tuple[int, int]]:
+    """(storage bytes, KV bytes) of every node's KV after inserting two diverging sequences
+    whose KV is one slice of a larger tensor."""
+    base = torch.randn(2, 2, 3, 40, 4)
+    kv = base[:, :, :, 5:17, :]  # a view into 40 positions
+    if owner is PrefixTrie:
+        trie = PrefixTrie()
+        trie.insert(list(range(12)), [-1.0] * 12, kv)
+        trie.insert([*range(6), 99, 98], [-1.0] * 8, torch.randn(2, 2, 3, 8, 4))
+        tree: RadixTree = trie
+    else:
+        cache: RadixCache[Chain] = RadixCache(budget_bytes=None)
+        cache.insert("n", list(range(12)), kv, Chain(range(12)))
+        cache.insert("n", [*range(6), 99, 98], torch.randn(2, 2, 3, 8, 4),
+                     Chain([*range(6), 99, 98]))
+        tree = cache
+    stack = list(tree._roots.values())
+    nodes = []
+    while stack:
+        node = stack.pop()
+        stack += node.children.values()
+        if node.kv is not None:
+            nodes.append(node)
+    assert len(nodes) >= 3  # the shared edge and two tails
+    return [(n.kv.untyped_storage().nbytes(), n.kv.nbytes) for n in nodes]
+
+
+@pytest.mark.parametrize("owner", [PrefixTrie, RadixCache])
+def test_a_nodes_kv_owns_exactly_its_own_bytes(owner: type[RadixTree]) -> None:
+    """Invariant 6: a node's KV is an owned copy of its edge, so the budget's byte count is the
+    memory it holds (a view would keep the caller's whole tensor alive)."""
+    assert all(storage == held for storage, held in _node_storage(owner))
+
+
+def test_the_ownership_test_catches_a_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RadixTree, "_copy_kv",
+                        lambda self, kv, start, stop: kv[:, :, :, start:stop, :])
+    assert any(storage > held for storage, held in _node_storage(RadixCache))

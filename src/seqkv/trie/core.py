@@ -115,7 +115,9 @@ class RadixTree(ABC, Generic[N]):
 
     def _copy_kv(self, kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
         """An owned, contiguous copy of ``kv[:, :, :, start:stop, :]`` (invariant 6)."""
-        return kv[:, :, :, start:stop, :].contiguous().clone()  # [L, 2, H, stop - start, D]
+        # one copy: ``clone`` into contiguous memory owns its storage, so a node's KV never
+        # keeps the caller's whole tensor alive
+        return kv[:, :, :, start:stop, :].clone(memory_format=torch.contiguous_format)
 
     def _walk(self, root: N, query: Sequence[int], *, split: bool) -> tuple[list[N], int]:
         """The nodes matching ``query`` from ``root`` (excluded) and the tokens matched.
