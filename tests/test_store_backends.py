@@ -222,7 +222,7 @@ def test_hot_tier_keeps_its_budget() -> None:
     tier = HotTier(capacity_bytes=3 * 8 * 10)
     root = ("s", NamespaceKey(b"n"))
     for span in range(5):  # five chains of 10 tokens that share none: 80 bytes each
-        tier.put(root, ChainState(tuple(range(100 * span, 100 * span + 10)), None, True,
+        tier.put(root, ChainState(tuple(range(100 * span, 100 * span + 10)), None, None,
                                   ((SpanId(span), 0),)))
         assert tier.nbytes <= 240
     assert len(tier.trie) == 3

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from seqkv.store import SessionStore, TokensCodec
 from seqkv.store.backends.directory import DirectoryBackend
@@ -156,3 +157,31 @@ def test_the_lock_test_catches_a_put_that_does_not_lock(tmp_path: Path,
     monkeypatch.setattr(HotTier, "lock", lambda self, node: None)
     monkeypatch.setattr(HotTier, "unlock", lambda self, node: None)
     assert _protected_while_coding(_store(tmp_path), monkeypatch) == 0
+
+
+def test_an_exact_prefix_of_an_inexact_chain_is_exact_in_the_trie() -> None:
+    """A trie node's source may be a longer chain (a split keeps the child's source): the KV of a
+    cut is exact when every span before the cut is, whatever the chain's later spans are."""
+    from seqkv.store.hot import ChainState, HotTier
+    from seqkv.store.ids import NamespaceKey, SpanId
+
+    tier = HotTier(capacity_bytes=1 << 20)
+    root = ("s", NamespaceKey(b"n"))
+    kv = torch.zeros(1, 2, 1, 12, 2)
+    # span 1 holds tokens 0..7 exactly; span 2 continues it to 12 tokens, not exactly
+    tier.put(root, ChainState(tuple(range(12)), kv, 8, ((SpanId(1), 0), (SpanId(2), 8))))
+    prefix = tier.match(root, list(range(8)))
+    assert prefix.length == 8 and prefix.state is not None
+    assert prefix.state.kv_exact
+    whole = tier.match(root, list(range(12)))
+    assert whole.state is not None and not whole.state.kv_exact
+    assert whole.state.exact_until(8) and not whole.state.exact_until(9)
+
+
+def test_the_exactness_test_catches_a_flag_read_for_the_whole_chain(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqkv.store.hot as hot
+
+    monkeypatch.setattr(hot, "inexact_until", lambda inexact_from, length: inexact_from)
+    with pytest.raises(AssertionError):
+        test_an_exact_prefix_of_an_inexact_chain_is_exact_in_the_trie()

@@ -40,7 +40,7 @@ from seqkv.store.backends.base import StoreBackend, StoredSpan
 from seqkv.store.codec import SpanCodec, SpanItem
 from seqkv.store.dictionaries import NamespaceDictionaries
 from seqkv.store.errors import CorruptRecordError, SessionTooLongError, StoreVerificationError
-from seqkv.store.hot import ChainState, HotRoot, HotTier
+from seqkv.store.hot import ChainState, HotRoot, HotTier, inexact_until
 from seqkv.store.ids import SpanId, Tenant
 from seqkv.store.registry import CodecRegistry
 
@@ -196,9 +196,12 @@ class ChainDecoder:
                     f"its record {record.start + record.count:,}: a codec returns the chain's "
                     "tokens, the prefix's included (``seqkv.store.codec`` invariant 1)")
             parent = None if record.parent is None else states[SpanId(record.parent)]
+            inexact = None if parent is None else inexact_until(parent.inexact_from,
+                                                                  record.start)
+            if inexact is None and not (record.kv_exact and result.kv_exact):
+                inexact = record.start
             state = ChainState(
-                tuple(result.tokens), result.kv,
-                record.kv_exact and result.kv_exact and (parent is None or parent.kv_exact),
+                tuple(result.tokens), result.kv, inexact,
                 (parent.spans_until(record.start) if parent else ()) + ((span, record.start),))
             states[span] = state
             self._hot.put(self.root(tenant), state)

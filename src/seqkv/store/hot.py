@@ -35,17 +35,31 @@ from seqkv.trie.cache import CacheMatch, CacheNode, RadixCache
 HotRoot = tuple[str, NamespaceKey]  # (store id, namespace key): one trie root each
 
 
+def spans_until(spans: tuple[tuple[SpanId, int], ...], length: int
+                ) -> tuple[tuple[SpanId, int], ...]:
+    """The (span, start) pairs of a chain holding tokens ``0 .. length - 1``."""
+    return tuple((span, start) for span, start in spans if start < length)
+
+
+def inexact_until(inexact_from: int | None, length: int) -> int | None:
+    """Where a chain's KV stops being exact, seen from its first ``length`` tokens: None when
+    every token before ``length`` is exact."""
+    return inexact_from if inexact_from is not None and inexact_from < length else None
+
+
 @dataclass(frozen=True, slots=True)
 class ChainSpans:
-    """The spans of a chain, root first, and whether its whole KV is exact: what a trie node
-    remembers of the chain that gave its tokens and KV (invariant 1)."""
+    """The spans of a chain, root first, and the first position of its first span whose KV is
+    not exact (None: all exact): what a trie node remembers of the chain that gave its tokens
+    and KV (invariant 1). A node's source may be a longer chain than the node's path, so
+    exactness is read at the cut, never for the whole chain."""
 
     spans: tuple[tuple[SpanId, int], ...]  # (span, start) of each span, root first
-    kv_exact: bool
+    inexact_from: int | None
 
     def cut(self, length: int) -> tuple[tuple[SpanId, int], ...]:
         """The spans holding tokens ``0 .. length - 1``: their identity."""
-        return tuple((span, start) for span, start in self.spans if start < length)
+        return spans_until(self.spans, length)
 
 
 @dataclass(frozen=True)
@@ -54,12 +68,22 @@ class ChainState:
 
     tokens: tuple[int, ...]
     kv: torch.Tensor | None  # [layers, 2, kv_heads, len(tokens), head_dim] float32
-    kv_exact: bool
+    # the start of the first span whose KV is not what was put (None: all exact); a cut
+    # before it is exact even when the chain is not
+    inexact_from: int | None
     spans: tuple[tuple[SpanId, int], ...]  # (span, start) of each span, root first
+
+    @property
+    def kv_exact(self) -> bool:
+        return self.inexact_from is None
+
+    def exact_until(self, length: int) -> bool:
+        """Whether the KV of tokens ``0 .. length - 1`` is exact."""
+        return inexact_until(self.inexact_from, length) is None
 
     def spans_until(self, length: int) -> tuple[tuple[SpanId, int], ...]:
         """The spans holding tokens ``0 .. length - 1``."""
-        return tuple((span, start) for span, start in self.spans if start < length)
+        return spans_until(self.spans, length)
 
     def span_at(self, position: int) -> SpanId:
         """The span holding token ``position``."""
@@ -94,7 +118,8 @@ def _state(match: CacheMatch[ChainSpans]) -> ChainState | None:
     source = match.source
     if source is None or match.length == 0:
         return None
-    return ChainState(match.tokens, match.kv, source.kv_exact, source.cut(match.length))
+    return ChainState(match.tokens, match.kv, inexact_until(source.inexact_from, match.length),
+                      source.cut(match.length))
 
 
 class HotTier:
@@ -138,7 +163,7 @@ class HotTier:
 
     def put(self, root: HotRoot, state: ChainState) -> None:
         """Hold the chain ``state`` (tagged by its last span)."""
-        self._trie.insert(root, state.tokens, state.kv, ChainSpans(state.spans, state.kv_exact),
+        self._trie.insert(root, state.tokens, state.kv, ChainSpans(state.spans, state.inexact_from),
                           tag=state.spans[-1][0])
 
     def lock(self, node: CacheNode[ChainSpans]) -> None:

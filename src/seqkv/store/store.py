@@ -107,7 +107,7 @@ from seqkv.store.errors import (
     SessionNotFoundError,
     SessionTooLongError,
 )
-from seqkv.store.hot import ChainState, HotTier
+from seqkv.store.hot import ChainState, HotTier, inexact_until
 from seqkv.store.ids import SessionName, SpanId, StoreNamespace, Tenant, check_session_id
 from seqkv.store.index import IndexSpacing
 from seqkv.store.pins import PIN_PREFIX, StorePrefixSource, pin_name
@@ -403,7 +403,7 @@ class SessionStore:
             if target is not None and prefix.kv is not None:
                 exact_prefix = bool(torch.equal(target[:, :, :, :start], prefix.kv))
                 target = torch.cat([prefix.kv, target[:, :, :, start:]], dim=3)
-            exact_prefix = exact_prefix and state.kv_exact
+            exact_prefix = exact_prefix and state.exact_until(start)
         dictionary = (self._dictionaries.for_coding(coding.tenant, coding.codec.identity().level)
                       if coding.codec.mixes else None)
         encoded = coding.codec.encode(tokens, target, prefix, dictionary)
@@ -415,8 +415,12 @@ class SessionStore:
                             encoded.session.kv_digest)
         if encoded.kv is not None or not coding.codec.uses_kv:
             spans = state.spans_until(start) if state is not None and parent is not None else ()
+            inexact = (None if state is None or parent is None
+                       else inexact_until(state.inexact_from, start))
+            if inexact is None and not exact:
+                inexact = start
             self._hot.put(self._chains.root(coding.tenant), ChainState(
-                tuple(tokens), encoded.kv, exact, (*spans, (span, start))))
+                tuple(tokens), encoded.kv, inexact, (*spans, (span, start))))
         return PutResult(coding.name, len(tokens), start, len(tokens) - start, span,
                          len(record), encoded.coded_bytes, coding.match.candidates,
                          self._backend.round_trips - coding.started, encoded.theorem1)
@@ -549,7 +553,7 @@ class SessionStore:
             kv = None if state.kv is None else state.kv[:, :, :, :length].contiguous()
             out.append((chain, StoredSession(
                 name, tenant.name, list(state.tokens[:length]),
-                None if kv is None else cache_from_tensor(kv), kv, state.kv_exact)))
+                None if kv is None else cache_from_tensor(kv), kv, state.exact_until(length))))
         return out
 
     def _limit(self, name: SessionName, chain: SessionChain, max_tokens: int | None,
