@@ -21,7 +21,7 @@ from seqkv.descriptions import DescriptionSource
 from seqkv.errors import EnvironmentMismatchError
 from seqkv.formats.skv import read_skv
 from seqkv.models import CausalLM
-from seqkv.skv import reader_side
+from seqkv.models.profiles import reader_side
 
 LEGACY = Path(__file__).parent / "data" / "legacy"
 # What every file decodes to (tiny_random_llama(seed=0))

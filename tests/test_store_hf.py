@@ -14,10 +14,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from legacy_files import LEGACY, must_decode_here
 from seqkv.bounds import Bound, BoundViolationError
 from seqkv.digests import Digest
 from seqkv.errors import (
     CorruptFileError,
+    EnvironmentMismatchError,
     InvalidKVError,
     NotASeqKVFileError,
     SeqKVError,
@@ -30,12 +32,13 @@ from seqkv.formats.hf_cache import (
     read_cache,
     write_cache,
 )
-from seqkv.formats.skv import MAGIC, write_skv
+from seqkv.formats.residual import encode_residual_section
+from seqkv.formats.skv import MAGIC, read_skv, write_skv
 from seqkv.kvcache import tensor_from_cache
 from seqkv.limits import MAX_LEVEL_BYTES, MAX_SEGMENTS
 from seqkv.models import CausalLM, tiny_random_llama
 from seqkv.session import PrefixRef
-from seqkv.skv import compress
+from seqkv.skv import compress, decompress
 from seqkv.store.hf import load_cache, save_cache
 
 PROMPT = [1, 17, 230, 5, 99, 410, 3, 77, 301, 12, 12, 64, 128, 256, 7, 33]
@@ -110,6 +113,39 @@ def test_a_version_1_file_still_loads(tiny_model: CausalLM, tmp_path: Path) -> N
     assert read_cache((tmp_path / "v1.skvc").read_bytes()).version == 1
     restored = load_cache(tmp_path / "v1.skvc", model=tiny_model)
     assert torch.equal(tensor_from_cache(restored), kv)
+
+
+@pytest.mark.parametrize("name", ["v2-plain.skv", "v2-tokens-bitexact.skv"])
+def test_a_version_1_file_framing_a_format_2_skv_loads_as_decompress_reads_it(
+        tiny_model: CausalLM, tmp_path: Path, name: str) -> None:
+    """The first version-1 writer framed a format-2 ``.skv`` (JSON header): it reads with what
+    this machine knows of the reader (``reader_side``), as ``decompress`` reads the bare file:
+    the same KV, or the same refusal by name where this machine's profile is not the file's."""
+    legacy = (LEGACY / name).read_bytes()
+    (tmp_path / "v1.skvc").write_bytes(b"SKVCACHE" + bytes([1, 0]) + legacy)
+    if must_decode_here(tiny_model, legacy):
+        restored = load_cache(tmp_path / "v1.skvc", model=tiny_model)
+        assert torch.equal(tensor_from_cache(restored), decompress(tiny_model, legacy).kv)
+    else:
+        with pytest.raises(EnvironmentMismatchError):
+            load_cache(tmp_path / "v1.skvc", model=tiny_model)
+
+
+def test_a_version_2_file_without_its_kv_digest_is_refused(tiny_model: CausalLM,
+                                                          tmp_path: Path) -> None:
+    """Flags cleared and the digest cut out (CRC recomputed): the load would return this
+    machine's recompute unchecked, so the file is refused by name."""
+    data = _saved(tiny_model, tmp_path / "c.skvc")
+    session = read_cache(data).session
+    assert session.kv_digest is not None and session.residual is not None
+    residual = encode_residual_section(session.residual)
+    cut = session.kv_digest + encode_varint(len(residual)) + residual
+    body = bytearray(data[:-4])
+    body[10] &= ~0b101  # no residual, no KV digest
+    at = body.index(cut)
+    del body[at:at + len(cut)]
+    with pytest.raises(CorruptFileError, match="no KV digest"):
+        read_cache(_recrc(bytes(body)))
 
 
 def test_a_version_1_file_naming_a_prefix_is_refused(tiny_model: CausalLM) -> None:
@@ -193,3 +229,24 @@ def test_forged_files_end_in_a_seqkv_error_or_read_canonically(tiny_model: Causa
             accepted += 1
             assert write_cache(read.dtype, read.session) == forged
     assert accepted > 0  # digests and code bytes are free: some forgeries read
+
+
+def test_a_version_1_load_reads_with_this_reader(tiny_model: CausalLM, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a format-2 file's float profile is this machine's, only the reader side (the model
+    and this machine's profile) lets it load, so ``load_cache`` passes it to the ``.skv``
+    reader: checked here by what the reader is given, on any machine."""
+    import seqkv.formats.hf_cache as hf_cache
+
+    given = []
+
+    def spy(data: bytes, side: object = None) -> object:
+        given.append(side)
+        return read_skv(data, side)
+
+    monkeypatch.setattr(hf_cache, "read_skv", spy)
+    (tmp_path / "v1.skvc").write_bytes(
+        b"SKVCACHE" + bytes([1, 0]) + (LEGACY / "v2-plain.skv").read_bytes())
+    load_cache(tmp_path / "v1.skvc", model=tiny_model)
+    assert len(given) == 1 and given[0] is not None
+    assert given[0].model is not None and given[0].profile is not None

@@ -55,20 +55,17 @@ from seqkv.codec import (
 from seqkv.descriptions import Descriptions, DescriptionSource
 from seqkv.digests import Digest, model_digest, profile_digest
 from seqkv.errors import (
-    CorruptFileError,
     EnvironmentMismatchError,
     InvalidKVError,
     PrefixMismatchError,
     PrefixUnavailableError,
 )
 from seqkv.formats.skv import SkvRead, read_skv, write_skv
-from seqkv.formats.skv_legacy import ReaderModel, ReaderSide
 from seqkv.levels import DEFAULT_LEVEL, CodingLevel
 from seqkv.mixing.dictionary import Dictionary
 from seqkv.models.adapter import CausalLM
-from seqkv.models.profiles import execution_profile
+from seqkv.models.profiles import reader_side
 from seqkv.progress import ProgressSink
-from seqkv.schedule import current_profile
 from seqkv.session import CodedSession, Prefix, PrefixHash
 from seqkv.types import ExecutionProfile, ModelIdentity
 
@@ -218,16 +215,6 @@ def compress(
     )
     return CompressResult(written.data, session, stats, encoded.trace, bounds,
                           written.sections, model.identity, encoded.profile, encoded.kv)
-
-
-def reader_side(model: CausalLM | None) -> ReaderSide:
-    """What reading an old .skv file on this machine knows of the reader: the model (if any)
-    and this machine's profile for a file's schedule and dtype."""
-    if model is None:
-        return ReaderSide(None, lambda recorded: current_profile(
-            _dtype_of(recorded.dtype), torch.device("cpu"), recorded.schedule))
-    return ReaderSide(ReaderModel(model.identity, model.start_token_id, model.geometry),
-                      lambda recorded: execution_profile(model, recorded.schedule))
 
 
 class _FileDescriptions:
@@ -404,10 +391,3 @@ def upgrade(data: bytes, descriptions: Descriptions | None = None,
     if descriptions is not None and read.model is not None:
         descriptions.remember(read.model, read.profile)
     return write_skv(read.session).data
-
-
-def _dtype_of(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise CorruptFileError(f"the file's profile names an unknown dtype {name!r}")
-    return dtype

@@ -35,9 +35,11 @@ Invariants:
 2. ``read_cache(write_cache(d, s)) == CacheFile(d, s, 2)`` for every session it writes, and a
    version-2 file is read only in the form ``write_cache`` writes (minimal varints, zero padding
    bits, known flags) (checked by ``tests/test_store_hf.py``).
-3. The session has no prefix and no mixing dictionary, its KV digest covers the whole KV
-   (``kv_scope`` "all"), and its token code is floored (enforced by the writer; a version-1 file
-   whose ``.skv`` names a prefix or a dictionary is ``CorruptFileError``).
+3. The session has no prefix and no mixing dictionary, records its KV digest, which covers the
+   whole KV (``kv_scope`` "all"), and its token code is floored (enforced by the writer; a
+   version-2 file without the digest, or a version-1 file whose ``.skv`` names a prefix or a
+   dictionary, is ``CorruptFileError``: without the digest a load would return this machine's
+   recompute unchecked).
 4. This module imports neither torch nor transformers (enforced by ``tests/test_layering.py``).
 """
 
@@ -53,6 +55,7 @@ from seqkv.errors import CorruptFileError, NotASeqKVFileError, UnsupportedVersio
 from seqkv.formats.framing import SectionReader, encode_varint
 from seqkv.formats.residual import decode_residual_section, encode_residual_section
 from seqkv.formats.skv import read_skv
+from seqkv.formats.skv_legacy import ReaderSide
 from seqkv.limits import MAX_LEVEL_BYTES, MAX_POSITIONS, MAX_SEGMENTS, MAX_VOCAB
 from seqkv.session import CodedSession
 
@@ -87,8 +90,8 @@ def write_cache(dtype: int, session: CodedSession) -> bytes:
         raise ValueError("a cache file's session has no prefix and no mixing dictionary")
     if session.kv_scope != "all" or session.code_form != "floored":
         raise ValueError("a cache file's session covers the whole KV with a floored token code")
-    if session.residual is not None and session.kv_digest is None:
-        raise ValueError("a session with a residual records its KV digest")
+    if session.kv_digest is None:
+        raise ValueError("a cache file's session records the digest of its KV")
     level = session.level.encode("ascii")
     if not 1 <= len(level) <= MAX_LEVEL_BYTES or not set(level) <= _LEVEL_CHARACTERS:
         raise ValueError(f"level {session.level!r} is not a level name a cache file holds")
@@ -118,8 +121,10 @@ def write_cache(dtype: int, session: CodedSession) -> bytes:
     return bytes(out)
 
 
-def read_cache(data: bytes) -> CacheFile:
-    """A cache file of any readable version (see the module invariants)."""
+def read_cache(data: bytes, side: ReaderSide | None = None) -> CacheFile:
+    """A cache file of any readable version (see the module invariants); ``side``: what the
+    reader knows of its model and machine, for the old ``.skv`` formats a version-1 file may
+    frame (``seqkv.formats.skv.read_skv``)."""
     if len(data) < _PREFIX.size or data[: len(CACHE_MAGIC)] != CACHE_MAGIC:
         raise NotASeqKVFileError(
             f"{_WHAT} does not start with {CACHE_MAGIC!r}: it was not written by "
@@ -131,7 +136,7 @@ def read_cache(data: bytes) -> CacheFile:
             f"{', '.join(map(str, READABLE_CACHE_VERSIONS))} of dtypes "
             f"{', '.join(DTYPE_NAMES)}: use the seqkv release that wrote it")
     if version == 1:
-        session = read_skv(data[_PREFIX.size :]).session
+        session = read_skv(data[_PREFIX.size :], side).session
         if session.prefix is not None or session.dictionary is not None:
             raise CorruptFileError(f"{_WHAT}'s session names a prefix or a mixing dictionary, "
                                    "which save_cache never writes")
@@ -159,11 +164,12 @@ def _session(body: bytes) -> CodedSession:
     vocab = reader.varint("vocabulary size", 2, MAX_VOCAB) if flags & _FLAG_VOCAB else None
     model, profile, tokens = (Digest(reader.take(DIGEST_BYTES, name))
                               for name in ("model digest", "profile digest", "tokens digest"))
-    kv = Digest(reader.take(DIGEST_BYTES, "KV digest")) if flags & _FLAG_KV else None
+    if not flags & _FLAG_KV:
+        # a cache without its KV digest would load the machine's recompute unchecked
+        raise reader.fail("records no KV digest, which save_cache always records")
+    kv = Digest(reader.take(DIGEST_BYTES, "KV digest"))
     residual = None
     if flags & _FLAG_RESIDUAL:
-        if kv is None:
-            raise reader.fail("holds a KV residual but records no KV digest")
         section = reader.take(reader.varint("residual length", 1, reader.remaining), "residual")
         residual = decode_residual_section(section)
     code = reader.rest()

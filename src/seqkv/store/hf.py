@@ -44,6 +44,7 @@ from seqkv.files import write_atomically
 from seqkv.formats.hf_cache import DTYPE_NAMES, read_cache, write_cache
 from seqkv.kvcache import cache_from_tensor, tensor_from_cache
 from seqkv.models.adapter import CausalLM
+from seqkv.models.profiles import reader_side
 
 # The dtypes a cache file records, in ``seqkv.formats.hf_cache.DTYPE_NAMES``'s order.
 _DTYPES = tuple(getattr(torch, name) for name in DTYPE_NAMES)
@@ -94,7 +95,7 @@ def load_cache(path: str | os.PathLike[str], *,
     """The cache ``save_cache`` wrote (either version of its file), on the model's device, at
     its original dtype. A file of another kind is ``NotASeqKVFileError``, of an unknown version
     ``UnsupportedVersionError``, a damaged one ``CorruptFileError``."""
-    read = read_cache(Path(path).read_bytes())
     adapter = _adapter(model)
+    read = read_cache(Path(path).read_bytes(), reader_side(adapter))
     decoded = decode_many(adapter, [DecodeItem(read.session)])[0]
     return cache_from_tensor(decoded.kv.to(adapter.device, _DTYPES[read.dtype]))
