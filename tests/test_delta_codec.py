@@ -163,6 +163,21 @@ def test_costs_count_the_token_codec_and_the_predictor(tiny_model: CausalLM,
     assert free.cost.calls == 0 and free.code.tokens is None
 
 
+def test_decoding_the_stored_tokens_rebuilds_no_kv(tiny_model: CausalLM, kv: torch.Tensor,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cost above counts the token codec's steps only: the tokens are decoded without the
+    KV prefill a full decode adds (the delta code rebuilds the KV itself)."""
+    import seqkv.codec as codec
+
+    encoded = encode_delta(tiny_model, TOKENS, kv, DeltaConfig(ExactRecompute(), "int8", 8))
+
+    def no_kv(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the token decode rebuilt the KV")
+
+    monkeypatch.setattr(codec, "_finish", no_kv)
+    assert torch.equal(decode_delta(tiny_model, encoded.code).kv, encoded.decoded)
+
+
 def test_kv_of_another_shape_is_refused(tiny_model: CausalLM, kv: torch.Tensor) -> None:
     with pytest.raises(InvalidKVError, match="shape"):
         encode_delta(tiny_model, TOKENS[:-1], kv, DeltaConfig(NoPrediction()))

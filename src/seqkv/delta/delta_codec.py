@@ -45,7 +45,14 @@ import torch
 from transformers import DynamicCache
 
 from seqkv.bounds import raise_unless_all_hold
-from seqkv.codec import DecodeItem, decode_many, encode
+from seqkv.codec import (
+    DecodeItem,
+    DecodeLimits,
+    check_decodable,
+    decode_prepared_tokens,
+    encode,
+    prepare_decode,
+)
 from seqkv.delta.bit_allocation import AllocationMode, allocate_bits, width_bits
 from seqkv.delta.closed_loop import decode_loop, encode_loop
 from seqkv.delta.predictors.base import ForwardCost, Predictor, PredictorContext
@@ -391,7 +398,12 @@ def decode_delta(
         if tokens is not None:
             token_list = [int(t) for t in tokens]
         elif code.tokens is not None:
-            token_list = decode_many(model, [DecodeItem(code.tokens.session)])[0].tokens
+            # the tokens only: the model's checks as a decode, no KV prefill (the delta code
+            # rebuilds the KV itself)
+            coded = code.tokens.session
+            token_list = decode_prepared_tokens(model, prepare_decode(
+                model, DecodeItem(coded), DecodeLimits(),
+                kv_checkable=check_decodable(model, coded, False), with_kv=False))
             cost += code.tokens.cost
         else:
             raise InvalidTokensError(
