@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 import seqkv
 import seqkv.store.pins as pins
@@ -96,3 +97,21 @@ def test_a_pin_outside_the_session_is_refused(tiny_model: CausalLM, tmp_path: Pa
     store.put("first", FIRST, tiny_model.prefill(FIRST), namespace="n")
     with pytest.raises(InvalidTokensError):
         store.pin_prefix("first", length, namespace="n")
+
+
+def test_pinning_a_prefix_pinned_before_returns_the_pinned_kv(tiny_model: CausalLM,
+                                                              tmp_path: Path) -> None:
+    """A second session holding the same prefix tokens with other KV bits: pinning it returns
+    the KV the first pin holds, so a file coded against it decodes with the store."""
+    store = SessionStore.directory(tmp_path / "s", tiny_model)
+    store.put("first", FIRST, tiny_model.prefill(FIRST), namespace="n")
+    pinned = store.pin_prefix("first", len(SYSTEM), namespace="n")
+    other = tiny_model.kv_tensor(tiny_model.prefill(SECOND)) + 1e-3  # not the first's bits
+    store.put("second", SECOND, other, namespace="n")
+    again = store.pin_prefix("second", len(SYSTEM), namespace="n")
+    assert again.kv is not None and pinned.kv is not None
+    assert torch.equal(again.kv, pinned.kv)
+    third = [*SYSTEM, 9, 9, 9]
+    data = seqkv.compress(tiny_model, third, kv=tiny_model.prefill(third), prefix=again).data
+    decoded = seqkv.decompress(tiny_model, data, prefixes=store.prefix_source(namespace="n"))
+    assert decoded.tokens == third

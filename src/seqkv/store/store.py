@@ -58,7 +58,6 @@ computed blocks.
 from __future__ import annotations
 
 import builtins
-import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -311,11 +310,15 @@ class SessionStore:
         hash_ = prefix_hash(Namespace(tenant.name), tokens)
         (found,) = self._backend.fetch_sessions(tenant.key, [pin_name(hash_)])
         if found is None:
-            # another worker may pin it between the two calls: its row is the same
-            with contextlib.suppress(SessionExistsError):
+            try:
                 self.put(pin_name(hash_), tokens, kv, level=self._level_of(tenant, session_id),
                          namespace=namespace)
-        return Prefix(tokens, kv, hash_)
+                return Prefix(tokens, kv, hash_)
+            except SessionExistsError:
+                pass  # another worker pinned it between the two calls
+        # NOTE: a pin made before (from another session, or at another level) holds its own KV
+        # bits: a file coded against them is what ``prefix_source`` resolves
+        return self.prefix_source(namespace=namespace).resolve(hash_)
 
     def prefix_source(self, *, namespace: str) -> StorePrefixSource:
         """The ``seqkv.skv.PrefixSource`` of ``namespace``: ``decompress(...,
