@@ -250,3 +250,29 @@ def test_a_version_1_load_reads_with_this_reader(tiny_model: CausalLM, tmp_path:
     load_cache(tmp_path / "v1.skvc", model=tiny_model)
     assert len(given) == 1 and given[0] is not None
     assert given[0].model is not None and given[0].profile is not None
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"segments": (5, 11)}, "splits its tokens"),
+    ({"vocab_size": None}, "lacks a vocabulary size"),
+    ({"level": "segments:65", "vocab_size": None}, "beyond 64 segments"),
+    ({"level": "tokens"}, "stores a vocabulary size"),
+])
+def test_a_session_in_a_form_its_level_does_not_write_is_refused(
+        tiny_model: CausalLM, change: dict[str, object], message: str) -> None:
+    """One file per cache: the segments and the vocabulary size follow from the level, as the
+    ``.skv`` header derives them, so no second form of the same session reads."""
+    session = compress(tiny_model, PROMPT, kv=tiny_model.prefill(PROMPT), tolerance=0.0,
+                       level="ngram").session
+    assert session.segments == (16,) and session.vocab_size is not None
+    with pytest.raises(CorruptFileError, match=message):
+        read_cache(write_cache(0, replace(session, **change)))  # type: ignore[arg-type]
+
+
+def test_a_segments_session_reads_back(tiny_model: CausalLM) -> None:
+    session = compress(tiny_model, PROMPT, kv=tiny_model.prefill(PROMPT), tolerance=0.0,
+                       level="segments:3").session
+    assert session.segments == (6, 5, 5)
+    data = write_cache(0, session)
+    read = read_cache(data).session
+    assert read.segments == (6, 5, 5) and write_cache(0, read) == data

@@ -54,10 +54,10 @@ from seqkv.digests import DIGEST_BYTES, Digest
 from seqkv.errors import CorruptFileError, NotASeqKVFileError, UnsupportedVersionError
 from seqkv.formats.framing import SectionReader, encode_varint
 from seqkv.formats.residual import decode_residual_section, encode_residual_section
-from seqkv.formats.skv import read_skv
+from seqkv.formats.skv import VOCAB_STORED_LEVELS, read_skv
 from seqkv.formats.skv_legacy import ReaderSide
 from seqkv.limits import MAX_LEVEL_BYTES, MAX_POSITIONS, MAX_SEGMENTS, MAX_VOCAB
-from seqkv.session import CodedSession
+from seqkv.session import CodedSession, split_lengths
 
 CACHE_MAGIC = b"SKVCACHE"
 CACHE_VERSION = 2
@@ -161,6 +161,20 @@ def _session(body: bytes) -> CodedSession:
                      for _ in range(reader.varint("segment count", 1, MAX_SEGMENTS)))
     if sum(segments) > MAX_POSITIONS:
         raise reader.fail(f"has {sum(segments):,} tokens, more than {MAX_POSITIONS:,}")
+    # NOTE: one form per session, as the .skv header has it: only ``segments:N`` splits its
+    # tokens (as ``split_lengths`` does), and only the model-free levels record a vocabulary
+    family, _, parameter = level.decode("ascii").partition(":")
+    parts = int(parameter) if family == "segments" and parameter.isdigit() else 1
+    if not 1 <= parts <= MAX_SEGMENTS:
+        raise reader.fail(f"names level {level.decode()!r}, beyond {MAX_SEGMENTS} segments")
+    expected = tuple(split_lengths(sum(segments), parts))
+    if segments != expected:
+        raise reader.fail(f"splits its tokens {segments}, not as level {level.decode()!r} "
+                          f"does {expected}")
+    if bool(flags & _FLAG_VOCAB) != (family in VOCAB_STORED_LEVELS):
+        raise reader.fail(f"{'stores' if flags & _FLAG_VOCAB else 'lacks'} a vocabulary size, "
+                          f"which level {family!r} {'does not' if flags & _FLAG_VOCAB else 'does'}"
+                          " record")
     vocab = reader.varint("vocabulary size", 2, MAX_VOCAB) if flags & _FLAG_VOCAB else None
     model, profile, tokens = (Digest(reader.take(DIGEST_BYTES, name))
                               for name in ("model digest", "profile digest", "tokens digest"))
