@@ -9,7 +9,6 @@ check shown to catch it.
 
 from __future__ import annotations
 
-import ast
 import importlib
 import json
 import os
@@ -21,6 +20,7 @@ from types import ModuleType
 
 import pytest
 
+from report_generators import calls_start_run
 from seqkv import provenance
 from seqkv.errors import IntegerBackendError
 from seqkv.models.integer import native
@@ -191,22 +191,12 @@ NOT_GENERATORS = {
 REPORT_NAMED = re.compile(r"reports/[\w.+-]+\.md|\"reports\"\s*[/)]")
 
 
-def _calls_start_run(source: str) -> bool:
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(
-                node.func, "id", None)
-            if name == "start_run":
-                return True
-    return False
-
-
 def generators_without_header(sources: dict[str, str]) -> list[str]:
     """The files (repository-relative) that name a report they may write and never call
     ``seqkv.provenance.start_run``."""
     return sorted(path for path, source in sources.items()
                   if REPORT_NAMED.search(source) and path not in NOT_GENERATORS
-                  and not _calls_start_run(source))
+                  and not calls_start_run(source))
 
 
 def _generator_sources() -> dict[str, str]:
@@ -269,3 +259,17 @@ def test_the_vllm_report_lists_each_runs_own_commit_and_load(
     assert f"| none | {header.commit} | {header.load()} |" in lines
     # A run recorded before the header says so rather than borrowing the renderer's facts.
     assert "| example | not recorded (a run older than its header) | |" in lines
+
+
+def test_a_status_git_cannot_read_is_never_called_clean(checkout: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    head = _git(checkout, "rev-parse", "--short", "HEAD")
+    real = subprocess.run
+
+    def status_fails(args: list[str], **kwargs: object) -> object:
+        if "status" in args:
+            raise subprocess.TimeoutExpired("git", 1.0)
+        return real(args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(subprocess, "run", status_fails)
+    assert commit(checkout) == f"{head}+unknown-status"

@@ -126,13 +126,15 @@ def _git(root: Path, *words: str) -> str | None:
 
 def commit(root: Path | None = None) -> str:
     """The short commit of the checkout holding ``root`` (default: the imported seqkv's
-    folder), ``+dirty`` when a tracked file differs from it; ``unknown`` outside a checkout or
-    without git."""
+    folder), ``+dirty`` when a tracked file differs from it (``+unknown-status`` when git
+    cannot say); ``unknown`` outside a checkout or without git."""
     root = Path(__file__).resolve().parent if root is None else root
     head = _git(root, "rev-parse", "--short", "HEAD")
     if not head:
         return UNKNOWN
     changes = _git(root, "status", "--porcelain", "--untracked-files=no")
+    if changes is None:  # the status could not be read: never claim a clean tree
+        return head + "+unknown-status"
     return head + ("+dirty" if changes else "")
 
 
