@@ -76,8 +76,9 @@ def _import(module: str) -> ModuleType | Path | None:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
         missing = error.name or ""
-        if missing == module or module.startswith(missing + "."):
-            return None  # no such seqkv module
+        if missing == module or module.startswith(missing + ".") or missing == "seqkv" or (
+                missing.startswith("seqkv.")):
+            return None  # no such seqkv module, or it imports one that does not exist
         spec = importlib.util.find_spec(module)
         if spec is None or spec.origin is None:
             return None
@@ -189,3 +190,26 @@ def test_a_module_that_needs_a_missing_package_is_resolved_by_its_source(
         assert _import("seqkv_fake_ext.missing") is None
     finally:
         sys.modules.pop("seqkv_fake_ext", None)
+
+
+def test_a_module_importing_a_missing_seqkv_module_does_not_resolve(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Only a third-party package may be missing: a seqkv module whose own import names a seqkv
+    module that is gone is stale, not resolved by its source file."""
+    real_import, real_spec = importlib.import_module, importlib.util.find_spec
+    source = tmp_path / "fake_module.py"
+    source.write_text("import seqkv.gone\n")
+
+    def gone(name: str, package: str | None = None) -> ModuleType:
+        if name == "seqkv.fake_module":
+            raise ModuleNotFoundError("No module named 'seqkv.gone'", name="seqkv.gone")
+        return real_import(name, package)
+
+    def spec(name: str, package: str | None = None) -> object:
+        if name == "seqkv.fake_module":
+            return importlib.util.spec_from_file_location(name, source)
+        return real_spec(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", gone)
+    monkeypatch.setattr(importlib.util, "find_spec", spec)
+    assert unresolved("seqkv.fake_module") is not None
