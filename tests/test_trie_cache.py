@@ -200,3 +200,15 @@ def test_the_mixing_test_catches_a_match_that_ignores_sources(
     monkeypatch.setattr(cache_module, "_agree", lambda node, source, length=None: True)
     with pytest.raises(AssertionError, match="mixes two chains"):
         _mixed_match()
+
+
+def test_a_chain_disagreeing_with_the_held_path_adds_nothing() -> None:
+    """A leaf under another chain's KV could never be matched: it would only take budget."""
+    cache: RadixCache[Chain] = RadixCache(budget_bytes=None)
+    first, longer = (1, 2, 3, 4), (1, 2, 3, 4, 5, 6)
+    cache.insert(NS, first, kv_of(first), Chain(first, own="A"))
+    held = cache.nbytes
+    assert cache.insert(NS, longer, kv_of(longer, mark=0.5), Chain(longer, own="B")) is None
+    assert cache.nbytes == held
+    match = cache.match_prefix(NS, longer)
+    assert match.length == 4 and match.source == Chain(first, own="A")

@@ -137,7 +137,8 @@ class RadixCache(RadixTree[CacheNode[S]]):
                source: S, tag: Hashable | None = None) -> CacheNode[S] | None:
         """Hold ``tokens`` and their KV (``[layers, 2, kv_heads, len(tokens), head_dim]``, or
         None) as coming from ``source``; ``tag`` names the chain for ``find`` (invariant 4).
-        The end node, or None once the budget evicted it."""
+        The end node, or None when the path holds another chain's KV (nothing is added) or
+        once the budget evicted it."""
         if kv is not None and kv.shape[TOKEN_AXIS] != len(tokens):
             raise AssertionError(f"KV of {kv.shape[TOKEN_AXIS]} tokens for {len(tokens)}")
         query = _as_tuple(tokens)
@@ -148,13 +149,18 @@ class RadixCache(RadixTree[CacheNode[S]]):
             self._roots[namespace] = root
         path, position = self._walk(root, query, split=True)
         agrees = all(_agree(node, source) for node in path)
+        if not agrees:
+            # the path holds another chain's KV: a leaf under it could never be matched
+            # (``_matched`` cuts where sources stop agreeing), so nothing is added
+            self._touch(path)
+            return None
         if position < len(query):
             edge = None if kv is None else self._copy_kv(kv, position, len(query))
             parent = path[-1] if path else root
             path.append(self._attach(CacheNode(parent, query[position:], edge, len(query),
                                                source=source)))
         end = path[-1] if path else None
-        if end is not None and tag is not None and agrees:
+        if end is not None and tag is not None:
             key = (namespace, tag)
             if key not in self._tags:
                 self._tags[key] = end
