@@ -103,7 +103,7 @@ _LIB = """
 local span_versions = SPANVERSIONS
 local function varint(s, pos, last)
   local v, mul = 0, 1
-  for i = 1, 8 do
+  for i = 1, MAXVARINTBYTES do
     if pos > last then return nil, pos end
     local b = string.byte(s, pos)
     pos = pos + 1
@@ -173,6 +173,7 @@ local function chain(p, span, out, seen, limit)
   return nil
 end
 """.replace("MAXSPANS", str(MAX_CHAIN_SPANS)).replace("HEADBYTES", str(HEAD_BYTES)).replace(
+    "MAXVARINTBYTES", str(MAX_VARINT_BYTES)).replace(
     "MAXPOSITIONS", str(MAX_POSITIONS)).replace(
     "SPANVERSIONS", "{" + ", ".join(f"[{v}] = true" for v in READABLE_SPAN_VERSIONS) + "}")
 
