@@ -239,3 +239,12 @@ def read_exact_payload(data: bytes, low_bytes: int, what: str) -> ExactPayload:
     low = reader.take(low_bytes, "low planes")
     reader.finish()
     return ExactPayload(stored, top, low)
+
+
+def exact_payload_side_bytes(data: bytes, what: str) -> int:
+    """The bytes of an exact payload that are not coded planes (its digest and the top plane's
+    length), read without copying the planes."""
+    reader = SectionReader(data, what, CorruptFileError)
+    reader.take(DIGEST_BYTES, "digest")
+    reader.varint("top plane length", 0, reader.remaining)
+    return len(data) - reader.remaining

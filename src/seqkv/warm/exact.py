@@ -53,7 +53,11 @@ import torch
 from seqkv.digests import Digest, digest
 from seqkv.errors import CorruptFileError, DecodeVerificationError, InvalidKVError
 from seqkv.formats.framing import inflate
-from seqkv.formats.warm_entry import read_exact_payload, write_exact_payload
+from seqkv.formats.warm_entry import (
+    exact_payload_side_bytes,
+    read_exact_payload,
+    write_exact_payload,
+)
 from seqkv.types import KVGeometry
 from seqkv.warm.config import ExactConfig
 
@@ -140,8 +144,7 @@ class ExactCodec:
 
     def side_bytes(self, payload: bytes) -> int:
         """The digest's and the length's bytes of a payload (the rest are coded planes)."""
-        _, coded, low = self._split(0, payload)
-        return len(payload) - len(coded) - len(low)
+        return exact_payload_side_bytes(payload, f"{_WHAT} 0")
 
     def decode(self, payloads: Sequence[bytes]) -> torch.Tensor:
         """``[segments, layers, 2, kv_heads, T, head_dim]`` in ``config.dtype``."""
